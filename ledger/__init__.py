@@ -1,0 +1,31 @@
+"""The rollout ledger: Parquet files on an object store, queried with DuckDB.
+
+No torch and no orchestration here: a person analysing a swarm's rollouts with SQL needs
+only this package.
+"""
+
+from ledger.catalog import RefreshStats
+from ledger.compaction import CompactionReport
+from ledger.config import LedgerConfig, RowLimits
+from ledger.ledger import Ledger, ValidationReport
+from ledger.policies import PaperPolicy, RewardFilteredPolicy, SamplingPolicy, parse_policy
+from ledger.records import RecordError
+from ledger.schema import COLUMN_NAMES, SCHEMA_VERSION
+from ledger.storage import StorageError
+
+__all__ = [
+    "COLUMN_NAMES",
+    "SCHEMA_VERSION",
+    "CompactionReport",
+    "Ledger",
+    "LedgerConfig",
+    "PaperPolicy",
+    "RecordError",
+    "RefreshStats",
+    "RewardFilteredPolicy",
+    "RowLimits",
+    "SamplingPolicy",
+    "StorageError",
+    "ValidationReport",
+    "parse_policy",
+]

@@ -1,0 +1,330 @@
+"""An incremental, validated index of a ledger, held in one DuckDB connection.
+
+Objects are immutable, so each file is examined once: its footer is checked, its rows judged,
+and one summary row per group is kept in ``group_index``. A refresh lists the store and only
+reads what appeared since; files that disappeared (compaction) drop out. The public relations
+live in the same connection:
+
+- ``groups``: one row per group (deduplicated across files), what sampling policies query;
+- ``rollouts``: one row per valid completion, a view over the valid files;
+- ``ledger_files``: every object seen, with its status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import duckdb
+
+from ledger import validation as v
+from ledger.config import RowLimits
+from ledger.keys import parse_key
+from ledger.schema import COLUMN_NAMES, COLUMNS
+from ledger.storage import ObjectInfo, Store
+
+log = logging.getLogger(__name__)
+
+OK = "ok"
+INGEST_BATCH_FILES = 2000
+"""Files read per ingest query: bounds memory when a reader first meets a large ledger."""
+
+_DUCK_TYPES = {
+    "string": "VARCHAR",
+    "int64": "BIGINT",
+    "int32": "INTEGER",
+    "double": "DOUBLE",
+    "timestamp[us, tz=UTC]": "TIMESTAMPTZ",
+}
+_TYPED_EMPTY = (
+    "SELECT "
+    + ", ".join(f"NULL::{_DUCK_TYPES[str(c.type)]} AS {c.name}" for c in COLUMNS)
+    + ", NULL::DATE AS day, NULL::VARCHAR AS filename LIMIT 0"
+)
+PUBLIC_COLUMNS_SQL = ", ".join(COLUMN_NAMES)
+
+GROUP_COLUMNS = """
+    group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
+    node_round BIGINT, policy_version BIGINT, size INTEGER, reward_mean DOUBLE,
+    reward_std DOUBLE, reward_min DOUBLE, reward_max DOUBLE, published_at TIMESTAMPTZ,
+    day DATE, source_file VARCHAR
+"""
+
+
+def scan_sql(files_expr: str) -> str:
+    """A relation over Parquet files with every public column, whatever version wrote them.
+
+    ``UNION ALL BY NAME`` with a typed empty relation fills columns that older files lack
+    with NULL; the Hive keys come from the path, which outranks any same-named column a
+    peer put inside its file.
+    """
+    return (
+        f"({_TYPED_EMPTY}) UNION ALL BY NAME SELECT * FROM read_parquet({files_expr}, "
+        "hive_partitioning = true, union_by_name = true, filename = true, "
+        "hive_types = {'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'})"
+    )
+
+
+def sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_list(values: list[str]) -> str:
+    return "[" + ", ".join(sql_str(x) for x in values) + "]"
+
+
+@dataclass
+class FileState:
+    key: str
+    size: int
+    path: str
+    status: str = OK
+    detail: str = ""
+    rows: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class RefreshStats:
+    added: int = 0
+    removed: int = 0
+    bad_files: int = 0
+    rejected_rows: int = 0
+
+
+class Catalog:
+    def __init__(self, store: Store, con: duckdb.DuckDBPyConnection, limits: RowLimits) -> None:
+        self.store = store
+        self.con = con
+        self.limits = limits
+        self.files: dict[str, FileState] = {}
+        self._reason_sql = v.reject_reason_sql(limits)
+        self._group_problem_sql = v.group_problem_sql(limits)
+        con.execute(f"CREATE TABLE group_index ({GROUP_COLUMNS})")
+        con.execute(f"CREATE TABLE groups ({GROUP_COLUMNS})")
+        con.execute(
+            "CREATE TABLE ledger_files (key VARCHAR, size BIGINT, status VARCHAR, "
+            "detail VARCHAR, rows BIGINT, rejected_rows BIGINT)"
+        )
+        self._publish_views()
+
+    # -- refresh -----------------------------------------------------------------------
+
+    def refresh(self, listing: list[ObjectInfo] | None = None) -> RefreshStats:
+        """Bring the index up to date with the store; read only files not seen before."""
+        listing = self.store.list() if listing is None else listing
+        current = {o.key: o.size for o in listing}
+        removed = [k for k, f in self.files.items() if k not in current or current[k] != f.size]
+        added = [
+            ObjectInfo(k, s)
+            for k, s in current.items()
+            if k not in self.files or self.files[k].size != s
+        ]
+        stats = RefreshStats(added=len(added), removed=len(removed))
+        if not added and not removed:
+            return stats
+        removed_paths = [self.files.pop(k).path for k in removed]
+        new_states = [self._examine(o) for o in added]
+        ok = [s for s in new_states if s.status == OK]
+        for start in range(0, len(ok), INGEST_BATCH_FILES):
+            self._ingest(ok[start : start + INGEST_BATCH_FILES])
+        for state in new_states:
+            self.files[state.key] = state
+            if state.status != OK:
+                stats.bad_files += 1
+                log.warning("skipping %s: %s (%s)", state.key, state.status, state.detail)
+            elif state.rejected:
+                stats.rejected_rows += sum(state.rejected.values())
+                log.warning("skipping rows of %s: %s", state.key, dict(state.rejected))
+        self._update_groups([s.path for s in ok], removed_paths)
+        self._publish_views()
+        return stats
+
+    def _examine(self, obj: ObjectInfo) -> FileState:
+        state = FileState(obj.key, obj.size, self.store.reader_path(obj.key))
+        if parse_key(obj.key) is None:
+            state.status, state.detail = v.MISPLACED, "not under swarm_id=/node_id=/day=/"
+        elif obj.size > self.limits.max_file_bytes:
+            state.status = v.OVERSIZED_FILE
+            state.detail = f"{obj.size} bytes > {self.limits.max_file_bytes}"
+        else:
+            try:
+                rows = self.con.execute(
+                    "SELECT name, type, converted_type, logical_type, num_children "
+                    "FROM parquet_schema($path)",
+                    {"path": state.path},
+                ).fetchall()
+            except duckdb.Error as exc:
+                state.status, state.detail = v.CORRUPT, _first_line(exc)
+                return state
+            problem = v.schema_problem(v.top_level_kinds(rows))
+            if problem:
+                state.status, state.detail = v.SCHEMA_MISMATCH, problem
+        return state
+
+    def _ingest(self, batch: list[FileState]) -> None:
+        """Judge the rows of ``batch`` and add one summary row per valid group."""
+        try:
+            self._ingest_query(batch)
+        except duckdb.Error as exc:
+            if len(batch) == 1:
+                batch[0].status, batch[0].detail = v.CORRUPT, _first_line(exc)
+                return
+            # One bad file spoils a multi-file scan: retry one by one to isolate it.
+            for state in batch:
+                self._ingest([state])
+
+    def _ingest_query(self, batch: list[FileState]) -> None:
+        con = self.con
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE _judged AS
+            WITH raw AS ({scan_sql(sql_list([s.path for s in batch]))}),
+            reasoned AS (SELECT *, {self._reason_sql} AS reason FROM raw)
+            SELECT * EXCLUDE (reason),
+                CASE WHEN reason IS NULL AND row_number() OVER (
+                    PARTITION BY rollout_id, reason IS NULL ORDER BY filename, completion) > 1
+                THEN '{v.DUPLICATE_ID}' ELSE reason END AS reason
+            FROM reasoned"""
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE _groups AS
+            SELECT group_id, any_value(swarm_id) AS swarm_id, any_value(node_id) AS node_id,
+                any_value(model_id) AS model_id, any_value(task) AS task,
+                any_value(node_round) AS node_round, max(policy_version) AS policy_version,
+                count(*)::INTEGER AS size, avg(reward) AS reward_mean,
+                stddev_pop(reward) AS reward_std, min(reward) AS reward_min,
+                max(reward) AS reward_max, max(published_at) AS published_at,
+                any_value(day) AS day, filename AS source_file,
+                {self._group_problem_sql} AS problem
+            FROM _judged WHERE reason IS NULL
+            GROUP BY filename, group_id"""
+        )
+        con.execute(
+            "INSERT INTO group_index SELECT * EXCLUDE (problem) FROM _groups WHERE problem IS NULL"
+        )
+        by_path = {s.path: s for s in batch}
+        counts = con.execute(
+            """SELECT filename, reason, count(*) FROM _judged GROUP BY ALL
+            UNION ALL
+            SELECT source_file, problem, sum(size) FROM _groups
+            WHERE problem IS NOT NULL GROUP BY ALL"""
+        ).fetchall()
+        for path, reason, n in counts:
+            state = by_path[path]
+            state.rows += int(n)
+            if reason is not None:
+                state.rejected[reason] += int(n)
+        con.execute("DROP TABLE _judged; DROP TABLE _groups")
+
+    def _update_groups(self, added_paths: list[str], removed_paths: list[str]) -> None:
+        """Keep ``groups`` = one row per group id in ``group_index``, touching only changes."""
+        con = self.con
+        if removed_paths:
+            con.execute(
+                """CREATE OR REPLACE TEMP TABLE _orphaned AS
+                SELECT group_id FROM groups WHERE list_contains($removed, source_file)""",
+                {"removed": removed_paths},
+            )
+            con.execute(
+                "DELETE FROM group_index WHERE list_contains($removed, source_file)",
+                {"removed": removed_paths},
+            )
+            con.execute(
+                "DELETE FROM groups WHERE list_contains($removed, source_file)",
+                {"removed": removed_paths},
+            )
+        else:
+            con.execute("CREATE OR REPLACE TEMP TABLE _orphaned (group_id VARCHAR)")
+        con.execute(
+            """INSERT INTO groups
+            SELECT gi.* FROM group_index gi
+            WHERE (list_contains($added, gi.source_file)
+                   OR gi.group_id IN (SELECT group_id FROM _orphaned))
+              AND gi.group_id NOT IN (SELECT group_id FROM groups)
+            QUALIFY row_number() OVER (PARTITION BY gi.group_id ORDER BY gi.source_file) = 1""",
+            {"added": added_paths},
+        )
+        con.execute("DROP TABLE _orphaned")
+
+    def _publish_views(self) -> None:
+        con = self.con
+        con.execute("DELETE FROM ledger_files")
+        if self.files:
+            import pyarrow as pa
+
+            states = list(self.files.values())
+            con.register(
+                "_files_arrow",
+                pa.table(
+                    {
+                        "key": [s.key for s in states],
+                        "size": [s.size for s in states],
+                        "status": [s.status for s in states],
+                        "detail": [s.detail for s in states],
+                        "rows": [s.rows for s in states],
+                        "rejected_rows": [sum(s.rejected.values()) for s in states],
+                    }
+                ),
+            )
+            con.execute("INSERT INTO ledger_files SELECT * FROM _files_arrow ORDER BY key")
+            con.unregister("_files_arrow")
+        ok_paths = self.ok_paths()
+        if ok_paths:
+            con.execute("SET VARIABLE sapo_ledger_files = $files", {"files": ok_paths})
+            source = scan_sql("getvariable('sapo_ledger_files')")
+        else:
+            source = _TYPED_EMPTY
+        con.execute(
+            f"""CREATE OR REPLACE VIEW rollouts AS
+            WITH raw AS ({source})
+            SELECT {PUBLIC_COLUMNS_SQL} FROM raw
+            SEMI JOIN groups g ON raw.group_id = g.group_id AND raw.filename = g.source_file
+            WHERE ({self._reason_sql}) IS NULL
+            QUALIFY row_number() OVER (PARTITION BY rollout_id ORDER BY completion) = 1"""
+        )
+
+    # -- reads -------------------------------------------------------------------------
+
+    def ok_paths(self) -> list[str]:
+        return sorted(s.path for s in self.files.values() if s.status == OK)
+
+    def fetch_groups(self, group_ids: list[str]) -> duckdb.DuckDBPyRelation | None:
+        """Every valid completion of ``group_ids``, read from the one file indexed per group."""
+        if not group_ids:
+            return None
+        located = self.con.execute(
+            "SELECT group_id, source_file FROM groups WHERE list_contains($ids, group_id)",
+            {"ids": group_ids},
+        ).fetchall()
+        order = {g: i for i, g in enumerate(group_ids)}
+        files = sorted({f for _, f in located})
+        wanted = ", ".join(sql_str(g) for g, _ in located)
+        pairs = ", ".join(f"({sql_str(g)}, {sql_str(f)}, {order[g]})" for g, f in located)
+        return self.con.sql(
+            f"""WITH raw AS (
+                SELECT * FROM ({scan_sql(sql_list(files))}) WHERE group_id IN ({wanted})),
+            chosen(group_id, filename, draw) AS (VALUES {pairs})
+            SELECT {PUBLIC_COLUMNS_SQL} FROM raw JOIN chosen USING (group_id, filename)
+            WHERE ({self._reason_sql}) IS NULL
+            QUALIFY row_number() OVER (PARTITION BY rollout_id ORDER BY completion) = 1
+            ORDER BY draw, rollout_id"""
+        )
+
+    def rejection_counts(self) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for state in self.files.values():
+            if state.status != OK:
+                counts[state.status] += 1
+            counts.update(state.rejected)
+        duplicates = self.con.execute(
+            "SELECT coalesce(sum(size), 0) FROM group_index gi "
+            "ANTI JOIN groups g USING (group_id, source_file)"
+        ).fetchone()
+        if duplicates and duplicates[0]:
+            counts[v.DUPLICATE_GROUP] += int(duplicates[0])
+        return counts
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,146 @@
+"""Compaction: merge the many small files of older partitions into few large ones.
+
+Safe beside running readers: the merged object is written (atomically, write-once) before
+any input is deleted, readers deduplicate groups and rollout ids across files, and a reader
+whose file vanished between listing and reading re-lists and retries. A crash between the
+two steps leaves both copies, which the next run merges again. Only the named nodes'
+partitions are touched unless the operator asks for all.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+import duckdb
+
+from ledger.catalog import PUBLIC_COLUMNS_SQL, Catalog, scan_sql, sql_list
+from ledger.keys import compacted_key, parse_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FileRef:
+    key: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class CompactionJob:
+    partition: str
+    inputs: tuple[str, ...]
+
+    @property
+    def output(self) -> str:
+        return compacted_key(self.partition, self.inputs)
+
+
+@dataclass
+class CompactionReport:
+    jobs: int = 0
+    files_in: int = 0
+    files_out: int = 0
+    rows: int = 0
+    skipped_partitions: list[str] = field(default_factory=list)
+
+
+def plan_compaction(
+    files: Iterable[FileRef],
+    *,
+    nodes: set[tuple[str, str]] | None,
+    before: date | None,
+    min_files: int = 2,
+    target_rows: int = 1_000_000,
+) -> list[CompactionJob]:
+    """Which files to merge: per partition (swarm, node, day) older than ``before``.
+
+    ``nodes`` limits the work to those (swarm_id, node_id) prefixes; None means every node.
+    Inputs are cut into chunks of about ``target_rows`` rows so outputs stay readable.
+    """
+    by_partition: dict[str, list[FileRef]] = {}
+    for ref in files:
+        parts = parse_key(ref.key)
+        if parts is None:
+            continue
+        if nodes is not None and (parts.swarm_id, parts.node_id) not in nodes:
+            continue
+        if before is not None and parts.day >= before:
+            continue
+        by_partition.setdefault(parts.partition, []).append(ref)
+
+    jobs = []
+    for partition, refs in sorted(by_partition.items()):
+        # Files already at the target size stay as they are.
+        small = sorted((r for r in refs if r.rows < target_rows), key=lambda r: r.key)
+        if len(small) < min_files:
+            continue
+        chunk: list[str] = []
+        rows = 0
+        for ref in small:
+            chunk.append(ref.key)
+            rows += ref.rows
+            if rows >= target_rows:
+                jobs.append(CompactionJob(partition, tuple(chunk)))
+                chunk, rows = [], 0
+        if len(chunk) >= 2:  # a lone leftover file has nothing to merge with
+            jobs.append(CompactionJob(partition, tuple(chunk)))
+    return jobs
+
+
+def run_job(catalog: Catalog, job: CompactionJob) -> int:
+    """Merge ``job.inputs`` into ``job.output``, then delete the inputs. Returns rows written."""
+    store, con = catalog.store, catalog.con
+    paths = [store.reader_path(k) for k in job.inputs]
+    merged = f"""SELECT {PUBLIC_COLUMNS_SQL} FROM ({scan_sql(sql_list(paths))})
+        QUALIFY rollout_id IS NULL
+             OR row_number() OVER (PARTITION BY rollout_id ORDER BY filename, completion) = 1
+        ORDER BY group_id, rollout_id"""
+    with tempfile.TemporaryDirectory(prefix="sapo-compact-") as tmp:
+        out = Path(tmp) / "merged.parquet"
+        con.execute(
+            f"COPY ({merged}) TO '{out}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)"
+        )
+        written = con.execute(f"SELECT count(*) FROM read_parquet('{out}')").fetchone()
+        expected = con.execute(f"SELECT count(*) FROM ({merged})").fetchone()
+        if written is None or expected is None or written[0] != expected[0]:
+            raise RuntimeError(
+                f"compaction of {job.partition} wrote {written} rows, not {expected}"
+            )
+        store.put_new(job.output, out.read_bytes())
+    # Inputs go only after the merged object is durable and visible.
+    store.delete([k for k in job.inputs if k != job.output])
+    log.info("compacted %d files of %s into %s", len(job.inputs), job.partition, job.output)
+    return int(written[0])
+
+
+def compact(
+    catalog: Catalog,
+    *,
+    nodes: set[tuple[str, str]] | None,
+    before: date | None,
+    min_files: int = 2,
+    target_rows: int = 1_000_000,
+) -> CompactionReport:
+    catalog.refresh()
+    refs = [FileRef(s.key, s.rows) for s in catalog.files.values() if s.status == "ok"]
+    jobs = plan_compaction(
+        refs, nodes=nodes, before=before, min_files=min_files, target_rows=target_rows
+    )
+    report = CompactionReport()
+    for job in jobs:
+        try:
+            report.rows += run_job(catalog, job)
+        except duckdb.Error as exc:  # an input vanished: another compactor got there first
+            log.warning("skipping %s: %s", job.partition, exc)
+            report.skipped_partitions.append(job.partition)
+            continue
+        report.jobs += 1
+        report.files_in += len(job.inputs)
+        report.files_out += 1
+    catalog.refresh()
+    return report

@@ -1,0 +1,43 @@
+"""Configuration of the ledger: where it lives and what a reader accepts from peers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    # Unknown keys are an error, never silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RowLimits(_Strict):
+    """Bounds on what a peer may write. Rows over them are skipped with a counted reason."""
+
+    max_id_chars: int = Field(128, ge=8, le=4096, description="Longest rollout_id / group_id.")
+    max_question_chars: int = Field(16_384, ge=1, description="Longest question text.")
+    max_answer_chars: int = Field(4_096, ge=1, description="Longest ground-truth answer.")
+    max_completion_chars: int = Field(32_768, ge=1, description="Longest completion text.")
+    max_metadata_chars: int = Field(65_536, ge=2, description="Longest metadata JSON.")
+    max_task_config_chars: int = Field(8_192, ge=2, description="Longest task_config JSON.")
+    max_completion_tokens: int = Field(65_536, ge=1, description="Largest completion_tokens claim.")
+    max_group_size: int = Field(256, ge=1, description="Most completions in one group.")
+    max_file_bytes: int = Field(512 * 2**20, ge=1024, description="Largest Parquet object read.")
+
+
+class LedgerConfig(_Strict):
+    """Where the ledger lives and how it is read."""
+
+    url: str = Field(
+        "sapo-work/ledger",
+        description="Root of the ledger: a local path, file:// URL or s3://bucket/prefix.",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Storage backend options (s3: key, secret, endpoint_url, region, ...).",
+    )
+    limits: RowLimits = Field(default_factory=RowLimits)  # type: ignore[arg-type]
+    fetch_retries: int = Field(
+        3, ge=0, le=20, description="Re-list and retry when a file vanished (compaction) mid-read."
+    )

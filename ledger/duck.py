@@ -1,0 +1,44 @@
+"""DuckDB connections for the ledger, and the offline load of the httpfs extension."""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from pathlib import Path
+
+import duckdb
+
+
+def httpfs_extension_path() -> Path:
+    """The signed httpfs extension shipped by the ``duckdb-extension-httpfs`` wheel.
+
+    ``INSTALL httpfs`` downloads from DuckDB's extension host, which offline machines cannot
+    reach; the wheel carries the same file for exactly our pinned DuckDB version.
+    """
+    spec = find_spec("duckdb_extension_httpfs")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "reading s3:// ledgers needs the duckdb-extension-httpfs package "
+            f"(pip install duckdb-extension-httpfs=={duckdb.__version__})"
+        )
+    path = Path(spec.origin).parent / "extensions" / f"v{duckdb.__version__}"
+    path = path / "httpfs.duckdb_extension"
+    if not path.exists():
+        raise RuntimeError(
+            f"no httpfs extension for DuckDB {duckdb.__version__} at {path}: "
+            "duckdb and duckdb-extension-httpfs versions must match"
+        )
+    return path
+
+
+def load_httpfs(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute(f"LOAD '{httpfs_extension_path()}'")
+
+
+def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection that never reaches out to the network on its own."""
+    con = duckdb.connect(":memory:")
+    con.execute("SET autoinstall_known_extensions = false")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    return con

@@ -1,0 +1,83 @@
+"""Where objects live: the Hive layout ``swarm_id=S/node_id=N/day=D/NAME.parquet``.
+
+Publisher and day come first because sampling and analysis filter on them most (DuckDB
+prunes whole directories by them). Each node writes only under its own
+``swarm_id=S/node_id=N/`` prefix. File names are digests of their content's identity, so a
+retried publish lands on the same key and becomes a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date
+
+from ledger.schema import check_id
+
+_KEY = re.compile(
+    r"^swarm_id=(?P<swarm_id>[^/=]+)/node_id=(?P<node_id>[^/=]+)/"
+    r"day=(?P<day>\d{4}-\d{2}-\d{2})/(?P<name>[^/]+\.parquet)$"
+)
+
+
+@dataclass(frozen=True)
+class KeyParts:
+    swarm_id: str
+    node_id: str
+    day: date
+    name: str
+
+    @property
+    def partition(self) -> str:
+        return partition_prefix(self.swarm_id, self.node_id, self.day)
+
+    @property
+    def is_compacted(self) -> bool:
+        return self.name.startswith("c-")
+
+
+def node_prefix(swarm_id: str, node_id: str) -> str:
+    return f"swarm_id={check_id('swarm_id', swarm_id)}/node_id={check_id('node_id', node_id)}"
+
+
+def partition_prefix(swarm_id: str, node_id: str, day: date) -> str:
+    return f"{node_prefix(swarm_id, node_id)}/day={day.isoformat()}"
+
+
+def digest(items: Iterable[str], length: int = 20) -> str:
+    h = hashlib.sha256()
+    for item in sorted(items):
+        h.update(item.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:length]
+
+
+def round_key(
+    swarm_id: str, node_id: str, day: date, first_round: int, rollout_ids: Iterable[str]
+) -> str:
+    """Key of a published batch: its round, then a digest of the rollout ids it holds."""
+    name = f"r{first_round:08d}-{digest(rollout_ids)}.parquet"
+    return f"{partition_prefix(swarm_id, node_id, day)}/{name}"
+
+
+def compacted_key(partition: str, input_keys: Iterable[str]) -> str:
+    """Key of a compaction output: a digest of the inputs, so a rerun after a crash reuses it."""
+    return f"{partition}/c-{digest(input_keys)}.parquet"
+
+
+def parse_key(key: str) -> KeyParts | None:
+    """The parts of a well-placed key, or None for an object outside the layout."""
+    match = _KEY.match(key)
+    if match is None:
+        return None
+    try:
+        return KeyParts(
+            swarm_id=check_id("swarm_id", match["swarm_id"]),
+            node_id=check_id("node_id", match["node_id"]),
+            day=date.fromisoformat(match["day"]),
+            name=match["name"],
+        )
+    except ValueError:
+        return None

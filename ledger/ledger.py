@@ -1,0 +1,288 @@
+"""The rollout ledger: publish a round's rows, sample peers' groups, query with SQL."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ledger import compaction, validation
+from ledger.catalog import Catalog, RefreshStats
+from ledger.config import LedgerConfig, RowLimits
+from ledger.duck import connect
+from ledger.keys import round_key
+from ledger.policies import PaperPolicy, RewardFilteredPolicy, parse_policy
+from ledger.records import RecordError, to_table
+from ledger.schema import check_id
+from ledger.storage import StorageError, open_store
+
+log = logging.getLogger(__name__)
+
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass
+class ValidationReport:
+    files: int = 0
+    ok_files: int = 0
+    rows: int = 0
+    valid_rows: int = 0
+    groups: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    bad_files: list[tuple[str, str, str]] = field(default_factory=list)
+    """(key, status, detail) of every file skipped whole."""
+
+    @property
+    def clean(self) -> bool:
+        return not self.skipped
+
+
+class Ledger:
+    """A ledger at ``url`` (local path, ``file://`` or ``s3://bucket/prefix``).
+
+    Reads are served from an incremental index of the files seen so far (each immutable
+    file is validated once); every read call first lists the store for changes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        limits: RowLimits | None = None,
+        fetch_retries: int = 3,
+        threads: int | None = None,
+    ) -> None:
+        self.config = LedgerConfig(
+            url=url,
+            storage_options=dict(storage_options or {}),
+            limits=limits or RowLimits(),  # type: ignore[call-arg]
+            fetch_retries=fetch_retries,
+        )
+        self.store = open_store(url, storage_options)
+        self.con = connect(threads)
+        self.store.configure_duckdb(self.con)
+        self.catalog = Catalog(self.store, self.con, self.config.limits)
+
+    @classmethod
+    def from_config(cls, config: LedgerConfig) -> Ledger:
+        return cls(
+            config.url,
+            config.storage_options,
+            limits=config.limits,
+            fetch_retries=config.fetch_retries,
+        )
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- write -------------------------------------------------------------------------
+
+    def publish(self, rows: Any, *, now: datetime | None = None) -> list[str]:
+        """Write one publisher's rows; return the keys that hold them.
+
+        Rows are checked as strictly as a reader would check them (RecordError otherwise),
+        so a node never publishes what its peers would skip. A retry of the same rows maps
+        to the same keys and writes nothing.
+        """
+        table = to_table(rows, now)
+        swarm_id, node_id = self._publisher(table)
+        self._check_own_rows(table)
+        days = pc.strftime(table.column("published_at"), format="%Y-%m-%d", locale="C")
+        keys = []
+        for day in sorted(set(days.to_pylist())):
+            part = table.filter(pc.equal(days, day))
+            part = part.sort_by([("group_id", "ascending"), ("rollout_id", "ascending")])
+            key = round_key(
+                swarm_id,
+                node_id,
+                date.fromisoformat(day),
+                int(pc.min(part.column("node_round")).as_py()),
+                part.column("rollout_id").to_pylist(),
+            )
+            buffer = io.BytesIO()
+            pq.write_table(part, buffer, compression="zstd")
+            if self.store.put_new(key, buffer.getvalue()):
+                log.debug("published %d rows to %s", part.num_rows, key)
+            else:
+                log.info("%s already holds these rows: nothing written", key)
+            keys.append(key)
+        return keys
+
+    @staticmethod
+    def _publisher(table: pa.Table) -> tuple[str, str]:
+        ids = []
+        for name in ("swarm_id", "node_id"):
+            values = pc.unique(table.column(name)).to_pylist()
+            if len(values) != 1:
+                raise RecordError(f"one publish holds one {name}, got {values[:5]}")
+            ids.append(check_id(name, values[0]))
+        return ids[0], ids[1]
+
+    def _check_own_rows(self, table: pa.Table) -> None:
+        limits = self.config.limits
+        con = self.con
+        con.register("_publish", table)
+        try:
+            bad = con.execute(
+                f"""SELECT reason, count(*) FROM (
+                    SELECT {validation.reject_reason_sql(limits)} AS reason FROM _publish)
+                WHERE reason IS NOT NULL GROUP BY 1
+                UNION ALL
+                SELECT '{validation.DUPLICATE_ID}', count(*) - count(DISTINCT rollout_id)
+                FROM _publish HAVING count(*) > count(DISTINCT rollout_id)
+                UNION ALL
+                SELECT problem, sum(n) FROM (
+                    SELECT {validation.group_problem_sql(limits)} AS problem, count(*) AS n
+                    FROM _publish GROUP BY group_id)
+                WHERE problem IS NOT NULL GROUP BY 1"""
+            ).fetchall()
+        finally:
+            con.unregister("_publish")
+        if bad:
+            detail = ", ".join(f"{n} {reason}" for reason, n in bad)
+            raise RecordError(f"refusing to publish rows that readers would skip: {detail}")
+
+    # -- read --------------------------------------------------------------------------
+
+    def refresh(self) -> RefreshStats:
+        """Pick up files published (or removed) since the last call."""
+        return self.catalog.refresh()
+
+    def sample(
+        self,
+        node_id: str,
+        n_groups: int,
+        policy: str | dict[str, Any] | PaperPolicy | RewardFilteredPolicy = "paper",
+        seed: int = 0,
+        *,
+        swarm_id: str | None = None,
+        now: datetime | None = None,
+    ) -> pl.DataFrame:
+        """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
+
+        Never the node's own groups. The same seed over the same ledger gives the same
+        sample. Fewer groups come back when fewer qualify.
+        """
+        chosen = parse_policy(policy)
+        if n_groups < 0:
+            raise ValueError(f"n_groups must be >= 0, got {n_groups}")
+        params = {
+            "node_id": node_id,
+            "swarm_id": swarm_id,
+            "seed": int(seed),
+            "n_groups": int(n_groups),
+            **chosen.parameters(now or datetime.now(UTC)),
+        }
+        sql = chosen.sql
+        used = set(_PARAM.findall(sql))
+        params = {k: val for k, val in params.items() if k in used}
+
+        def attempt() -> pl.DataFrame:
+            ids = [r[0] for r in self.con.execute(sql, params).fetchall()]
+            relation = self.catalog.fetch_groups(ids)
+            return relation.pl() if relation is not None else self._empty()
+
+        return self._with_refresh(attempt)
+
+    def sample_group_ids(
+        self, node_id: str, n_groups: int, policy: Any = "paper", seed: int = 0, **kw: Any
+    ) -> list[str]:
+        """The group ids ``sample`` would return, in draw order."""
+        frame = self.sample(node_id, n_groups, policy, seed, **kw)
+        return list(dict.fromkeys(frame.get_column("group_id").to_list()))
+
+    def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
+        """Run SQL over the views ``rollouts``, ``groups`` and ``ledger_files``."""
+        return self._with_refresh(lambda: self.con.execute(sql, params).pl())
+
+    def _with_refresh(self, read: Any) -> Any:
+        retries = self.config.fetch_retries
+        for attempt in range(retries + 1):
+            self.catalog.refresh()
+            try:
+                return read()
+            except (duckdb.IOException, duckdb.HTTPException) as exc:
+                # A file vanished between listing and reading (compaction): list again.
+                if attempt == retries:
+                    raise StorageError(f"reading {self.url} failed: {exc}") from exc
+                log.info("ledger changed under a read (%s); retrying", exc)
+        raise AssertionError("unreachable")
+
+    def _empty(self) -> pl.DataFrame:
+        return self.con.execute("SELECT * FROM rollouts LIMIT 0").pl()
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def validate(self) -> ValidationReport:
+        """Examine every object: what is readable, and what is skipped and why."""
+        self.catalog.refresh()
+        report = ValidationReport()
+        for state in self.catalog.files.values():
+            report.files += 1
+            if state.status == "ok":
+                report.ok_files += 1
+                report.rows += state.rows
+            else:
+                report.bad_files.append((state.key, state.status, state.detail))
+        report.skipped = self.catalog.rejection_counts()
+        row = self.con.execute("SELECT count(*), coalesce(sum(size), 0) FROM groups").fetchone()
+        assert row is not None
+        report.groups, report.valid_rows = int(row[0]), int(row[1])
+        return report
+
+    def compact(
+        self,
+        node_ids: list[str] | None = None,
+        *,
+        swarm_id: str | None = None,
+        all_nodes: bool = False,
+        before: date | None = None,
+        min_files: int = 2,
+        target_rows: int = 1_000_000,
+    ) -> compaction.CompactionReport:
+        """Merge small files of partitions older than ``before`` (default: today, UTC).
+
+        Only ``node_ids``' partitions are rewritten unless ``all_nodes`` is set.
+        """
+        if not all_nodes and not node_ids:
+            raise ValueError("name the nodes whose data to compact, or pass all_nodes=True")
+        nodes = None
+        if not all_nodes:
+            self.catalog.refresh()
+            swarms = (
+                {swarm_id}
+                if swarm_id
+                else {
+                    s.key.split("/", 1)[0].removeprefix("swarm_id=")
+                    for s in self.catalog.files.values()
+                }
+            )
+            nodes = {(s, n) for s in swarms for n in node_ids or []}
+        return compaction.compact(
+            self.catalog,
+            nodes=nodes,
+            before=before or datetime.now(UTC).date(),
+            min_files=min_files,
+            target_rows=target_rows,
+        )

@@ -1,0 +1,90 @@
+"""Sampling policies: which peers' groups a node trains on.
+
+Each policy is a small validated config plus one SQL file over the ``groups`` view, so what a
+node samples is something a user can read, paste into DuckDB and change.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+
+class _Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @property
+    def sql(self) -> str:
+        """The SQL text of this policy (a file under ``ledger/policies``)."""
+        kind: str = getattr(self, "kind")  # noqa: B009 - every subclass declares it
+        return resources.files(__package__).joinpath(f"{kind}.sql").read_text()
+
+    def parameters(self, now: datetime) -> dict[str, Any]:
+        """Policy-specific SQL parameters (the common ones are added by the sampler)."""
+        return {}
+
+
+class PaperPolicy(_Policy):
+    """Drop groups whose rewards all agree, then sample uniformly (the paper's choice)."""
+
+    kind: Literal["paper"] = "paper"
+
+
+class RewardFilteredPolicy(_Policy):
+    """Bounds on mean claimed reward, a recency window and a cap per peer."""
+
+    kind: Literal["reward_filtered"] = "reward_filtered"
+    min_mean_reward: float = Field(0.0, ge=0.0, le=1.0, description="Lowest group mean reward.")
+    max_mean_reward: float = Field(1.0, ge=0.0, le=1.0, description="Highest group mean reward.")
+    require_variance: bool = Field(True, description="Drop groups whose rewards all agree.")
+    max_age_s: float | None = Field(
+        None, gt=0, description="Only groups published this many seconds before now."
+    )
+    max_per_peer: int | None = Field(None, ge=1, description="Most groups from any one peer.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> RewardFilteredPolicy:
+        if self.min_mean_reward > self.max_mean_reward:
+            raise ValueError(
+                f"min_mean_reward {self.min_mean_reward} > max_mean_reward {self.max_mean_reward}"
+            )
+        return self
+
+    def parameters(self, now: datetime) -> dict[str, Any]:
+        return {
+            "min_mean_reward": self.min_mean_reward,
+            "max_mean_reward": self.max_mean_reward,
+            "require_variance": self.require_variance,
+            "max_age_s": self.max_age_s,
+            "max_per_peer": self.max_per_peer,
+            "now": now,
+        }
+
+
+SamplingPolicy = Annotated[PaperPolicy | RewardFilteredPolicy, Field(discriminator="kind")]
+"""Any sampling policy; YAML picks one with ``kind``."""
+
+_ADAPTER: TypeAdapter[PaperPolicy | RewardFilteredPolicy] = TypeAdapter(SamplingPolicy)
+
+POLICY_KINDS = ("paper", "reward_filtered")
+
+
+def parse_policy(value: str | dict[str, Any] | _Policy) -> PaperPolicy | RewardFilteredPolicy:
+    """A policy from its name, a mapping (from YAML or the CLI), or a policy object."""
+    if isinstance(value, PaperPolicy | RewardFilteredPolicy):
+        return value
+    if isinstance(value, str):
+        value = {"kind": value}
+    return _ADAPTER.validate_python(value)
+
+
+__all__ = [
+    "POLICY_KINDS",
+    "PaperPolicy",
+    "RewardFilteredPolicy",
+    "SamplingPolicy",
+    "parse_policy",
+]

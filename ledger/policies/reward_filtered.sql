@@ -1,0 +1,30 @@
+-- Reward-filtered sampling: keep groups whose mean claimed reward lies in
+-- [$min_mean_reward, $max_mean_reward], published in the last $max_age_s seconds
+-- before $now, optionally only groups whose rewards differ, and at most
+-- $max_per_peer groups from any one peer; then draw uniformly.
+-- Claimed rewards are the publisher's word: the receiver re-scores what it trains on.
+--
+-- Parameters: $node_id, $swarm_id, $seed, $n_groups as in paper.sql, and
+--             $min_mean_reward, $max_mean_reward  bounds on the group's mean reward
+--             $require_variance                  drop groups whose rewards all agree
+--             $max_age_s, $now                   recency window (NULL: no window)
+--             $max_per_peer                      cap per publishing node (NULL: none)
+WITH candidates AS (
+    SELECT group_id, node_id, hash(group_id, $seed) AS draw
+    FROM groups
+    WHERE node_id <> $node_id
+      AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND reward_mean BETWEEN $min_mean_reward AND $max_mean_reward
+      AND (NOT $require_variance OR reward_max > reward_min)
+      AND ($max_age_s IS NULL OR published_at >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
+),
+capped AS (
+    SELECT group_id, draw
+    FROM candidates
+    QUALIFY $max_per_peer IS NULL
+         OR row_number() OVER (PARTITION BY node_id ORDER BY draw, group_id) <= $max_per_peer
+)
+SELECT group_id
+FROM capped
+ORDER BY draw, group_id
+LIMIT $n_groups

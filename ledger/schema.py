@@ -1,0 +1,84 @@
+"""The rollout record: one row per completion, its public columns and their versions.
+
+Users' SQL depends on these column names, so they only ever grow. A column added in a later
+schema version says so in ``since``; a reader fills it with NULL for files written before it
+existed, which is how a reader accepts older versions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+
+SCHEMA_VERSION: Final = 1
+"""The version this code writes."""
+
+MIN_READABLE_VERSION: Final = 1
+"""The oldest version this code reads."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    nullable: bool
+    since: int
+    doc: str
+
+
+COLUMNS: Final[tuple[Column, ...]] = (
+    Column("rollout_id", pa.string(), False, 1, "Unique id of this completion."),
+    Column("group_id", pa.string(), False, 1, "Id shared by the completions of one question."),
+    Column("swarm_id", pa.string(), False, 1, "The swarm (experiment) this row belongs to."),
+    Column("node_id", pa.string(), False, 1, "The publishing node."),
+    Column("model_id", pa.string(), False, 1, "The publisher's model (HF id or path)."),
+    Column("node_round", pa.int64(), False, 1, "The publisher's round counter."),
+    Column("policy_version", pa.int64(), False, 1, "Optimizer steps behind the behaviour policy."),
+    Column("task", pa.string(), False, 1, "reasoning-gym dataset name."),
+    Column("task_config", pa.string(), False, 1, "JSON config that rebuilds the dataset."),
+    Column("task_seed", pa.int64(), False, 1, "Dataset seed."),
+    Column("task_index", pa.int64(), False, 1, "Index of the question in the dataset."),
+    Column("question", pa.string(), False, 1, "Question text as the publisher prompted it."),
+    Column("answer", pa.string(), True, 1, "Ground truth; NULL where a task has none."),
+    Column("metadata", pa.string(), False, 1, "JSON verifier metadata of the question."),
+    Column("completion", pa.string(), False, 1, "Decoded completion text."),
+    Column("completion_tokens", pa.int64(), False, 1, "Tokens in the completion (publisher's)."),
+    Column("reward", pa.float64(), True, 1, "The publisher's claimed reward; never trusted."),
+    Column("published_at", pa.timestamp("us", tz="UTC"), False, 1, "Publish time, UTC."),
+    Column("schema_version", pa.int32(), False, 1, "Schema version of the writer."),
+)
+
+COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
+COLUMNS_BY_NAME: Final = {c.name: c for c in COLUMNS}
+
+PARTITION_COLUMNS: Final = ("swarm_id", "node_id", "day")
+"""Hive partition keys, in path order. ``day`` is the UTC date of ``published_at``."""
+
+ID_PATTERN: Final = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}$")
+"""swarm and node ids become path segments and Hive values: they start with a letter so that
+DuckDB's Hive type inference never reads them as numbers, and hold no path separators."""
+
+
+def arrow_schema(version: int = SCHEMA_VERSION, columns: tuple[Column, ...] = COLUMNS) -> pa.Schema:
+    """The Arrow schema of files written at ``version``."""
+    return pa.schema(
+        [pa.field(c.name, c.type, nullable=c.nullable) for c in columns if c.since <= version]
+    )
+
+
+def required_columns(version: int, columns: tuple[Column, ...] = COLUMNS) -> list[Column]:
+    """Columns a file of ``version`` must carry (those that existed when it was written)."""
+    return [c for c in columns if c.since <= version]
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return ``value`` if it is a valid swarm/node id, else raise ValueError saying why."""
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: use 1-128 characters from [A-Za-z0-9._-], "
+            "starting with a letter"
+        )
+    return value

@@ -1,0 +1,211 @@
+"""Object storage behind one small contract: a local directory and S3 are two implementations.
+
+Objects are immutable and written once. ``put_new`` makes an object visible whole or not at
+all (a local write goes to a hidden temporary file that is hard-linked into place; an S3 PUT
+is atomic) and never replaces an existing object, which is what makes a retried publish a
+no-op.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlparse
+
+from ledger.s3 import S3Settings
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+class StorageError(RuntimeError):
+    """The ledger's storage cannot be reached or refused an operation."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    """Path below the ledger root, '/'-separated."""
+    size: int
+
+
+def _visible(name: str) -> bool:
+    # Temporary and hidden files are never part of the ledger.
+    return name.endswith(".parquet") and not name.startswith((".", "_"))
+
+
+class Store(Protocol):
+    url: str
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def put_new(self, key: str, data: bytes) -> bool: ...
+    def read(self, key: str) -> bytes: ...
+    def delete(self, keys: list[str]) -> None: ...
+    def reader_path(self, key: str) -> str: ...
+    def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None: ...
+
+
+class LocalStore:
+    """A ledger in a local (or mounted network) directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.url = self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not path.is_relative_to(self.root):
+            raise ValueError(f"key {key!r} escapes the ledger root")
+        return path
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        base = self._path(prefix) if prefix else self.root
+        found: list[ObjectInfo] = []
+        stack = [base]
+        while stack:
+            directory = stack.pop()
+            try:
+                entries = list(os.scandir(directory))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif _visible(entry.name):
+                    try:
+                        size = entry.stat().st_size
+                    except FileNotFoundError:  # removed since the scan (compaction)
+                        continue
+                    rel = Path(entry.path).relative_to(self.root).as_posix()
+                    found.append(ObjectInfo(rel, size))
+        return sorted(found, key=lambda o: o.key)
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, final)  # atomic and refuses to replace: write-once
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:  # file systems without hard links
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV):
+                raise
+            if final.exists():
+                return False
+            os.replace(tmp, final)
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def read(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+    def reader_path(self, key: str) -> str:
+        return str(self._path(key))
+
+    def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None:
+        return None
+
+
+class S3Store:
+    """A ledger under ``s3://bucket/prefix`` on AWS, MinIO or any S3-compatible store."""
+
+    def __init__(self, url: str, settings: S3Settings) -> None:
+        import s3fs  # deferred: only S3 users pay for botocore's import
+
+        parsed = urlparse(url)
+        if not parsed.netloc:
+            raise ValueError(f"S3 URL {url!r} names no bucket")
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.settings = settings
+        self.fs = s3fs.S3FileSystem(**settings.s3fs_kwargs())
+
+    def _path(self, key: str) -> str:
+        if ".." in key.split("/"):
+            raise ValueError(f"key {key!r} escapes the ledger root")
+        return "/".join(p for p in (self.bucket, self.prefix, key) if p)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (FileNotFoundError, FileExistsError, PermissionError):
+            raise
+        except OSError as exc:
+            raise StorageError(f"{what} on {self.url} failed: {exc}") from exc
+        except Exception as exc:  # botocore connection errors are not OSErrors
+            if type(exc).__module__.startswith(("botocore", "aiohttp", "aiobotocore")):
+                raise StorageError(f"{what} on {self.url} failed: {exc}") from exc
+            raise
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        base = self._path(prefix)
+        root = self._path("")
+        try:
+            found = self._call("listing", self.fs.find, base, detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for path, info in found.items():
+            name = path.rsplit("/", 1)[-1]
+            if info.get("type") == "file" and _visible(name):
+                out.append(ObjectInfo(path[len(root) + 1 :], int(info.get("size", 0))))
+        return sorted(out, key=lambda o: o.key)
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        if self._call("head", self.fs.exists, path):
+            return False
+        mode = "create" if self.settings.conditional_writes else "overwrite"
+        try:
+            self._call("put", self.fs.pipe_file, path, data, mode=mode)
+        except FileExistsError:  # lost a race with an identical retry
+            return False
+        return True
+
+    def read(self, key: str) -> bytes:
+        data: bytes = self._call("get", self.fs.cat_file, self._path(key))
+        return data
+
+    def delete(self, keys: list[str]) -> None:
+        if keys:
+            self._call("delete", self.fs.rm, [self._path(k) for k in keys])
+
+    def reader_path(self, key: str) -> str:
+        return "s3://" + self._path(key)
+
+    def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None:
+        from ledger.duck import load_httpfs
+
+        load_httpfs(con)
+        con.execute(self.settings.duckdb_secret_sql(scope=f"s3://{self.bucket}"))
+
+
+def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store:
+    """The store for ``url``: a local path or ``file://`` URL, or ``s3://bucket/prefix``."""
+    options = dict(storage_options or {})
+    parsed = urlparse(url)
+    if parsed.scheme in ("s3", "s3a"):
+        return S3Store(url.replace("s3a://", "s3://", 1), S3Settings.resolve(options))
+    if parsed.scheme == "file":
+        return LocalStore(parsed.path)
+    if parsed.scheme in ("", "local") or len(parsed.scheme) == 1:  # 1 letter: Windows drive
+        if options:
+            raise ValueError(f"storage options {sorted(options)} make no sense for a local ledger")
+        return LocalStore(url if parsed.scheme != "local" else parsed.path)
+    raise ValueError(f"unsupported ledger URL {url!r}: use a local path, file:// or s3://")
