@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from ledger import samples
 from ledger import validation as v
 from ledger.config import RowLimits
 from ledger.keys import parse_key
@@ -99,6 +100,7 @@ class Catalog:
         self.con = con
         self.limits = limits
         self.files: dict[str, FileState] = {}
+        self.sample_files: dict[str, int] = {}
         self._reason_sql = v.reject_reason_sql(limits)
         self._group_problem_sql = v.group_problem_sql(limits)
         con.execute(f"CREATE TABLE group_index ({GROUP_COLUMNS})")
@@ -107,6 +109,7 @@ class Catalog:
             "CREATE TABLE ledger_files (key VARCHAR, size BIGINT, status VARCHAR, "
             "detail VARCHAR, rows BIGINT, rejected_rows BIGINT)"
         )
+        con.execute(f"CREATE TABLE samples ({samples.TABLE_COLUMNS})")
         self._publish_views()
 
     # -- refresh -----------------------------------------------------------------------
@@ -114,7 +117,12 @@ class Catalog:
     def refresh(self, listing: list[ObjectInfo] | None = None) -> RefreshStats:
         """Bring the index up to date with the store; read only files not seen before."""
         listing = self.store.list() if listing is None else listing
-        current = {o.key: o.size for o in listing}
+        self._refresh_sample_log([o for o in listing if o.key.startswith(samples.PREFIX)])
+        current = {
+            o.key: o.size
+            for o in listing
+            if o.key.endswith(".parquet") and not o.key.startswith(samples.PREFIX)
+        }
         removed = [k for k, f in self.files.items() if k not in current or current[k] != f.size]
         added = [
             ObjectInfo(k, s)
@@ -140,6 +148,21 @@ class Catalog:
         self._update_groups([s.path for s in ok], removed_paths)
         self._publish_views()
         return stats
+
+    def _refresh_sample_log(self, listing: list[ObjectInfo]) -> None:
+        current = {o.key: o.size for o in listing if samples.is_sample_log(o.key)}
+        gone = [k for k, s in self.sample_files.items() if current.get(k) != s]
+        new = [k for k, s in current.items() if self.sample_files.get(k) != s]
+        if gone:
+            self.con.execute(
+                "DELETE FROM samples WHERE list_contains($paths, source_file)",
+                {"paths": [self.store.reader_path(k) for k in gone]},
+            )
+        for path, error in samples.ingest(self.con, [self.store.reader_path(k) for k in new]):
+            log.warning("skipping sample log %s: %s", path, error)
+        for key in gone:
+            self.sample_files.pop(key, None)
+        self.sample_files.update({k: current[k] for k in new})
 
     def _examine(self, obj: ObjectInfo) -> FileState:
         state = FileState(obj.key, obj.size, self.store.reader_path(obj.key))

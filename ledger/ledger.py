@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger import compaction, validation
+from ledger import compaction, samples, validation
 from ledger.catalog import Catalog, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
@@ -178,21 +178,26 @@ class Ledger:
         *,
         swarm_id: str | None = None,
         now: datetime | None = None,
+        record_round: int | None = None,
     ) -> pl.DataFrame:
         """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
 
         Never the node's own groups. The same seed over the same ledger gives the same
-        sample. Fewer groups come back when fewer qualify.
+        sample. Fewer groups come back when fewer qualify. With ``record_round`` (and
+        ``swarm_id``) the draw is written to the sample log, once per node and round.
         """
         chosen = parse_policy(policy)
         if n_groups < 0:
             raise ValueError(f"n_groups must be >= 0, got {n_groups}")
+        if record_round is not None and swarm_id is None:
+            raise ValueError("recording a sample needs the swarm_id it was drawn for")
+        when = now or datetime.now(UTC)
         params = {
             "node_id": node_id,
             "swarm_id": swarm_id,
             "seed": int(seed),
             "n_groups": int(n_groups),
-            **chosen.parameters(now or datetime.now(UTC)),
+            **chosen.parameters(when),
         }
         sql = chosen.sql
         used = set(_PARAM.findall(sql))
@@ -203,7 +208,14 @@ class Ledger:
             relation = self.catalog.fetch_groups(ids)
             return relation.pl() if relation is not None else self._empty()
 
-        return self._with_refresh(attempt)
+        frame: pl.DataFrame = self._with_refresh(attempt)
+        if record_round is not None and swarm_id is not None and frame.height:
+            picks = frame.select("group_id", "node_id").unique(maintain_order=True).rows()
+            lines = samples.sample_log_lines(
+                picks, node_round=record_round, policy=chosen.kind, seed=int(seed), when=when
+            )
+            self.store.put_new(samples.sample_log_key(swarm_id, node_id, record_round, when), lines)
+        return frame
 
     def sample_group_ids(
         self, node_id: str, n_groups: int, policy: Any = "paper", seed: int = 0, **kw: Any

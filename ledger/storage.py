@@ -33,9 +33,12 @@ class ObjectInfo:
     size: int
 
 
+LEDGER_SUFFIXES = (".parquet", ".jsonl")
+
+
 def _visible(name: str) -> bool:
     # Temporary and hidden files are never part of the ledger.
-    return name.endswith(".parquet") and not name.startswith((".", "_"))
+    return name.endswith(LEDGER_SUFFIXES) and not name.startswith(".")
 
 
 class Store(Protocol):

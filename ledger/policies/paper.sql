@@ -4,13 +4,14 @@
 --
 -- Parameters: $node_id  receiving node
 --             $swarm_id restrict to one swarm (NULL: any)
---             $seed     replayable draw: ordering by a seeded hash is a uniform
---                       random permutation of the candidates
+--             $seed     replayable draw: ordering by a hash of (group, receiver, seed)
+--                       is a uniform random permutation of the candidates, independent
+--                       between receivers that share a seed
 --             $n_groups how many groups to return
 SELECT group_id
 FROM groups
 WHERE node_id <> $node_id
   AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
   AND reward_max > reward_min
-ORDER BY hash(group_id, $seed), group_id
+ORDER BY hash(group_id, $node_id, $seed), group_id
 LIMIT $n_groups

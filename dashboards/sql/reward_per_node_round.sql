@@ -1,0 +1,14 @@
+-- Mean claimed reward of each node's own completions, per round.
+-- Relations: `rollouts` (one row per completion). In a plain DuckDB session, define it as
+--   CREATE VIEW rollouts AS SELECT * FROM read_parquet('<ledger>/**/*.parquet',
+--       hive_partitioning = true, union_by_name = true);
+SELECT
+    swarm_id,
+    node_id,
+    node_round,
+    avg(reward)               AS reward_mean,
+    count(DISTINCT group_id)  AS groups,
+    count(*)                  AS completions
+FROM rollouts
+GROUP BY swarm_id, node_id, node_round
+ORDER BY swarm_id, node_id, node_round;

@@ -1,0 +1,1 @@
+"""Orchestration: the `sapo` command line, and (later) Prefect flows and MLflow tracking."""

@@ -1,0 +1,251 @@
+"""The `sapo` command line: a thin layer over the ledger and (later) the flows.
+
+Heavy libraries are imported inside the commands, so `sapo --help` stays quick.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from flows.env import apply_offline_defaults
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from ledger import Ledger
+
+app = typer.Typer(
+    help="SAPO (Swarm sAmpling Policy Optimization): RL post-training across a swarm of nodes "
+    "that share rollouts through an object store.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+ledger_app = typer.Typer(
+    help="Query, sample, validate and compact a rollout ledger.", no_args_is_help=True
+)
+app.add_typer(ledger_app, name="ledger")
+
+_STRING_OPTIONS = {"key", "secret", "token", "endpoint_url", "region", "url_style"}
+
+UrlArg = Annotated[str, typer.Argument(help="Ledger root: a local path, file:// or s3://bkt/p.")]
+StorageOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        "-o",
+        help="key=value for the store (s3: key, secret, endpoint_url, region, url_style). "
+        "Defaults come from the standard AWS_* environment variables.",
+    ),
+]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")]
+
+
+def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
+    import yaml
+
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"expected key=value, got {pair!r}", param_hint="-o")
+        # Credentials stay strings ("0123" is not a number); other values get YAML types.
+        options[name] = value if name in _STRING_OPTIONS else yaml.safe_load(value)
+    return options
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(2)
+
+
+def _open(url: str, storage_options: list[str] | None) -> Ledger:
+    from ledger import Ledger
+
+    try:
+        return Ledger(url, parse_storage_options(storage_options))
+    except (ValueError, RuntimeError) as exc:
+        raise _fail(str(exc)) from exc
+
+
+def print_frame(frame: pl.DataFrame, fmt: str) -> None:
+    import polars as pl
+
+    if fmt == "csv":
+        sys.stdout.write(frame.write_csv())
+    elif fmt == "json":
+        sys.stdout.write(frame.write_json() + "\n")
+    elif fmt == "table":
+        with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+            print(frame)
+    else:
+        raise _fail(f"unknown format {fmt!r}: use table, csv or json")
+
+
+def _guarded(action: Any) -> Any:
+    """Run ``action``, turning expected failures into a one-line error and exit code 2."""
+    import duckdb
+
+    from ledger import RecordError, StorageError
+
+    try:
+        return action()
+    except (RecordError, StorageError, ValueError, duckdb.Error) as exc:
+        raise _fail(str(exc).strip().splitlines()[0]) from exc
+
+
+@ledger_app.command("query")
+def ledger_query(
+    url: UrlArg,
+    sql: Annotated[
+        str | None, typer.Argument(help="SQL over rollouts, groups, samples, ledger_files.")
+    ] = None,
+    dashboard: Annotated[
+        str | None, typer.Option(help="Run a shipped query from dashboards/sql by name.")
+    ] = None,
+    fmt: FormatOpt = "table",
+    storage_option: StorageOpt = None,
+) -> None:
+    """Run SQL over the ledger's views: rollouts, groups, samples, ledger_files."""
+    import dashboards
+
+    if (sql is None) == (dashboard is None):
+        raise _fail(f"give SQL or --dashboard (one of: {', '.join(dashboards.names())})")
+    text = dashboards.query(dashboard) if dashboard else str(sql)
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    with _open(url, storage_option) as led:
+        print_frame(_guarded(lambda: led.query(text)), fmt)
+
+
+@ledger_app.command("sample")
+def ledger_sample(
+    url: UrlArg,
+    node_id: Annotated[str, typer.Option(help="The receiving node (never sampled from).")],
+    groups: Annotated[int, typer.Option(help="How many peer groups (J).", min=0)],
+    policy: Annotated[str, typer.Option(help="paper or reward_filtered.")] = "paper",
+    seed: Annotated[int, typer.Option(help="Seed of the draw (replayable).")] = 0,
+    swarm_id: Annotated[str | None, typer.Option(help="Only this swarm's groups.")] = None,
+    min_mean_reward: Annotated[float | None, typer.Option(help="reward_filtered")] = None,
+    max_mean_reward: Annotated[float | None, typer.Option(help="reward_filtered")] = None,
+    max_age_s: Annotated[float | None, typer.Option(help="reward_filtered: recency")] = None,
+    max_per_peer: Annotated[int | None, typer.Option(help="reward_filtered: cap")] = None,
+    keep_zero_variance: Annotated[
+        bool, typer.Option(help="reward_filtered: keep groups whose rewards all agree")
+    ] = False,
+    show_sql: Annotated[bool, typer.Option(help="Print the policy's SQL and stop.")] = False,
+    fmt: FormatOpt = "table",
+    storage_option: StorageOpt = None,
+) -> None:
+    """Draw whole peer groups for a node with a sampling policy written in SQL."""
+    from pydantic import ValidationError
+
+    from ledger import parse_policy
+
+    spec: dict[str, Any] = {"kind": policy}
+    extra = {
+        "min_mean_reward": min_mean_reward,
+        "max_mean_reward": max_mean_reward,
+        "max_age_s": max_age_s,
+        "max_per_peer": max_per_peer,
+    }
+    spec.update({k: val for k, val in extra.items() if val is not None})
+    if keep_zero_variance:
+        spec["require_variance"] = False
+    try:
+        chosen = parse_policy(spec)
+    except ValidationError as exc:
+        raise _fail(f"bad sampling policy: {exc.errors()[0]['msg']} ({spec})") from exc
+    if show_sql:
+        print(chosen.sql)
+        return
+    with _open(url, storage_option) as led:
+        frame = _guarded(lambda: led.sample(node_id, groups, chosen, seed, swarm_id=swarm_id))
+        print_frame(frame, fmt)
+
+
+@ledger_app.command("validate")
+def ledger_validate(
+    url: UrlArg,
+    strict: Annotated[bool, typer.Option(help="Exit 1 when anything was skipped.")] = False,
+    storage_option: StorageOpt = None,
+) -> None:
+    """Read every object and report what a reader skips, and why."""
+    with _open(url, storage_option) as led:
+        report = _guarded(led.validate)
+    print(f"ledger   {led.url}")
+    print(f"files    {report.files} ({report.ok_files} readable)")
+    print(f"rows     {report.rows} read, {report.valid_rows} valid in {report.groups} groups")
+    for key, status, detail in report.bad_files:
+        print(f"  skipped file {key}: {status}: {detail}")
+    for reason, count in sorted(report.skipped.items()):
+        print(f"  skipped {count:>8} x {reason}")
+    if report.clean:
+        print("clean: nothing skipped")
+    elif strict:
+        raise typer.Exit(1)
+
+
+@ledger_app.command("compact")
+def ledger_compact(
+    url: UrlArg,
+    node_id: Annotated[
+        list[str] | None, typer.Option(help="Compact this node's partitions (repeatable).")
+    ] = None,
+    all_nodes: Annotated[bool, typer.Option(help="Rewrite every node's partitions.")] = False,
+    swarm_id: Annotated[str | None, typer.Option(help="Only this swarm.")] = None,
+    before: Annotated[
+        str | None, typer.Option(help="Only days before this date (default: today, UTC).")
+    ] = None,
+    all_days: Annotated[bool, typer.Option(help="Include today's partitions.")] = False,
+    min_files: Annotated[int, typer.Option(min=2)] = 2,
+    target_rows: Annotated[int, typer.Option(min=1)] = 1_000_000,
+    storage_option: StorageOpt = None,
+) -> None:
+    """Merge the small files of older partitions into few large ones."""
+    if not node_id and not all_nodes:
+        raise _fail("name the nodes to compact with --node-id, or pass --all-nodes")
+    cutoff = date.max if all_days else (date.fromisoformat(before) if before else None)
+    with _open(url, storage_option) as led:
+        report = _guarded(
+            lambda: led.compact(
+                node_id,
+                swarm_id=swarm_id,
+                all_nodes=all_nodes,
+                before=cutoff,
+                min_files=min_files,
+                target_rows=target_rows,
+            )
+        )
+    print(
+        f"compacted {report.files_in} files into {report.files_out} "
+        f"({report.rows} rows, {report.jobs} partitions)"
+    )
+    for partition in report.skipped_partitions:
+        print(f"  skipped {partition} (changed while compacting; run again)")
+
+
+@app.command("demo")
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where everything is written.")] = Path("sapo-work"),
+    nodes: Annotated[int, typer.Option(min=2, max=64)] = 4,
+    rounds: Annotated[int, typer.Option(min=1, max=1000)] = 5,
+    external: Annotated[int, typer.Option(help="J: peer groups per node per round.")] = 4,
+) -> None:
+    """Run the embedded demo: a synthetic swarm publishes, samples and is analysed."""
+    from flows.demo import run_ledger_demo
+
+    run_ledger_demo(workdir, nodes=nodes, rounds=rounds, external=external, out=print)
+
+
+def main() -> None:
+    apply_offline_defaults()
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""Offline, telemetry-free defaults that every entry point applies before heavy imports."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+OFFLINE_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",
+    "DO_NOT_TRACK": "true",  # Prefect and MLflow telemetry; MLflow accepts only "true"
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+
+
+def apply_offline_defaults(environ: MutableMapping[str, str] | None = None) -> None:
+    """Set the defaults where the user has not chosen otherwise."""
+    env = os.environ if environ is None else environ
+    for name, value in OFFLINE_DEFAULTS.items():
+        env.setdefault(name, value)
