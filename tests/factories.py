@@ -1,0 +1,54 @@
+"""Hand-made rollouts with known answers, for tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def group_rows(
+    node_id: str,
+    node_round: int,
+    slot: int,
+    rewards: list[float | None],
+    *,
+    swarm_id: str = "sw",
+    published_at: datetime | None = None,
+    **overrides: Any,
+) -> list[dict[str, Any]]:
+    """One group: one row per reward, every public column filled."""
+    gid = f"{swarm_id}.{node_id}.r{node_round}.g{slot}"
+    rows = []
+    for k, reward in enumerate(rewards):
+        row = {
+            "rollout_id": f"{gid}.c{k}",
+            "group_id": gid,
+            "swarm_id": swarm_id,
+            "node_id": node_id,
+            "model_id": "tiny",
+            "node_round": node_round,
+            "policy_version": node_round,
+            "task": "basic_arithmetic",
+            "task_config": '{"size": 100}',
+            "task_seed": 1,
+            "task_index": slot,
+            "question": f"q{slot} of {node_id}",
+            "answer": "4",
+            "metadata": "{}",
+            "completion": f"<answer>{k}</answer>",
+            "completion_tokens": 5,
+            "reward": reward,
+            "published_at": published_at or T0 + timedelta(minutes=node_round),
+        }
+        row.update(overrides)
+        rows.append(row)
+    return rows
+
+
+def round_rows(node_id: str, node_round: int, groups: list[list[float | None]], **kw: Any):
+    rows: list[dict[str, Any]] = []
+    for slot, rewards in enumerate(groups):
+        rows += group_rows(node_id, node_round, slot, rewards, **kw)
+    return rows

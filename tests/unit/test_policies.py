@@ -1,0 +1,141 @@
+"""Sampling policies on hand-made ledgers whose right answers are known."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import polars as pl
+import pytest
+from pydantic import ValidationError
+
+from ledger import Ledger, PaperPolicy, RewardFilteredPolicy, parse_policy
+from tests.factories import T0, group_rows, round_rows
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(str(tmp_path / "ledger"))
+    # me: mixed and flat groups. a: 2 mixed + 1 all-zero. b: 1 mixed + 1 all-one + 1 mixed
+    # in another swarm. c: 3 mixed groups, published long before the others.
+    led.publish(round_rows("me", 0, [[1, 0], [0, 0]]))
+    led.publish(round_rows("a", 0, [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]]))
+    led.publish(round_rows("b", 0, [[0.5, 1.0], [1, 1]]))
+    led.publish(round_rows("b", 0, [[1, 0]], swarm_id="other"))
+    old = T0 - timedelta(days=2)
+    led.publish(round_rows("c", 0, [[1, 0, 0], [1, 1, 0], [0, 1, 1]], published_at=old))
+    yield led
+    led.close()
+
+
+MIXED_PEERS = {
+    "sw.a.r0.g0",
+    "sw.a.r0.g1",
+    "sw.b.r0.g0",
+    "sw.c.r0.g0",
+    "sw.c.r0.g1",
+    "sw.c.r0.g2",
+}
+
+
+def _groups(frame):
+    return set(frame.get_column("group_id").unique().to_list())
+
+
+def test_paper_policy_drops_agreeing_groups_and_never_returns_own(ledger):
+    everything = ledger.sample("me", 100, "paper", seed=0, swarm_id="sw")
+    assert _groups(everything) == MIXED_PEERS
+    assert "me" not in everything.get_column("node_id").to_list()
+    # Whole groups: every completion of each drawn group.
+    sizes = dict(everything.group_by("group_id").len().iter_rows())
+    assert sizes["sw.a.r0.g0"] == 4 and sizes["sw.c.r0.g1"] == 3 and sizes["sw.b.r0.g0"] == 2
+    # Without a swarm filter the other swarm's mixed group is eligible too.
+    assert "other.b.r0.g0" in _groups(ledger.sample("me", 100, "paper"))
+
+
+def test_paper_policy_is_seeded_replayable_and_uniform(ledger):
+    first = ledger.sample_group_ids("me", 3, "paper", seed=7, swarm_id="sw")
+    assert len(first) == 3 and set(first) <= MIXED_PEERS
+    assert ledger.sample_group_ids("me", 3, "paper", seed=7, swarm_id="sw") == first
+    reopened = Ledger(ledger.url)
+    assert reopened.sample_group_ids("me", 3, "paper", seed=7, swarm_id="sw") == first
+    # Uniform: over many seeds each of the 6 candidates is drawn about half the time (3 of 6).
+    counts = dict.fromkeys(MIXED_PEERS, 0)
+    seeds = 200
+    for seed in range(seeds):
+        for g in ledger.sample_group_ids("me", 3, "paper", seed=seed, swarm_id="sw"):
+            counts[g] += 1
+    assert all(abs(c / seeds - 0.5) < 0.12 for c in counts.values()), counts
+
+
+def test_receivers_sharing_a_seed_draw_independently(ledger):
+    ledger.publish(round_rows("you", 0, [[1, 0]]))
+    draws_me = [ledger.sample_group_ids("me", 2, seed=s, swarm_id="sw") for s in range(30)]
+    draws_you = [ledger.sample_group_ids("you", 2, seed=s, swarm_id="sw") for s in range(30)]
+    assert sum(a == b for a, b in zip(draws_me, draws_you, strict=True)) < 15
+
+
+def test_reward_filtered_bounds_on_mean_reward(ledger):
+    policy = RewardFilteredPolicy(min_mean_reward=0.5, max_mean_reward=0.7)
+    got = _groups(ledger.sample("me", 100, policy, swarm_id="sw"))
+    # means: a.g0 .25, a.g1 .5, b.g0 .75, c.g0 .33, c.g1 .67, c.g2 .67
+    assert got == {"sw.a.r0.g1", "sw.c.r0.g1", "sw.c.r0.g2"}
+    keep_flat = RewardFilteredPolicy(min_mean_reward=0.9, require_variance=False)
+    assert _groups(ledger.sample("me", 100, keep_flat, swarm_id="sw")) == {"sw.b.r0.g1"}
+
+
+def test_reward_filtered_recency_window(ledger):
+    now = T0 + timedelta(hours=1)
+    recent = RewardFilteredPolicy(max_age_s=3 * 3600)
+    got = _groups(ledger.sample("me", 100, recent, swarm_id="sw", now=now))
+    assert got == {"sw.a.r0.g0", "sw.a.r0.g1", "sw.b.r0.g0"}
+
+
+def test_reward_filtered_caps_groups_per_peer(ledger):
+    capped = RewardFilteredPolicy(max_per_peer=1)
+    frame = ledger.sample("me", 100, capped, swarm_id="sw")
+    per_peer = frame.group_by("node_id").agg(pl.col("group_id").n_unique())
+    assert sorted(per_peer.rows()) == [("a", 1), ("b", 1), ("c", 1)]
+    assert len(ledger.sample_group_ids("me", 2, capped, swarm_id="sw")) == 2
+
+
+def test_fewer_groups_come_back_when_fewer_qualify(ledger):
+    assert ledger.sample("me", 0, "paper").height == 0
+    assert ledger.sample("nobody", 100, "paper", swarm_id="none").height == 0
+    assert len(ledger.sample_group_ids("me", 100, "paper", swarm_id="sw")) == 6
+
+
+def test_policy_parsing_and_bounds():
+    assert parse_policy("paper") == PaperPolicy()
+    assert parse_policy({"kind": "reward_filtered", "max_per_peer": 2}).max_per_peer == 2
+    with pytest.raises(ValidationError):
+        parse_policy({"kind": "reward_filtered", "min_mean_reward": 0.8, "max_mean_reward": 0.2})
+    with pytest.raises(ValidationError):
+        parse_policy({"kind": "paper", "typo": 1})
+    with pytest.raises(ValidationError):
+        parse_policy("nonsense")
+    assert "reward_max > reward_min" in PaperPolicy().sql
+
+
+def test_sample_log_records_each_draw_once(ledger):
+    first = ledger.sample("me", 2, "paper", seed=1, swarm_id="sw", record_round=3)
+    ledger.sample("me", 2, "paper", seed=1, swarm_id="sw", record_round=3)  # a retried round
+    log = ledger.query("SELECT * FROM samples ORDER BY group_id")
+    assert log.height == 2
+    assert set(log.get_column("group_id")) == _groups(first)
+    assert set(log.get_column("node_id")) == {"me"} and set(log.get_column("node_round")) == {3}
+    peers = dict(first.select("group_id", "node_id").unique().iter_rows())
+    assert dict(log.select("group_id", "peer_node_id").iter_rows()) == peers
+    with pytest.raises(ValueError, match="swarm_id"):
+        ledger.sample("me", 2, record_round=1)
+
+
+def test_group_view_has_hand_computed_statistics(ledger):
+    row = ledger.query(
+        "SELECT size, reward_mean, reward_std, reward_min, reward_max FROM groups "
+        "WHERE group_id = 'sw.a.r0.g0'"
+    ).row(0)
+    assert row == (4, 0.25, pytest.approx(0.4330127), 0.0, 1.0)
+
+
+def test_group_rows_helper_shape():
+    assert len(group_rows("x", 0, 0, [1, 0, 1])) == 3
