@@ -69,6 +69,8 @@ def to_table(rows: Any, now: datetime | None = None) -> pa.Table:
         column = table.column(field.name)
         if pa.types.is_timestamp(column.type) and column.type.tz is None:
             column = column.cast(pa.timestamp(column.type.unit, "UTC"))  # naive means UTC
+        if field.name == "published_at" and pa.types.is_null(column.type):
+            column = column.cast(field.type)  # every stamp left out
         if field.name == "published_at" and column.null_count:
             column = pa.chunked_array([_fill_time(column, stamp)])
         try:
