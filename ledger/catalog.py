@@ -206,7 +206,7 @@ class Catalog:
             reasoned AS (SELECT *, {self._reason_sql} AS reason FROM raw)
             SELECT * EXCLUDE (reason),
                 CASE WHEN reason IS NULL AND row_number() OVER (
-                    PARTITION BY rollout_id, reason IS NULL ORDER BY filename, completion) > 1
+                    PARTITION BY filename, rollout_id, reason IS NULL ORDER BY completion) > 1
                 THEN '{v.DUPLICATE_ID}' ELSE reason END AS reason
             FROM reasoned"""
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ apply_offline_defaults()
 # moto and botocore need a region; bucket creation fails with a location constraint if it is
 # passed as a client argument instead (see shared/ENVIRONMENT.md).
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's request log
 
 
 @dataclass

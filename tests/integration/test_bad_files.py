@@ -1,0 +1,186 @@
+"""Nothing a peer writes can crash a reader: every kind of bad object, on disk and on S3."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ledger import RowLimits
+from ledger import validation as v
+from ledger.records import to_table
+from tests.factories import round_rows
+
+PEER = "swarm_id=sw/node_id=evil/day=2026-03-01"
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def evil_table(groups=((1, 0),), **overrides) -> pa.Table:
+    return to_table(round_rows("evil", 0, [list(g) for g in groups], **overrides))
+
+
+@pytest.fixture
+def honest(site):
+    """A ledger with good data from two honest peers, plus the receiver's own."""
+    led = site.open()
+    led.publish(round_rows("me", 0, [[1, 0]]))
+    led.publish(round_rows("good1", 0, [[1, 0], [0, 1]]))
+    led.publish(round_rows("good2", 0, [[1, 0, 1]]))
+    return led
+
+
+def plant(led, name: str, data: bytes, prefix: str = PEER) -> str:
+    key = f"{prefix}/{name}"
+    assert led.store.put_new(key, data)
+    return key
+
+
+def assert_still_serves_the_honest_data(led):
+    assert led.query("SELECT count(*) FROM rollouts WHERE node_id <> 'evil'").item() == 9
+    drawn = set(led.sample("me", 10, seed=1, swarm_id="sw").get_column("node_id"))
+    assert {"good1", "good2"} <= drawn and "me" not in drawn
+
+
+def reopen_and_validate(site, **kw):
+    led = site.open(**kw)
+    return led, led.validate()
+
+
+@pytest.mark.parametrize(
+    ("name", "payload", "status"),
+    [
+        ("r1-random.parquet", b"\x00garbage, not parquet at all" * 10, v.CORRUPT),
+        ("r2-empty.parquet", b"", v.CORRUPT),
+        ("r3-truncated.parquet", None, v.CORRUPT),
+        ("r4-missing-column.parquet", "missing", v.SCHEMA_MISMATCH),
+        ("r5-wrong-type.parquet", "wrongtype", v.SCHEMA_MISMATCH),
+    ],
+)
+def test_unreadable_files_are_skipped_whole(site, honest, caplog, name, payload, status):
+    good = parquet_bytes(evil_table())
+    if payload is None:
+        payload = good[: len(good) // 2]
+    elif payload == "missing":
+        payload = parquet_bytes(evil_table().drop_columns(["completion"]))
+    elif payload == "wrongtype":
+        table = evil_table()
+        i = table.schema.get_field_index("reward")
+        payload = parquet_bytes(table.set_column(i, "reward", pa.array(["lots", "more"])))
+    key = plant(honest, name, payload)
+    with caplog.at_level(logging.WARNING, logger="ledger"):
+        assert_still_serves_the_honest_data(honest)
+    assert f"skipping {key}: {status}" in caplog.text
+    led, report = reopen_and_validate(site)
+    assert report.skipped == {status: 1}
+    assert [(k, s) for k, s, _ in report.bad_files] == [(key, status)]
+    assert_still_serves_the_honest_data(led)
+
+
+def test_a_bad_file_among_many_new_ones_spoils_nothing(site, honest):
+    plant(honest, "r0-corrupt.parquet", b"PAR1 not really")
+    plant(honest, "r9-fine.parquet", parquet_bytes(evil_table()))
+    fresh = site.open()  # meets all files in one batch
+    assert fresh.query("SELECT count(*) FROM rollouts").item() == 11
+    assert fresh.validate().skipped == {v.CORRUPT: 1}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason", "skipped_rows"),
+    [
+        ({"question": None}, v.MISSING_FIELD, 2),
+        ({"completion": "x" * 500}, v.OVERSIZED_TEXT, 2),
+        ({"reward": float("nan")}, v.INVALID_REWARD, 2),
+        ({"reward": 7.0}, v.INVALID_REWARD, 2),
+        ({"completion_tokens": -4}, v.INVALID_VALUE, 2),
+        ({"rollout_id": "r" * 300}, v.INVALID_ID, 2),
+    ],
+)
+def test_bad_rows_are_skipped_with_their_reason(site, honest, overrides, reason, skipped_rows):
+    bad = round_rows("evil", 0, [[1, 0]], **overrides)
+    good = round_rows("evil", 0, [[1, 0]])
+    for row in good:  # a second, valid group in the same file
+        row["group_id"] += "x"
+        row["rollout_id"] += "x"
+        row["task_index"] = 99
+    plant(
+        honest,
+        "r0-rows.parquet",
+        parquet_bytes(
+            pa.Table.from_pylist(
+                [{**r, "schema_version": 1} for r in bad + good], schema=evil_table().schema
+            )
+        ),
+    )
+    led, report = reopen_and_validate(site, limits=RowLimits(max_completion_chars=400))
+    assert report.skipped == {reason: skipped_rows}
+    assert led.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 2
+    assert_still_serves_the_honest_data(led)
+
+
+def test_duplicated_ids_within_and_across_files_count_once(site, honest):
+    table = evil_table()
+    plant(honest, "r0-dup.parquet", parquet_bytes(pa.concat_tables([table, table.slice(0, 1)])))
+    plant(honest, "r1-again.parquet", parquet_bytes(table))  # the same group republished
+    led, report = reopen_and_validate(site)
+    assert report.skipped == {v.DUPLICATE_ID: 1, v.DUPLICATE_GROUP: 2}
+    assert led.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 2
+    assert led.query("SELECT size FROM groups WHERE node_id = 'evil'").rows() == [(2,)]
+    drawn = led.sample("me", 10, seed=0, swarm_id="sw")
+    assert drawn.filter(drawn.get_column("node_id") == "evil").height == 2
+    assert_still_serves_the_honest_data(led)
+
+
+def test_groups_that_disagree_or_overflow_are_not_served(site, honest):
+    rows = round_rows("evil", 0, [[1, 0, 1]])
+    rows[2]["question"] = "a question swapped in"
+    big = round_rows("evil", 1, [[1, 0] * 5])
+    plant(honest, "r0-groups.parquet", parquet_bytes(to_table(rows + big)))
+    led, report = reopen_and_validate(site, limits=RowLimits(max_group_size=8))
+    assert report.skipped == {v.INCONSISTENT_GROUP: 3, v.OVERSIZED_GROUP: 10}
+    assert led.query("SELECT count(*) FROM groups WHERE node_id = 'evil'").item() == 0
+    assert_still_serves_the_honest_data(led)
+
+
+def test_misplaced_and_oversized_objects_are_skipped(site, honest):
+    plant(honest, "stray.parquet", parquet_bytes(evil_table()), prefix="elsewhere")
+    plant(honest, "r0-big.parquet", parquet_bytes(evil_table(groups=[(1, 0)] * 300)))
+    led, report = reopen_and_validate(site, limits=RowLimits(max_file_bytes=8192))
+    assert report.skipped == {v.MISPLACED: 1, v.OVERSIZED_FILE: 1}
+    assert_still_serves_the_honest_data(led)
+
+
+def test_a_peer_cannot_claim_another_nodes_identity_inside_its_file(site, honest):
+    spoof = to_table(round_rows("good1", 5, [[1, 0]]))  # says node good1, sits under evil/
+    plant(honest, "r5-spoof.parquet", parquet_bytes(spoof))
+    led = site.open()
+    owners = led.query("SELECT DISTINCT node_id FROM rollouts WHERE node_round = 5").rows()
+    assert owners == [("evil",)]
+    # so "me" cannot be fooled into treating it as its own, nor good1 into skipping it.
+    assert "evil" in set(led.sample("good1", 10, seed=0).get_column("node_id"))
+
+
+def test_a_garbage_sample_log_is_skipped(site, honest):
+    honest.sample("me", 2, seed=0, swarm_id="sw", record_round=0)
+    plant(honest, "s00000001-junk.jsonl", b"{{{ not json\n\x00\xff", prefix="_samples/" + PEER)
+    led = site.open()
+    assert led.query("SELECT count(*) FROM samples").item() == 2
+    assert_still_serves_the_honest_data(led)
+
+
+def test_leftovers_of_a_killed_local_writer_are_invisible(local_site):
+    led = local_site.open()
+    led.publish(round_rows("n1", 0, [[1, 0]]))
+    part = led.store.root / PEER
+    part.mkdir(parents=True)
+    # What a writer killed before its atomic link leaves behind: a hidden temporary file.
+    (part / ".r00000000-abc.parquet.1234.tmp").write_bytes(parquet_bytes(evil_table())[:100])
+    assert [o.key for o in led.store.list()] == [o.key for o in led.store.list() if "n1" in o.key]
+    assert led.validate().clean
