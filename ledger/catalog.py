@@ -28,6 +28,8 @@ from ledger.storage import ObjectInfo, Store
 log = logging.getLogger(__name__)
 
 OK = "ok"
+VANISHED = "vanished"
+"""Listed, then deleted before it was read (compaction): not a fault, and not remembered."""
 INGEST_BATCH_FILES = 2000
 """Files read per ingest query: bounds memory when a reader first meets a large ledger."""
 
@@ -44,6 +46,7 @@ _TYPED_EMPTY = (
     + ", NULL::DATE AS day, NULL::VARCHAR AS filename LIMIT 0"
 )
 PUBLIC_COLUMNS_SQL = ", ".join(COLUMN_NAMES)
+EMPTY_ROLLOUTS_SQL = f"SELECT {PUBLIC_COLUMNS_SQL} FROM ({_TYPED_EMPTY})"
 
 GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
@@ -92,6 +95,7 @@ class RefreshStats:
     removed: int = 0
     bad_files: int = 0
     rejected_rows: int = 0
+    vanished: int = 0
 
 
 class Catalog:
@@ -110,13 +114,27 @@ class Catalog:
             "detail VARCHAR, rows BIGINT, rejected_rows BIGINT)"
         )
         con.execute(f"CREATE TABLE samples ({samples.TABLE_COLUMNS})")
-        self._publish_views()
+        self._views_stale = True
+        self.ensure_views()
 
     # -- refresh -----------------------------------------------------------------------
 
-    def refresh(self, listing: list[ObjectInfo] | None = None) -> RefreshStats:
-        """Bring the index up to date with the store; read only files not seen before."""
-        listing = self.store.list() if listing is None else listing
+    def refresh(self, max_relists: int = 5) -> RefreshStats:
+        """Bring the index up to date with the store; read only files not seen before.
+
+        A file that vanished between listing and reading means the listing is stale (a
+        compactor replaced it, and wrote the merged file before deleting): list again.
+        """
+        stats = self._refresh_once()
+        for _ in range(max_relists):
+            if not stats.vanished:
+                break
+            log.info("%d files vanished while reading the listing; listing again", stats.vanished)
+            stats = self._refresh_once()
+        return stats
+
+    def _refresh_once(self) -> RefreshStats:
+        listing = self.store.list()
         self._refresh_sample_log([o for o in listing if o.key.startswith(samples.PREFIX)])
         current = {
             o.key: o.size
@@ -138,6 +156,10 @@ class Catalog:
         for start in range(0, len(ok), INGEST_BATCH_FILES):
             self._ingest(ok[start : start + INGEST_BATCH_FILES])
         for state in new_states:
+            if state.status == VANISHED:
+                stats.added -= 1
+                stats.vanished += 1
+                continue
             self.files[state.key] = state
             if state.status != OK:
                 stats.bad_files += 1
@@ -145,8 +167,8 @@ class Catalog:
             elif state.rejected:
                 stats.rejected_rows += sum(state.rejected.values())
                 log.warning("skipping rows of %s: %s", state.key, dict(state.rejected))
-        self._update_groups([s.path for s in ok], removed_paths)
-        self._publish_views()
+        self._update_groups([s.path for s in ok if s.status == OK], removed_paths)
+        self._views_stale = True
         return stats
 
     def _refresh_sample_log(self, listing: list[ObjectInfo]) -> None:
@@ -179,7 +201,7 @@ class Catalog:
                     {"path": state.path},
                 ).fetchall()
             except duckdb.Error as exc:
-                state.status, state.detail = v.CORRUPT, _first_line(exc)
+                state.status, state.detail = self._failure(obj.key, exc)
                 return state
             problem = v.schema_problem(v.top_level_kinds(rows))
             if problem:
@@ -192,11 +214,15 @@ class Catalog:
             self._ingest_query(batch)
         except duckdb.Error as exc:
             if len(batch) == 1:
-                batch[0].status, batch[0].detail = v.CORRUPT, _first_line(exc)
+                batch[0].status, batch[0].detail = self._failure(batch[0].key, exc)
                 return
             # One bad file spoils a multi-file scan: retry one by one to isolate it.
             for state in batch:
                 self._ingest([state])
+
+    def _failure(self, key: str, exc: duckdb.Error) -> tuple[str, str]:
+        """Why reading ``key`` failed: it is corrupt, or it is simply gone."""
+        return (v.CORRUPT if self.store.exists(key) else VANISHED), _first_line(exc)
 
     def _ingest_query(self, batch: list[FileState]) -> None:
         con = self.con
@@ -270,7 +296,14 @@ class Catalog:
         )
         con.execute("DROP TABLE _orphaned")
 
-    def _publish_views(self) -> None:
+    def ensure_views(self) -> None:
+        """(Re)define ``rollouts`` and ``ledger_files`` after the file set changed.
+
+        Deferred to the first query that may need them: binding the view reads every
+        file's footer, work that sampling never needs.
+        """
+        if not self._views_stale:
+            return
         con = self.con
         con.execute("DELETE FROM ledger_files")
         if self.files:
@@ -306,6 +339,7 @@ class Catalog:
             WHERE ({self._reason_sql}) IS NULL
             QUALIFY row_number() OVER (PARTITION BY rollout_id ORDER BY completion) = 1"""
         )
+        self._views_stale = False
 
     # -- reads -------------------------------------------------------------------------
 

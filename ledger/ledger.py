@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledger import compaction, samples, validation
-from ledger.catalog import Catalog, RefreshStats
+from ledger.catalog import EMPTY_ROLLOUTS_SQL, Catalog, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
 from ledger.keys import round_key
@@ -226,23 +227,29 @@ class Ledger:
 
     def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
         """Run SQL over the views ``rollouts``, ``groups`` and ``ledger_files``."""
-        return self._with_refresh(lambda: self.con.execute(sql, params).pl())
+
+        def attempt() -> pl.DataFrame:
+            self.catalog.ensure_views()
+            return self.con.execute(sql, params).pl()
+
+        return self._with_refresh(attempt)
 
     def _with_refresh(self, read: Any) -> Any:
         retries = self.config.fetch_retries
         for attempt in range(retries + 1):
-            self.catalog.refresh()
             try:
+                self.catalog.refresh()
                 return read()
             except (duckdb.IOException, duckdb.HTTPException) as exc:
                 # A file vanished between listing and reading (compaction): list again.
                 if attempt == retries:
                     raise StorageError(f"reading {self.url} failed: {exc}") from exc
                 log.info("ledger changed under a read (%s); retrying", exc)
+                time.sleep(0.05 * 2**attempt)
         raise AssertionError("unreachable")
 
     def _empty(self) -> pl.DataFrame:
-        return self.con.execute("SELECT * FROM rollouts LIMIT 0").pl()
+        return self.con.execute(EMPTY_ROLLOUTS_SQL).pl()
 
     # -- maintenance -------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
     def put_new(self, key: str, data: bytes) -> bool: ...
     def read(self, key: str) -> bytes: ...
+    def exists(self, key: str) -> bool: ...
     def delete(self, keys: list[str]) -> None: ...
     def reader_path(self, key: str) -> str: ...
     def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None: ...
@@ -113,6 +114,9 @@ class LocalStore:
     def read(self, key: str) -> bytes:
         return self._path(key).read_bytes()
 
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
     def delete(self, keys: list[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
@@ -172,7 +176,7 @@ class S3Store:
 
     def put_new(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        if self._call("head", self.fs.exists, path):
+        if self.exists(key):
             return False
         mode = "create" if self.settings.conditional_writes else "overwrite"
         try:
@@ -184,6 +188,9 @@ class S3Store:
     def read(self, key: str) -> bytes:
         data: bytes = self._call("get", self.fs.cat_file, self._path(key))
         return data
+
+    def exists(self, key: str) -> bool:
+        return bool(self._call("head", self.fs.exists, self._path(key)))
 
     def delete(self, keys: list[str]) -> None:
         if keys:
