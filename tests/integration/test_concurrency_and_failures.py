@@ -34,7 +34,7 @@ def test_readers_running_during_compaction_never_lose_or_duplicate_rows(site):
                 rows = reader.query("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts")
                 drawn = reader.sample("a", 100, seed=3, swarm_id="sw")
                 seen.append((*rows.row(0), drawn.get_column("group_id").n_unique()))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=read_loop)
