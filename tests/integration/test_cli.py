@@ -1,0 +1,180 @@
+"""The `sapo` command line, run as users run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app, parse_storage_options
+from ledger import Ledger
+from tests.factories import round_rows
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def filled(site):
+    led = site.open()
+    led.publish(round_rows("me", 0, [[1, 0]]))
+    led.publish(round_rows("p1", 0, [[1, 0], [1, 1]]))
+    led.publish(round_rows("p2", 0, [[0, 1, 1]]))
+    return site
+
+
+def args_for(site, *args):
+    opts = [f"--storage-option={k}={v}" for k, v in site.storage_options.items()]
+    return [*args[:2], site.url, *args[2:], *opts]
+
+
+def test_query_formats(filled):
+    sql = "SELECT node_id, count(*) AS n FROM rollouts GROUP BY 1 ORDER BY 1"
+    out = runner.invoke(app, args_for(filled, "ledger", "query", sql, "--format", "json"))
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == [
+        {"node_id": "me", "n": 2},
+        {"node_id": "p1", "n": 4},
+        {"node_id": "p2", "n": 3},
+    ]
+    out = runner.invoke(app, args_for(filled, "ledger", "query", sql, "-f", "csv"))
+    assert out.output.splitlines() == ["node_id,n", "me,2", "p1,4", "p2,3"]
+    out = runner.invoke(app, args_for(filled, "ledger", "query", sql))
+    assert "p2" in out.output and "│" in out.output
+
+
+def test_query_runs_the_shipped_dashboards(filled):
+    for name in (
+        "reward_per_node_round",
+        "cumulative_reward",
+        "swarm_totals",
+        "zero_variance_groups",
+        "most_sampled_peers",
+    ):
+        out = runner.invoke(app, args_for(filled, "ledger", "query", "--dashboard", name))
+        assert out.exit_code == 0, (name, out.output)
+    out = runner.invoke(
+        app, args_for(filled, "ledger", "query", "--dashboard", "swarm_totals", "-f", "json")
+    )
+    assert json.loads(out.output) == [
+        {"swarm_id": "sw", "nodes": 3, "rounds": 1, "cumulative_reward": 0.5 + 0.75 + 2 / 3}
+    ]
+
+
+def test_sample_command(filled):
+    out = runner.invoke(
+        app,
+        args_for(filled, "ledger", "sample", "--node-id", "me", "--groups", "5", "-f", "json"),
+    )
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert {r["group_id"] for r in rows} == {"sw.p1.r0.g0", "sw.p2.r0.g0"}
+    out = runner.invoke(
+        app,
+        args_for(
+            filled,
+            "ledger",
+            "sample",
+            "--node-id",
+            "me",
+            "--groups",
+            "5",
+            "--policy",
+            "reward_filtered",
+            "--max-mean-reward",
+            "0.6",
+            "-f",
+            "json",
+        ),
+    )
+    assert {r["group_id"] for r in json.loads(out.output)} == {"sw.p1.r0.g0"}
+    shown = runner.invoke(
+        app,
+        [
+            "ledger",
+            "sample",
+            "x",
+            "--node-id",
+            "a",
+            "--groups",
+            "1",
+            "--policy",
+            "reward_filtered",
+            "--show-sql",
+        ],
+    )
+    assert "max_per_peer" in shown.output
+
+
+def test_validate_and_compact_commands(filled):
+    led = filled.open()
+    led.store.put_new("swarm_id=sw/node_id=bad/day=2026-03-01/r1-x.parquet", b"junk")
+    out = runner.invoke(app, args_for(filled, "ledger", "validate"))
+    assert out.exit_code == 0
+    assert "files    4 (3 readable)" in out.output and "corrupt" in out.output
+    strict = runner.invoke(app, args_for(filled, "ledger", "validate", "--strict"))
+    assert strict.exit_code == 1
+    led.publish(round_rows("p1", 1, [[0, 1]]))
+    out = runner.invoke(app, args_for(filled, "ledger", "compact", "--node-id", "p1"))
+    assert out.exit_code == 0 and "compacted 2 files into 1" in out.output
+    refused = runner.invoke(app, args_for(filled, "ledger", "compact"))
+    assert refused.exit_code == 2 and "--all-nodes" in refused.output
+
+
+def test_errors_are_one_clear_line(local_site):
+    Ledger(local_site.url).publish(round_rows("a", 0, [[1, 0]]))
+    bad_sql = runner.invoke(app, ["ledger", "query", local_site.url, "SELECT * FROM nope"])
+    assert bad_sql.exit_code == 2 and "error: Catalog Error" in bad_sql.output
+    bad_policy = runner.invoke(
+        app,
+        [
+            "ledger",
+            "sample",
+            local_site.url,
+            "--node-id",
+            "a",
+            "--groups",
+            "1",
+            "--policy",
+            "bogus",
+        ],
+    )
+    assert bad_policy.exit_code == 2 and "bad sampling policy" in bad_policy.output
+    bad_url = runner.invoke(app, ["ledger", "query", "ftp://x/y", "SELECT 1"])
+    assert bad_url.exit_code == 2 and "unsupported ledger URL" in bad_url.output
+
+
+def test_storage_options_keep_credentials_as_strings():
+    opts = parse_storage_options(["key=0123", "secret=true", "max_concurrency=4", "anon=false"])
+    assert opts == {"key": "0123", "secret": "true", "max_concurrency": 4, "anon": False}
+
+
+def test_the_installed_command_runs_the_demo(tmp_path):
+    help_out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "ledger" in help_out.stdout and "demo" in help_out.stdout
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "demo",
+            "--workdir",
+            str(tmp_path),
+            "--rounds",
+            "2",
+            "--nodes",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    assert "round 1: 12 groups published" in run.stdout
+    led = Ledger(str(tmp_path / "ledger"))
+    assert led.query("SELECT count(*) FROM rollouts").item() == 3 * 2 * 4 * 8
+    assert led.validate().clean
