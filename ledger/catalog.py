@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import duckdb
+import polars as pl
 
 from ledger import samples
 from ledger import validation as v
@@ -32,6 +34,9 @@ VANISHED = "vanished"
 """Listed, then deleted before it was read (compaction): not a fault, and not remembered."""
 INGEST_BATCH_FILES = 2000
 """Files read per ingest query: bounds memory when a reader first meets a large ledger."""
+EXAMINE_CHUNK = 256
+EXAMINE_THREADS = 8
+"""Footers are read in chunks on a few threads: on S3 each footer is a round trip."""
 
 _DUCK_TYPES = {
     "string": "VARCHAR",
@@ -104,7 +109,7 @@ class Catalog:
         self.con = con
         self.limits = limits
         self.files: dict[str, FileState] = {}
-        self.sample_files: dict[str, int] = {}
+        self.sample_files: dict[str, int | None] = {}
         self._reason_sql = v.reject_reason_sql(limits)
         self._group_problem_sql = v.group_problem_sql(limits)
         con.execute(f"CREATE TABLE group_index ({GROUP_COLUMNS})")
@@ -141,17 +146,20 @@ class Catalog:
             for o in listing
             if o.key.endswith(".parquet") and not o.key.startswith(samples.PREFIX)
         }
-        removed = [k for k, f in self.files.items() if k not in current or current[k] != f.size]
+        # Objects are immutable: a known key is unchanged unless the listing shows a new size.
+        removed = [
+            k for k, f in self.files.items() if k not in current or current[k] not in (None, f.size)
+        ]
         added = [
             ObjectInfo(k, s)
             for k, s in current.items()
-            if k not in self.files or self.files[k].size != s
+            if k not in self.files or s not in (None, self.files[k].size)
         ]
         stats = RefreshStats(added=len(added), removed=len(removed))
         if not added and not removed:
             return stats
         removed_paths = [self.files.pop(k).path for k in removed]
-        new_states = [self._examine(o) for o in added]
+        new_states = self._examine_all(added)
         ok = [s for s in new_states if s.status == OK]
         for start in range(0, len(ok), INGEST_BATCH_FILES):
             self._ingest(ok[start : start + INGEST_BATCH_FILES])
@@ -173,40 +181,74 @@ class Catalog:
 
     def _refresh_sample_log(self, listing: list[ObjectInfo]) -> None:
         current = {o.key: o.size for o in listing if samples.is_sample_log(o.key)}
-        gone = [k for k, s in self.sample_files.items() if current.get(k) != s]
-        new = [k for k, s in current.items() if self.sample_files.get(k) != s]
+        gone = [k for k in self.sample_files if k not in current]
+        new = [k for k in current if k not in self.sample_files]
         if gone:
-            self.con.execute(
-                "DELETE FROM samples WHERE list_contains($paths, source_file)",
-                {"paths": [self.store.reader_path(k) for k in gone]},
-            )
+            paths = sql_list([self.store.reader_path(k) for k in gone])
+            self.con.execute(f"DELETE FROM samples WHERE list_contains({paths}, source_file)")
         for path, error in samples.ingest(self.con, [self.store.reader_path(k) for k in new]):
             log.warning("skipping sample log %s: %s", path, error)
         for key in gone:
             self.sample_files.pop(key, None)
         self.sample_files.update({k: current[k] for k in new})
 
-    def _examine(self, obj: ObjectInfo) -> FileState:
-        state = FileState(obj.key, obj.size, self.store.reader_path(obj.key))
+    def _examine_all(self, objects: list[ObjectInfo]) -> list[FileState]:
+        """Judge new files by their place, size and Parquet footer, chunks in parallel."""
+        states = [self._place_and_size(o) for o in objects]
+        pending = [s for s in states if s.status == OK]
+        chunks = [pending[i : i + EXAMINE_CHUNK] for i in range(0, len(pending), EXAMINE_CHUNK)]
+        if len(chunks) > 1:
+            with ThreadPoolExecutor(EXAMINE_THREADS) as pool:
+                list(pool.map(self._check_schemas, chunks))
+        elif chunks:
+            self._check_schemas(chunks[0])
+        return states
+
+    def _place_and_size(self, obj: ObjectInfo) -> FileState:
+        state = FileState(obj.key, obj.size or 0, self.store.reader_path(obj.key))
         if parse_key(obj.key) is None:
             state.status, state.detail = v.MISPLACED, "not under swarm_id=/node_id=/day=/"
-        elif obj.size > self.limits.max_file_bytes:
-            state.status = v.OVERSIZED_FILE
-            state.detail = f"{obj.size} bytes > {self.limits.max_file_bytes}"
-        else:
+            return state
+        if obj.size is None:
             try:
-                rows = self.con.execute(
-                    "SELECT name, type, converted_type, logical_type, num_children "
-                    "FROM parquet_schema($path)",
-                    {"path": state.path},
-                ).fetchall()
-            except duckdb.Error as exc:
-                state.status, state.detail = self._failure(obj.key, exc)
+                state.size = self.store.size(obj.key)
+            except FileNotFoundError:
+                state.status = VANISHED
                 return state
-            problem = v.schema_problem(v.top_level_kinds(rows))
+        if state.size > self.limits.max_file_bytes:
+            state.status = v.OVERSIZED_FILE
+            state.detail = f"{state.size} bytes > {self.limits.max_file_bytes}"
+        return state
+
+    def _check_schemas(self, chunk: list[FileState]) -> None:
+        """One ``parquet_schema`` call for the chunk; file by file if one of them is corrupt."""
+        cursor = self.con.cursor()  # one connection per thread
+        try:
+            try:
+                # Lists go into the SQL text: DuckDB converts a Python list parameter
+                # element by element, which costs more than the query on long lists.
+                rows = cursor.execute(
+                    "SELECT file_name, name, type, converted_type, logical_type, num_children "
+                    f"FROM parquet_schema({sql_list([s.path for s in chunk])})"
+                ).fetchall()
+            except duckdb.Error:
+                if len(chunk) > 1:
+                    for state in chunk:
+                        self._check_schemas([state])
+                    return
+                raise
+        except duckdb.Error as exc:
+            chunk[0].status, chunk[0].detail = self._failure(chunk[0].key, exc)
+            return
+        finally:
+            cursor.close()
+        by_file: dict[str, list[v.SchemaRow]] = {}
+        for file_name, *schema_row in rows:  # rows of one file come in schema order
+            by_file.setdefault(file_name, []).append(tuple(schema_row))  # type: ignore[arg-type]
+        for state in chunk:
+            problem = v.schema_problem(v.top_level_kinds(by_file.get(state.path, [])))
             if problem:
                 state.status, state.detail = v.SCHEMA_MISMATCH, problem
-        return state
 
     def _ingest(self, batch: list[FileState]) -> None:
         """Judge the rows of ``batch`` and add one summary row per valid group."""
@@ -269,30 +311,21 @@ class Catalog:
     def _update_groups(self, added_paths: list[str], removed_paths: list[str]) -> None:
         """Keep ``groups`` = one row per group id in ``group_index``, touching only changes."""
         con = self.con
-        if removed_paths:
-            con.execute(
-                """CREATE OR REPLACE TEMP TABLE _orphaned AS
-                SELECT group_id FROM groups WHERE list_contains($removed, source_file)""",
-                {"removed": removed_paths},
-            )
-            con.execute(
-                "DELETE FROM group_index WHERE list_contains($removed, source_file)",
-                {"removed": removed_paths},
-            )
-            con.execute(
-                "DELETE FROM groups WHERE list_contains($removed, source_file)",
-                {"removed": removed_paths},
-            )
-        else:
-            con.execute("CREATE OR REPLACE TEMP TABLE _orphaned (group_id VARCHAR)")
+        added, removed = sql_list(added_paths), sql_list(removed_paths)
         con.execute(
-            """INSERT INTO groups
+            "CREATE OR REPLACE TEMP TABLE _orphaned AS SELECT group_id FROM groups "
+            f"WHERE list_contains({removed}, source_file)"
+        )
+        if removed_paths:
+            con.execute(f"DELETE FROM group_index WHERE list_contains({removed}, source_file)")
+            con.execute(f"DELETE FROM groups WHERE list_contains({removed}, source_file)")
+        con.execute(
+            f"""INSERT INTO groups
             SELECT gi.* FROM group_index gi
-            WHERE (list_contains($added, gi.source_file)
+            WHERE (list_contains({added}, gi.source_file)
                    OR gi.group_id IN (SELECT group_id FROM _orphaned))
               AND gi.group_id NOT IN (SELECT group_id FROM groups)
-            QUALIFY row_number() OVER (PARTITION BY gi.group_id ORDER BY gi.source_file) = 1""",
-            {"added": added_paths},
+            QUALIFY row_number() OVER (PARTITION BY gi.group_id ORDER BY gi.source_file) = 1"""
         )
         con.execute("DROP TABLE _orphaned")
 
@@ -327,7 +360,7 @@ class Catalog:
             con.unregister("_files_arrow")
         ok_paths = self.ok_paths()
         if ok_paths:
-            con.execute("SET VARIABLE sapo_ledger_files = $files", {"files": ok_paths})
+            con.execute(f"SET VARIABLE sapo_ledger_files = {sql_list(ok_paths)}")
             source = scan_sql("getvariable('sapo_ledger_files')")
         else:
             source = _TYPED_EMPTY
@@ -346,27 +379,34 @@ class Catalog:
     def ok_paths(self) -> list[str]:
         return sorted(s.path for s in self.files.values() if s.status == OK)
 
-    def fetch_groups(self, group_ids: list[str]) -> duckdb.DuckDBPyRelation | None:
-        """Every valid completion of ``group_ids``, read from the one file indexed per group."""
+    def fetch_groups(self, group_ids: list[str]) -> pl.DataFrame | None:
+        """Every valid completion of ``group_ids``, in draw order, read from the one file
+        indexed per group. None when none of them is indexed (any more)."""
         if not group_ids:
             return None
+        wanted = ", ".join(sql_str(g) for g in group_ids)
         located = self.con.execute(
-            "SELECT group_id, source_file FROM groups WHERE list_contains($ids, group_id)",
-            {"ids": group_ids},
+            f"SELECT group_id, source_file FROM groups WHERE group_id IN ({wanted})"
         ).fetchall()
+        if not located:
+            return None
         order = {g: i for i, g in enumerate(group_ids)}
         files = sorted({f for _, f in located})
-        wanted = ", ".join(sql_str(g) for g, _ in located)
         pairs = ", ".join(f"({sql_str(g)}, {sql_str(f)}, {order[g]})" for g, f in located)
-        return self.con.sql(
+        # The IN filter is pushed into the scan (row groups of compacted files, which are
+        # sorted by group_id, are skipped); the join picks each group's indexed copy.
+        table = self.con.execute(
             f"""WITH raw AS (
                 SELECT * FROM ({scan_sql(sql_list(files))}) WHERE group_id IN ({wanted})),
             chosen(group_id, filename, draw) AS (VALUES {pairs})
             SELECT {PUBLIC_COLUMNS_SQL} FROM raw JOIN chosen USING (group_id, filename)
             WHERE ({self._reason_sql}) IS NULL
-            QUALIFY row_number() OVER (PARTITION BY rollout_id ORDER BY completion) = 1
-            ORDER BY draw, rollout_id"""
-        )
+            ORDER BY draw, rollout_id, completion"""
+        ).arrow()
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        # A peer may repeat a rollout id inside its file: serve the first only.
+        return frame.unique(subset="rollout_id", keep="first", maintain_order=True)
 
     def rejection_counts(self) -> Counter[str]:
         counts: Counter[str] = Counter()

@@ -38,6 +38,13 @@ class LedgerConfig(_Strict):
         description="Storage backend options (s3: key, secret, endpoint_url, region, ...).",
     )
     limits: RowLimits = Field(default_factory=RowLimits)  # type: ignore[arg-type]
+    max_staleness_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="Reuse a listing this many seconds old instead of listing the store on "
+        "every read (0: always list). SAPO nodes never wait for each other, so a few seconds "
+        "of staleness cost nothing and spare a large bucket's listing.",
+    )
     fetch_retries: int = Field(
         3, ge=0, le=20, description="Re-list and retry when a file vanished (compaction) mid-read."
     )

@@ -62,6 +62,7 @@ class Ledger:
         *,
         limits: RowLimits | None = None,
         fetch_retries: int = 3,
+        max_staleness_s: float = 0.0,
         threads: int | None = None,
     ) -> None:
         self.config = LedgerConfig(
@@ -69,11 +70,13 @@ class Ledger:
             storage_options=dict(storage_options or {}),
             limits=limits or RowLimits(),  # type: ignore[call-arg]
             fetch_retries=fetch_retries,
+            max_staleness_s=max_staleness_s,
         )
         self.store = open_store(url, storage_options)
         self.con = connect(threads)
         self.store.configure_duckdb(self.con)
         self.catalog = Catalog(self.store, self.con, self.config.limits)
+        self._listed_at = -float("inf")
 
     @classmethod
     def from_config(cls, config: LedgerConfig) -> Ledger:
@@ -82,6 +85,7 @@ class Ledger:
             config.storage_options,
             limits=config.limits,
             fetch_retries=config.fetch_retries,
+            max_staleness_s=config.max_staleness_s,
         )
 
     @property
@@ -168,7 +172,9 @@ class Ledger:
 
     def refresh(self) -> RefreshStats:
         """Pick up files published (or removed) since the last call."""
-        return self.catalog.refresh()
+        stats = self.catalog.refresh()
+        self._listed_at = time.monotonic()
+        return stats
 
     def sample(
         self,
@@ -206,8 +212,8 @@ class Ledger:
 
         def attempt() -> pl.DataFrame:
             ids = [r[0] for r in self.con.execute(sql, params).fetchall()]
-            relation = self.catalog.fetch_groups(ids)
-            return relation.pl() if relation is not None else self._empty()
+            frame = self.catalog.fetch_groups(ids)
+            return frame if frame is not None else self._empty()
 
         frame: pl.DataFrame = self._with_refresh(attempt)
         if record_round is not None and swarm_id is not None and frame.height:
@@ -238,7 +244,9 @@ class Ledger:
         retries = self.config.fetch_retries
         for attempt in range(retries + 1):
             try:
-                self.catalog.refresh()
+                stale = time.monotonic() - self._listed_at >= self.config.max_staleness_s
+                if stale or attempt:
+                    self.refresh()
                 return read()
             except (duckdb.IOException, duckdb.HTTPException) as exc:
                 # A file vanished between listing and reading (compaction): list again.

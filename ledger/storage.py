@@ -30,7 +30,8 @@ class StorageError(RuntimeError):
 class ObjectInfo:
     key: str
     """Path below the ledger root, '/'-separated."""
-    size: int
+    size: int | None
+    """Bytes, where the listing tells it for free (S3); None where it costs a call (local)."""
 
 
 LEDGER_SUFFIXES = (".parquet", ".jsonl")
@@ -45,6 +46,7 @@ class Store(Protocol):
     url: str
 
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def size(self, key: str) -> int: ...
     def put_new(self, key: str, data: bytes) -> bool: ...
     def read(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
@@ -58,6 +60,7 @@ class LocalStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
+        self._root = str(self.root)
         self.url = self.root.as_uri()
 
     def _path(self, key: str) -> Path:
@@ -67,26 +70,31 @@ class LocalStore:
         return path
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        base = self._path(prefix) if prefix else self.root
+        # Plain strings and no per-file stat: this runs on every read of a ledger that may
+        # hold tens of thousands of files. Objects are immutable, so sizes are asked for
+        # only of files not seen before (``size``).
+        base = str(self._path(prefix) if prefix else self.root)
+        cut = len(str(self.root)) + 1
         found: list[ObjectInfo] = []
         stack = [base]
         while stack:
             directory = stack.pop()
             try:
-                entries = list(os.scandir(directory))
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif _visible(entry.name):
+                            found.append(ObjectInfo(entry.path[cut:].replace(os.sep, "/"), None))
             except FileNotFoundError:
                 continue
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif _visible(entry.name):
-                    try:
-                        size = entry.stat().st_size
-                    except FileNotFoundError:  # removed since the scan (compaction)
-                        continue
-                    rel = Path(entry.path).relative_to(self.root).as_posix()
-                    found.append(ObjectInfo(rel, size))
-        return sorted(found, key=lambda o: o.key)
+        found.sort(key=lambda o: o.key)
+        return found
+
+    def size(self, key: str) -> int:
+        if ".." in key.split("/"):
+            raise ValueError(f"key {key!r} escapes the ledger root")
+        return os.stat(os.path.join(self._root, key)).st_size
 
     def put_new(self, key: str, data: bytes) -> bool:
         final = self._path(key)
@@ -188,6 +196,9 @@ class S3Store:
     def read(self, key: str) -> bytes:
         data: bytes = self._call("get", self.fs.cat_file, self._path(key))
         return data
+
+    def size(self, key: str) -> int:
+        return int(self._call("head", self.fs.size, self._path(key)))
 
     def exists(self, key: str) -> bool:
         return bool(self._call("head", self.fs.exists, self._path(key)))
