@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -10,6 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field
 class _Strict(BaseModel):
     # Unknown keys are an error, never silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Self:
+        """Load from a YAML file; unknown keys and out-of-bounds values raise."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(data)
 
 
 class RowLimits(_Strict):

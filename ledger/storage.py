@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,10 @@ from ledger.s3 import S3Settings
 
 if TYPE_CHECKING:
     import duckdb
+
+
+S3_READ_THREADS = 8
+_MTIME_SLACK_NS = 2_000_000_000
 
 
 class StorageError(RuntimeError):
@@ -62,6 +67,7 @@ class LocalStore:
         self.root = Path(root).expanduser().resolve()
         self._root = str(self.root)
         self.url = self.root.as_uri()
+        self._dirs: dict[str, tuple[int, list[str], list[ObjectInfo]]] = {}
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
@@ -70,25 +76,45 @@ class LocalStore:
         return path
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        # Plain strings and no per-file stat: this runs on every read of a ledger that may
-        # hold tens of thousands of files. Objects are immutable, so sizes are asked for
-        # only of files not seen before (``size``).
+        """Every visible object under ``prefix``, in no particular order.
+
+        This runs on every read of a ledger that may hold tens of thousands of files, so a
+        directory is re-scanned only when its mtime moved: adding or removing an entry
+        changes it. A directory modified in the last ``_MTIME_SLACK_NS`` is always
+        re-scanned, since coarse file-system clocks could hide a second change within the
+        same tick. Sizes are not read here: objects are immutable, and the catalog asks
+        for the size of new files only.
+        """
         base = str(self._path(prefix) if prefix else self.root)
-        cut = len(str(self.root)) + 1
+        cut = len(self._root) + 1
+        now = time.time_ns()
         found: list[ObjectInfo] = []
         stack = [base]
         while stack:
             directory = stack.pop()
             try:
-                with os.scandir(directory) as entries:
-                    for entry in entries:
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                        elif _visible(entry.name):
-                            found.append(ObjectInfo(entry.path[cut:].replace(os.sep, "/"), None))
+                mtime = os.stat(directory).st_mtime_ns
             except FileNotFoundError:
+                self._dirs.pop(directory, None)
                 continue
-        found.sort(key=lambda o: o.key)
+            cached = self._dirs.get(directory)
+            if cached is None or cached[0] != mtime or now - mtime < _MTIME_SLACK_NS:
+                subdirs: list[str] = []
+                files: list[ObjectInfo] = []
+                try:
+                    with os.scandir(directory) as entries:
+                        for entry in entries:
+                            if entry.is_dir(follow_symlinks=False):
+                                subdirs.append(entry.path)
+                            elif _visible(entry.name):
+                                key = entry.path[cut:].replace(os.sep, "/")
+                                files.append(ObjectInfo(key, None))
+                except FileNotFoundError:
+                    continue
+                cached = (mtime, subdirs, files)
+                self._dirs[directory] = cached
+            stack.extend(cached[1])
+            found.extend(cached[2])
         return found
 
     def size(self, key: str) -> int:
@@ -215,6 +241,11 @@ class S3Store:
 
         load_httpfs(con)
         con.execute(self.settings.duckdb_secret_sql(scope=f"s3://{self.bucket}"))
+        # Remote reads wait on the network, not the CPU: more threads keep more requests
+        # in flight (DuckDB's advice for remote Parquet).
+        threads = con.execute("SELECT current_setting('threads')").fetchone()
+        if threads is not None and int(threads[0]) < S3_READ_THREADS:
+            con.execute(f"SET threads = {S3_READ_THREADS}")
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store:

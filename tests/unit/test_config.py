@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from ledger import Ledger, LedgerConfig, RowLimits
+from tests.factories import round_rows
+
+
+def test_ledger_config_loads_from_yaml_and_rejects_unknown_keys(tmp_path):
+    good = tmp_path / "ledger.yaml"
+    good.write_text(
+        "url: s3://bkt/ledger\n"
+        "storage_options: {endpoint_url: 'http://127.0.0.1:9000'}\n"
+        "limits: {max_completion_chars: 1000}\n"
+        "max_staleness_s: 5\n"
+    )
+    cfg = LedgerConfig.from_yaml(good)
+    assert cfg.limits.max_completion_chars == 1000 and cfg.max_staleness_s == 5
+    assert cfg.limits.max_question_chars == RowLimits().max_question_chars
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("url: x\nlimits: {max_completion_char: 10}\n")
+    with pytest.raises(ValidationError, match="max_completion_char"):
+        LedgerConfig.from_yaml(typo)
+    with pytest.raises(ValidationError):
+        RowLimits(max_group_size=0)
+
+
+def test_staleness_reuses_a_listing_until_asked_to_refresh(tmp_path):
+    url = str(tmp_path / "ledger")
+    writer = Ledger(url)
+    reader = Ledger.from_config(LedgerConfig(url=url, max_staleness_s=3600))
+    writer.publish(round_rows("a", 0, [[1, 0]]))
+    assert reader.query("SELECT count(*) FROM rollouts").item() == 2
+    writer.publish(round_rows("a", 1, [[1, 0]]))
+    assert reader.query("SELECT count(*) FROM rollouts").item() == 2  # listing reused
+    reader.refresh()
+    assert reader.query("SELECT count(*) FROM rollouts").item() == 4
