@@ -61,17 +61,19 @@ GROUP_COLUMNS = """
 """
 
 
-def scan_sql(files_expr: str) -> str:
+def scan_sql(files_expr: str, where: str = "") -> str:
     """A relation over Parquet files with every public column, whatever version wrote them.
 
     ``UNION ALL BY NAME`` with a typed empty relation fills columns that older files lack
     with NULL; the Hive keys come from the path, which outranks any same-named column a
-    peer put inside its file.
+    peer put inside its file. ``where`` filters inside the scan, where DuckDB can push it
+    down to row-group statistics.
     """
     return (
         f"({_TYPED_EMPTY}) UNION ALL BY NAME SELECT * FROM read_parquet({files_expr}, "
         "hive_partitioning = true, union_by_name = true, filename = true, "
         "hive_types = {'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'})"
+        + (f" WHERE {where}" if where else "")
     )
 
 
@@ -114,6 +116,8 @@ class Catalog:
         self._group_problem_sql = v.group_problem_sql(limits)
         con.execute(f"CREATE TABLE group_index ({GROUP_COLUMNS})")
         con.execute(f"CREATE TABLE groups ({GROUP_COLUMNS})")
+        # Sampling looks up a handful of drawn groups among up to millions.
+        con.execute("CREATE INDEX groups_by_id ON groups (group_id)")
         con.execute(
             "CREATE TABLE ledger_files (key VARCHAR, size BIGINT, status VARCHAR, "
             "detail VARCHAR, rows BIGINT, rejected_rows BIGINT)"
@@ -390,23 +394,29 @@ class Catalog:
         ).fetchall()
         if not located:
             return None
-        order = {g: i for i, g in enumerate(group_ids)}
         files = sorted({f for _, f in located})
-        pairs = ", ".join(f"({sql_str(g)}, {sql_str(f)}, {order[g]})" for g, f in located)
-        # The IN filter is pushed into the scan (row groups of compacted files, which are
-        # sorted by group_id, are skipped); the join picks each group's indexed copy.
         table = self.con.execute(
-            f"""WITH raw AS (
-                SELECT * FROM ({scan_sql(sql_list(files))}) WHERE group_id IN ({wanted})),
-            chosen(group_id, filename, draw) AS (VALUES {pairs})
-            SELECT {PUBLIC_COLUMNS_SQL} FROM raw JOIN chosen USING (group_id, filename)
-            WHERE ({self._reason_sql}) IS NULL
-            ORDER BY draw, rollout_id, completion"""
+            f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM "
+            f"({scan_sql(sql_list(files), where=f'group_id IN ({wanted})')}) "
+            f"WHERE ({self._reason_sql}) IS NULL"
         ).arrow()
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
-        # A peer may repeat a rollout id inside its file: serve the first only.
-        return frame.unique(subset="rollout_id", keep="first", maintain_order=True)
+        # Each group from its indexed copy (compaction may leave two for a while), in draw
+        # order; a rollout id a peer repeated inside its file is served once.
+        chosen = pl.DataFrame(
+            {
+                "group_id": [g for g, _ in located],
+                "filename": [f for _, f in located],
+                "_draw": [group_ids.index(g) for g, _ in located],
+            }
+        )
+        return (
+            frame.join(chosen, on=["group_id", "filename"], how="inner")
+            .sort(["_draw", "rollout_id", "completion"])
+            .unique(subset="rollout_id", keep="first", maintain_order=True)
+            .drop("_draw", "filename")
+        )
 
     def rejection_counts(self) -> Counter[str]:
         counts: Counter[str] = Counter()

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any, Self
 
 import yaml
-
 from pydantic import BaseModel, ConfigDict, Field
 
 

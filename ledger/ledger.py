@@ -29,6 +29,7 @@ from ledger.storage import StorageError, open_store
 
 log = logging.getLogger(__name__)
 
+MAX_GROUPS_PER_SAMPLE = 100_000
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -194,8 +195,8 @@ class Ledger:
         ``swarm_id``) the draw is written to the sample log, once per node and round.
         """
         chosen = parse_policy(policy)
-        if n_groups < 0:
-            raise ValueError(f"n_groups must be >= 0, got {n_groups}")
+        if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:
+            raise ValueError(f"n_groups must be in [0, {MAX_GROUPS_PER_SAMPLE}], got {n_groups}")
         if record_round is not None and swarm_id is None:
             raise ValueError("recording a sample needs the swarm_id it was drawn for")
         when = now or datetime.now(UTC)
@@ -211,6 +212,8 @@ class Ledger:
         params = {k: val for k, val in params.items() if k in used}
 
         def attempt() -> pl.DataFrame:
+            if n_groups == 0:
+                return self._empty()
             ids = [r[0] for r in self.con.execute(sql, params).fetchall()]
             frame = self.catalog.fetch_groups(ids)
             return frame if frame is not None else self._empty()

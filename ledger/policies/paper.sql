@@ -13,5 +13,5 @@ FROM groups
 WHERE node_id <> $node_id
   AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
   AND reward_max > reward_min
-ORDER BY hash(group_id, $node_id, $seed), group_id
+ORDER BY hash(group_id, $node_id, $seed)
 LIMIT $n_groups

@@ -19,12 +19,15 @@ WITH candidates AS (
       AND ($max_age_s IS NULL OR published_at >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
 ),
 capped AS (
-    SELECT group_id, draw
+    -- Each peer's lowest draws, as many as the cap allows: a top-k per peer without
+    -- sorting them all. No answer takes more than $n_groups from one peer, so that
+    -- bounds k as well.
+    SELECT unnest(min_by({'group_id': group_id, 'draw': draw}, draw,
+                         least(coalesce($max_per_peer, $n_groups), $n_groups))) AS pick
     FROM candidates
-    QUALIFY $max_per_peer IS NULL
-         OR row_number() OVER (PARTITION BY node_id ORDER BY draw, group_id) <= $max_per_peer
+    GROUP BY node_id
 )
-SELECT group_id
+SELECT pick.group_id
 FROM capped
-ORDER BY draw, group_id
+ORDER BY pick.draw
 LIMIT $n_groups
