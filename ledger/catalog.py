@@ -61,19 +61,25 @@ GROUP_COLUMNS = """
 """
 
 
-def scan_sql(files_expr: str, where: str = "") -> str:
+def scan_sql(files_expr: str, where: str = "", uniform: bool = False) -> str:
     """A relation over Parquet files with every public column, whatever version wrote them.
 
     ``UNION ALL BY NAME`` with a typed empty relation fills columns that older files lack
     with NULL; the Hive keys come from the path, which outranks any same-named column a
     peer put inside its file. ``where`` filters inside the scan, where DuckDB can push it
-    down to row-group statistics.
+    down to row-group statistics. ``uniform`` promises that every file has exactly the
+    current columns, which spares the schema union (a hot path when sampling).
     """
+    options = (
+        "hive_partitioning = true, filename = true, "
+        "hive_types = {'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'}"
+    )
+    filtered = f" WHERE {where}" if where else ""
+    if uniform:
+        return f"SELECT * FROM read_parquet({files_expr}, {options}){filtered}"
     return (
         f"({_TYPED_EMPTY}) UNION ALL BY NAME SELECT * FROM read_parquet({files_expr}, "
-        "hive_partitioning = true, union_by_name = true, filename = true, "
-        "hive_types = {'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'})"
-        + (f" WHERE {where}" if where else "")
+        f"union_by_name = true, {options}){filtered}"
     )
 
 
@@ -92,6 +98,8 @@ class FileState:
     path: str
     status: str = OK
     detail: str = ""
+    current_columns: bool = False
+    """The file holds exactly the current public columns (the usual case)."""
     rows: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
 
@@ -111,6 +119,7 @@ class Catalog:
         self.con = con
         self.limits = limits
         self.files: dict[str, FileState] = {}
+        self._by_path: dict[str, FileState] = {}
         self.sample_files: dict[str, int | None] = {}
         self._reason_sql = v.reject_reason_sql(limits)
         self._group_problem_sql = v.group_problem_sql(limits)
@@ -163,6 +172,8 @@ class Catalog:
         if not added and not removed:
             return stats
         removed_paths = [self.files.pop(k).path for k in removed]
+        for path in removed_paths:
+            self._by_path.pop(path, None)
         new_states = self._examine_all(added)
         ok = [s for s in new_states if s.status == OK]
         for start in range(0, len(ok), INGEST_BATCH_FILES):
@@ -173,6 +184,7 @@ class Catalog:
                 stats.vanished += 1
                 continue
             self.files[state.key] = state
+            self._by_path[state.path] = state
             if state.status != OK:
                 stats.bad_files += 1
                 log.warning("skipping %s: %s (%s)", state.key, state.status, state.detail)
@@ -250,9 +262,11 @@ class Catalog:
         for file_name, *schema_row in rows:  # rows of one file come in schema order
             by_file.setdefault(file_name, []).append(tuple(schema_row))  # type: ignore[arg-type]
         for state in chunk:
-            problem = v.schema_problem(v.top_level_kinds(by_file.get(state.path, [])))
+            kinds = v.top_level_kinds(by_file.get(state.path, []))
+            problem = v.schema_problem(kinds)
             if problem:
                 state.status, state.detail = v.SCHEMA_MISMATCH, problem
+            state.current_columns = set(kinds) == set(COLUMN_NAMES)
 
     def _ingest(self, batch: list[FileState]) -> None:
         """Judge the rows of ``batch`` and add one summary row per valid group."""
@@ -395,9 +409,10 @@ class Catalog:
         if not located:
             return None
         files = sorted({f for _, f in located})
+        uniform = all(self._by_path[f].current_columns for f in files if f in self._by_path)
+        scan = scan_sql(sql_list(files), where=f"group_id IN ({wanted})", uniform=uniform)
         table = self.con.execute(
-            f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM "
-            f"({scan_sql(sql_list(files), where=f'group_id IN ({wanted})')}) "
+            f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM ({scan}) "
             f"WHERE ({self._reason_sql}) IS NULL"
         ).arrow()
         frame = pl.from_arrow(table)
