@@ -24,7 +24,14 @@ from ledger import samples
 from ledger import validation as v
 from ledger.config import RowLimits
 from ledger.keys import parse_key
-from ledger.schema import COLUMN_NAMES, COLUMNS
+from ledger.schema import COLUMN_NAMES
+from ledger.sqltext import (
+    PUBLIC_COLUMNS_SQL,
+    TYPED_EMPTY,
+    scan_sql,
+    sql_list,
+    sql_str,
+)
 from ledger.storage import ObjectInfo, Store
 
 log = logging.getLogger(__name__)
@@ -38,57 +45,12 @@ EXAMINE_CHUNK = 256
 EXAMINE_THREADS = 8
 """Footers are read in chunks on a few threads: on S3 each footer is a round trip."""
 
-_DUCK_TYPES = {
-    "string": "VARCHAR",
-    "int64": "BIGINT",
-    "int32": "INTEGER",
-    "double": "DOUBLE",
-    "timestamp[us, tz=UTC]": "TIMESTAMPTZ",
-}
-_TYPED_EMPTY = (
-    "SELECT "
-    + ", ".join(f"NULL::{_DUCK_TYPES[str(c.type)]} AS {c.name}" for c in COLUMNS)
-    + ", NULL::DATE AS day, NULL::VARCHAR AS filename LIMIT 0"
-)
-PUBLIC_COLUMNS_SQL = ", ".join(COLUMN_NAMES)
-EMPTY_ROLLOUTS_SQL = f"SELECT {PUBLIC_COLUMNS_SQL} FROM ({_TYPED_EMPTY})"
-
 GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
     node_round BIGINT, policy_version BIGINT, size INTEGER, reward_mean DOUBLE,
     reward_std DOUBLE, reward_min DOUBLE, reward_max DOUBLE, published_at TIMESTAMPTZ,
     day DATE, source_file VARCHAR
 """
-
-
-def scan_sql(files_expr: str, where: str = "", uniform: bool = False) -> str:
-    """A relation over Parquet files with every public column, whatever version wrote them.
-
-    ``UNION ALL BY NAME`` with a typed empty relation fills columns that older files lack
-    with NULL; the Hive keys come from the path, which outranks any same-named column a
-    peer put inside its file. ``where`` filters inside the scan, where DuckDB can push it
-    down to row-group statistics. ``uniform`` promises that every file has exactly the
-    current columns, which spares the schema union (a hot path when sampling).
-    """
-    options = (
-        "hive_partitioning = true, filename = true, "
-        "hive_types = {'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'}"
-    )
-    filtered = f" WHERE {where}" if where else ""
-    if uniform:
-        return f"SELECT * FROM read_parquet({files_expr}, {options}){filtered}"
-    return (
-        f"({_TYPED_EMPTY}) UNION ALL BY NAME SELECT * FROM read_parquet({files_expr}, "
-        f"union_by_name = true, {options}){filtered}"
-    )
-
-
-def sql_str(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def sql_list(values: list[str]) -> str:
-    return "[" + ", ".join(sql_str(x) for x in values) + "]"
 
 
 @dataclass
@@ -381,7 +343,7 @@ class Catalog:
             con.execute(f"SET VARIABLE sapo_ledger_files = {sql_list(ok_paths)}")
             source = scan_sql("getvariable('sapo_ledger_files')")
         else:
-            source = _TYPED_EMPTY
+            source = TYPED_EMPTY
         con.execute(
             f"""CREATE OR REPLACE VIEW rollouts AS
             WITH raw AS ({source})

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import duckdb
 
-from ledger.catalog import PUBLIC_COLUMNS_SQL, Catalog, scan_sql, sql_list
+from ledger.catalog import Catalog
 from ledger.keys import compacted_key, parse_key
+from ledger.sqltext import PUBLIC_COLUMNS_SQL, scan_sql, sql_list
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledger import compaction, samples, validation
-from ledger.catalog import EMPTY_ROLLOUTS_SQL, Catalog, RefreshStats
+from ledger.catalog import Catalog, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
 from ledger.keys import round_key
 from ledger.policies import PaperPolicy, RewardFilteredPolicy, parse_policy
 from ledger.records import RecordError, to_table
 from ledger.schema import check_id
+from ledger.sqltext import EMPTY_ROLLOUTS_SQL
 from ledger.storage import StorageError, open_store
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from typing import Final
 import duckdb
 
 from ledger.keys import digest, parse_key, partition_prefix
+from ledger.sqltext import sql_list
 
 PREFIX: Final = "_samples/"
 
@@ -65,7 +66,7 @@ def sample_log_lines(
 
 
 def ingest_sql(paths: list[str]) -> str:
-    listed = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+    listed = sql_list(paths)
     return f"""INSERT INTO samples
         SELECT swarm_id, node_id, node_round, group_id, peer_node_id, policy, seed,
                sampled_at, filename

@@ -1,0 +1,50 @@
+"""SQL text shared by the ledger's queries: quoting, and the scan over Parquet files."""
+
+from __future__ import annotations
+
+from ledger.schema import COLUMN_NAMES, COLUMNS
+
+_DUCK_TYPES = {
+    "string": "VARCHAR",
+    "int64": "BIGINT",
+    "int32": "INTEGER",
+    "double": "DOUBLE",
+    "timestamp[us, tz=UTC]": "TIMESTAMPTZ",
+}
+TYPED_EMPTY = (
+    "SELECT "
+    + ", ".join(f"NULL::{_DUCK_TYPES[str(c.type)]} AS {c.name}" for c in COLUMNS)
+    + ", NULL::DATE AS day, NULL::VARCHAR AS filename LIMIT 0"
+)
+PUBLIC_COLUMNS_SQL = ", ".join(COLUMN_NAMES)
+EMPTY_ROLLOUTS_SQL = f"SELECT {PUBLIC_COLUMNS_SQL} FROM ({TYPED_EMPTY})"
+
+
+def scan_sql(files_expr: str, where: str = "", uniform: bool = False) -> str:
+    """A relation over Parquet files with every public column, whatever version wrote them.
+
+    ``UNION ALL BY NAME`` with a typed empty relation fills columns that older files lack
+    with NULL; the Hive keys come from the path, which outranks any same-named column a
+    peer put inside its file. ``where`` filters inside the scan, where DuckDB can push it
+    down to row-group statistics. ``uniform`` promises that every file has exactly the
+    current columns, which spares the schema union (a hot path when sampling).
+    """
+    options = (
+        "hive_partitioning = true, filename = true, "
+        "hive_types = {'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'}"
+    )
+    filtered = f" WHERE {where}" if where else ""
+    if uniform:
+        return f"SELECT * FROM read_parquet({files_expr}, {options}){filtered}"
+    return (
+        f"({TYPED_EMPTY}) UNION ALL BY NAME SELECT * FROM read_parquet({files_expr}, "
+        f"union_by_name = true, {options}){filtered}"
+    )
+
+
+def sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_list(values: list[str]) -> str:
+    return "[" + ", ".join(sql_str(x) for x in values) + "]"
