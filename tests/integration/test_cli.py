@@ -178,3 +178,18 @@ def test_the_installed_command_runs_the_demo(tmp_path):
     led = Ledger(str(tmp_path / "ledger"))
     assert led.query("SELECT count(*) FROM rollouts").item() == 3 * 2 * 4 * 8
     assert led.validate().clean
+
+
+@pytest.mark.s3
+def test_s3_settings_come_from_the_standard_aws_variables(s3_server, monkeypatch):
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ledger"
+    Ledger(url, s3_server.storage_options).publish(round_rows("a", 0, [[1, 0]]))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    out = runner.invoke(
+        app, ["ledger", "query", url, "SELECT count(*) AS n FROM rollouts", "-f", "json"]
+    )
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == [{"n": 2}]
