@@ -236,7 +236,15 @@ def run(size: int, backend: str, repeat: int, moto: MotoProcess | None, work: Pa
     led.close()
     for r in results:
         r.update({"rows": total, "backend": backend, "files": nodes * rounds})
+        print("#", row_text(r), flush=True)  # partial results survive an interrupted run
     return results
+
+
+def row_text(r: dict) -> str:
+    return (
+        f"| {r['rows']:,} | {r['backend']} | {r['phase']} | {r['op']} | "
+        f"{r['p50']:.1f} | {r['p95']:.1f} |"
+    )
 
 
 def main() -> None:
@@ -259,10 +267,7 @@ def main() -> None:
     print("\n| rows | backend | phase | operation | p50 ms | p95 ms |")
     print("|---:|---|---|---|---:|---:|")
     for r in results:
-        print(
-            f"| {r['rows']:,} | {r['backend']} | {r['phase']} | {r['op']} | "
-            f"{r['p50']:.1f} | {r['p95']:.1f} |"
-        )
+        print(row_text(r))
 
 
 if __name__ == "__main__":
