@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -54,8 +55,8 @@ def shape(rows: int) -> tuple[int, int]:
     return nodes, max(1, round(rows / (per_round * nodes)))
 
 
-def round_bytes(node: str, r: int) -> tuple[str, bytes]:
-    table = synthetic_round(
+def round_table(node: str, r: int) -> pa.Table:
+    return synthetic_round(
         "bench",
         node,
         r,
@@ -64,6 +65,10 @@ def round_bytes(node: str, r: int) -> tuple[str, bytes]:
         skill=0.1 + 0.8 * (hash(node) % 100) / 100,
         published_at=T0 + timedelta(minutes=r),
     )
+
+
+def round_bytes(node: str, r: int) -> tuple[str, bytes]:
+    table = round_table(node, r)
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     key = round_key("bench", node, date(2026, 1, 1), r, table.column("rollout_id").to_pylist())
@@ -81,6 +86,25 @@ def fill(led: Ledger, nodes: int, rounds: int) -> float:
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(write, jobs))
+    return time.perf_counter() - start
+
+
+def fill_compacted(led: Ledger, nodes: int, rounds: int) -> float:
+    """Write the ledger as compaction leaves it: one file per node, sorted by group."""
+    start = time.perf_counter()
+
+    def write(i: int) -> None:
+        node = f"n{i:04d}"
+        tables = [round_table(node, r) for r in range(rounds)]
+        table = pa.concat_tables(tables).sort_by([("group_id", "ascending")])
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd", row_group_size=8192)
+        partition = partition_prefix("bench", node, date(2026, 1, 1))
+        keys = [k for t in tables for k in t.column("rollout_id").to_pylist()]
+        led.store.put_new(compacted_key(partition, keys), buf.getvalue())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(nodes)))
     return time.perf_counter() - start
 
 
@@ -203,7 +227,14 @@ class MotoProcess:
         self.proc.wait(timeout=30)
 
 
-def run(size: int, backend: str, repeat: int, moto: MotoProcess | None, work: Path) -> list[dict]:
+def run(
+    size: int,
+    backend: str,
+    repeat: int,
+    moto: MotoProcess | None,
+    work: Path,
+    layout: str = "rounds",
+) -> list[dict]:
     nodes, rounds = shape(size)
     if backend == "local":
         url, options = str(work / f"ledger-{size}"), None
@@ -216,6 +247,19 @@ def run(size: int, backend: str, repeat: int, moto: MotoProcess | None, work: Pa
         return Ledger(url, options, **kw)  # type: ignore[arg-type]
 
     led = open_ledger()
+    if layout == "compacted":
+        fill_s = fill_compacted(led, nodes, rounds)
+        total = nodes * rounds * GROUPS * GROUP_SIZE
+        print(
+            f"# {backend}: {total:,} completions written as {nodes} compacted files in "
+            f"{fill_s:.1f}s",
+            flush=True,
+        )
+        results = measure(open_ledger, nodes, "compacted layout", repeat)
+        for r in results:
+            r.update({"rows": total, "backend": backend, "files": nodes})
+            print("#", row_text(r), flush=True)
+        return results
     fill_s = fill(led, nodes, rounds)
     total = nodes * rounds * GROUPS * GROUP_SIZE
     print(
@@ -253,6 +297,13 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--backends", nargs="+", default=["local", "s3"], choices=["local", "s3"])
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per figure")
+    parser.add_argument(
+        "--layout",
+        choices=["rounds", "compacted"],
+        default="rounds",
+        help="rounds: one file per node round, measured before and after compaction; "
+        "compacted: write the post-compaction layout directly (one file per node)",
+    )
     args = parser.parse_args()
     moto = MotoProcess() if "s3" in args.backends else None
     results = []
@@ -260,7 +311,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="sapo-bench-") as tmp:
             for size in args.sizes:
                 for backend in args.backends:
-                    results += run(size, backend, args.repeat, moto, Path(tmp))
+                    results += run(size, backend, args.repeat, moto, Path(tmp), args.layout)
     finally:
         if moto:
             moto.stop()
