@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows.env import apply_offline_defaults
 from ledger import Ledger, RewardFilteredPolicy
-from ledger.keys import round_key
+from ledger.keys import compacted_key, partition_prefix, round_key
 from ledger.synthetic import synthetic_round
 
 GROUPS, GROUP_SIZE, J = 8, 8, 8
