@@ -222,7 +222,7 @@ class Catalog:
             cursor.close()
         by_file: dict[str, list[v.SchemaRow]] = {}
         for file_name, *schema_row in rows:  # rows of one file come in schema order
-            by_file.setdefault(file_name, []).append(tuple(schema_row))  # type: ignore[arg-type]
+            by_file.setdefault(file_name, []).append(tuple(schema_row))
         for state in chunk:
             kinds = v.top_level_kinds(by_file.get(state.path, []))
             problem = v.schema_problem(kinds)

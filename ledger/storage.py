@@ -12,6 +12,7 @@ import errno
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -55,7 +56,7 @@ class Store(Protocol):
     def put_new(self, key: str, data: bytes) -> bool: ...
     def read(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
-    def delete(self, keys: list[str]) -> None: ...
+    def delete(self, keys: Sequence[str]) -> None: ...
     def reader_path(self, key: str) -> str: ...
     def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None: ...
 
@@ -151,7 +152,7 @@ class LocalStore:
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
 
@@ -229,7 +230,7 @@ class S3Store:
     def exists(self, key: str) -> bool:
         return bool(self._call("head", self.fs.exists, self._path(key)))
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: Sequence[str]) -> None:
         if keys:
             self._call("delete", self.fs.rm, [self._path(k) for k in keys])
 
