@@ -247,39 +247,35 @@ def run(
         return Ledger(url, options, **kw)  # type: ignore[arg-type]
 
     led = open_ledger()
+    total = nodes * rounds * GROUPS * GROUP_SIZE
     if layout == "compacted":
         fill_s = fill_compacted(led, nodes, rounds)
-        total = nodes * rounds * GROUPS * GROUP_SIZE
         print(
             f"# {backend}: {total:,} completions written as {nodes} compacted files in "
             f"{fill_s:.1f}s",
             flush=True,
         )
         results = measure(open_ledger, nodes, "compacted layout", repeat)
-        for r in results:
-            r.update({"rows": total, "backend": backend, "files": nodes})
-            print("#", row_text(r), flush=True)
-        return results
-    fill_s = fill(led, nodes, rounds)
-    total = nodes * rounds * GROUPS * GROUP_SIZE
-    print(
-        f"# {backend}: {total:,} completions, {nodes} nodes x {rounds} rounds, "
-        f"{nodes * rounds:,} files written in {fill_s:.1f}s",
-        flush=True,
-    )
-    results = measure(open_ledger, nodes, "before compaction", repeat)
-    start = time.perf_counter()
-    report = led.compact(all_nodes=True, before=date.max)
-    compact_s = time.perf_counter() - start
-    print(
-        f"# {backend}: compacted {report.files_in:,} files into {report.files_out:,} "
-        f"in {compact_s:.1f}s",
-        flush=True,
-    )
-    results += measure(open_ledger, nodes, "after compaction", repeat)
+    else:
+        fill_s = fill(led, nodes, rounds)
+        print(
+            f"# {backend}: {total:,} completions, {nodes} nodes x {rounds} rounds, "
+            f"{nodes * rounds:,} files written in {fill_s:.1f}s",
+            flush=True,
+        )
+        results = measure(open_ledger, nodes, "before compaction", repeat)
+        start = time.perf_counter()
+        report = led.compact(all_nodes=True, before=date.max)
+        print(
+            f"# {backend}: compacted {report.files_in:,} files into {report.files_out:,} "
+            f"in {time.perf_counter() - start:.1f}s",
+            flush=True,
+        )
+        results += measure(open_ledger, nodes, "after compaction", repeat)
     led.close()
+    files = nodes if layout == "compacted" else nodes * rounds
     for r in results:
-        r.update({"rows": total, "backend": backend, "files": nodes * rounds})
+        r.update({"rows": total, "backend": backend, "files": files})
         print("#", row_text(r), flush=True)  # partial results survive an interrupted run
     return results
 

@@ -381,11 +381,12 @@ class Catalog:
         assert isinstance(frame, pl.DataFrame)
         # Each group from its indexed copy (compaction may leave two for a while), in draw
         # order; a rollout id a peer repeated inside its file is served once.
+        draw_order = {g: i for i, g in enumerate(group_ids)}
         chosen = pl.DataFrame(
             {
                 "group_id": [g for g, _ in located],
                 "filename": [f for _, f in located],
-                "_draw": [group_ids.index(g) for g, _ in located],
+                "_draw": [draw_order[g] for g, _ in located],
             }
         )
         return (

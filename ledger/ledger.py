@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -195,28 +196,13 @@ class Ledger:
         sample. Fewer groups come back when fewer qualify. With ``record_round`` (and
         ``swarm_id``) the draw is written to the sample log, once per node and round.
         """
-        chosen = parse_policy(policy)
-        if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:
-            raise ValueError(f"n_groups must be in [0, {MAX_GROUPS_PER_SAMPLE}], got {n_groups}")
         if record_round is not None and swarm_id is None:
             raise ValueError("recording a sample needs the swarm_id it was drawn for")
         when = now or datetime.now(UTC)
-        params = {
-            "node_id": node_id,
-            "swarm_id": swarm_id,
-            "seed": int(seed),
-            "n_groups": int(n_groups),
-            **chosen.parameters(when),
-        }
-        sql = chosen.sql
-        used = set(_PARAM.findall(sql))
-        params = {k: val for k, val in params.items() if k in used}
+        chosen, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, when)
 
         def attempt() -> pl.DataFrame:
-            if n_groups == 0:
-                return self._empty()
-            ids = [r[0] for r in self.con.execute(sql, params).fetchall()]
-            frame = self.catalog.fetch_groups(ids)
+            frame = self.catalog.fetch_groups(draw())
             return frame if frame is not None else self._empty()
 
         frame: pl.DataFrame = self._with_refresh(attempt)
@@ -229,11 +215,50 @@ class Ledger:
         return frame
 
     def sample_group_ids(
-        self, node_id: str, n_groups: int, policy: Any = "paper", seed: int = 0, **kw: Any
+        self,
+        node_id: str,
+        n_groups: int,
+        policy: Any = "paper",
+        seed: int = 0,
+        *,
+        swarm_id: str | None = None,
+        now: datetime | None = None,
     ) -> list[str]:
-        """The group ids ``sample`` would return, in draw order."""
-        frame = self.sample(node_id, n_groups, policy, seed, **kw)
-        return list(dict.fromkeys(frame.get_column("group_id").to_list()))
+        """The group ids ``sample`` would return, in draw order, without reading their rows."""
+        _, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, now or datetime.now(UTC))
+        ids: list[str] = self._with_refresh(draw)
+        return ids
+
+    def _draw(
+        self,
+        node_id: str,
+        n_groups: int,
+        policy: Any,
+        seed: int,
+        swarm_id: str | None,
+        when: datetime,
+    ) -> tuple[PaperPolicy | RewardFilteredPolicy, Callable[[], list[str]]]:
+        """The policy, and a call that runs its SQL: the drawn group ids in draw order."""
+        chosen = parse_policy(policy)
+        if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:
+            raise ValueError(f"n_groups must be in [0, {MAX_GROUPS_PER_SAMPLE}], got {n_groups}")
+        params = {
+            "node_id": node_id,
+            "swarm_id": swarm_id,
+            "seed": int(seed),
+            "n_groups": int(n_groups),
+            **chosen.parameters(when),
+        }
+        sql = chosen.sql
+        used = set(_PARAM.findall(sql))
+        params = {k: val for k, val in params.items() if k in used}
+
+        def draw() -> list[str]:
+            if n_groups == 0:
+                return []
+            return [r[0] for r in self.con.execute(sql, params).fetchall()]
+
+        return chosen, draw
 
     def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
         """Run SQL over the views ``rollouts``, ``groups`` and ``ledger_files``."""
