@@ -1,0 +1,61 @@
+"""The round's training set: I of the node's own groups plus J groups from peers.
+
+Which peers' groups arrive is a sampling policy the ledger evaluates; here they are only
+scored (by the node's own verifier, before this step) and merged. J = 0 is plain GRPO.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sapo_core.rewards import ScoredGroup
+from sapo_core.rollouts import Group
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """The round's I + J groups (own first) and those of them that carry a gradient."""
+
+    selected: tuple[ScoredGroup, ...]
+    trained: tuple[ScoredGroup, ...]
+
+    def rewards(self, source: str | None = None) -> list[float]:
+        """This node's rewards over the selected groups, optionally of one source."""
+        return [r for g in self.selected if source in (None, g.group.source) for r in g.rewards]
+
+    @property
+    def zero_variance_fraction(self) -> float:
+        return sum(g.zero_variance for g in self.selected) / max(len(self.selected), 1)
+
+    @property
+    def external_used(self) -> int:
+        return sum(g.group.source == "external" for g in self.selected)
+
+
+def choose_local(groups: Sequence[Group], count: int, seed: str) -> list[Group]:
+    """I of the node's own groups, drawn without replacement (seeded, order kept)."""
+    if count >= len(groups):
+        return list(groups)
+    picked = sorted(random.Random(seed).sample(range(len(groups)), count))
+    return [groups[i] for i in picked]
+
+
+def assemble(
+    local: Sequence[ScoredGroup],
+    external: Sequence[ScoredGroup],
+    *,
+    local_groups: int,
+    external_groups: int,
+    drop_zero_variance: bool,
+) -> TrainingSet:
+    """Merge up to I own and J external scored groups.
+
+    With drop_zero_variance, groups whose rewards (this node's) are all equal are left
+    out: their advantages are zero, so they add no gradient, only dilute the normaliser.
+    Missing peers are not replaced by own groups: a node without peers trains on I.
+    """
+    selected = (*local[:local_groups], *external[:external_groups])
+    trained = tuple(g for g in selected if not (drop_zero_variance and g.zero_variance))
+    return TrainingSet(selected, trained)

@@ -1,0 +1,187 @@
+"""Configuration of one node's algorithm: tasks, prompt, reward, generation, GRPO, node.
+
+One validated model per concern, bounds declared on the fields, unknown keys rejected.
+This module imports no torch, so tools that only read configs or the ledger stay light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# The paper's nine reasoning-gym specialties, drawn uniformly with replacement.
+PAPER_SPECIALTIES = (
+    "base_conversion",
+    "basic_arithmetic",
+    "arc_1d",
+    "bf",
+    "propositional_logic",
+    "fraction_simplification",
+    "decimal_arithmetic",
+    "calendar_arithmetic",
+    "binary_matrix",
+)
+
+BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
+
+# The system prompt reasoning-gym ships as its default, so scores are comparable with its tools.
+DEFAULT_SYSTEM_PROMPT = (
+    "Given a problem, your task is to answer the question by thinking step-by-step in a clear "
+    "and specific manner.\nOnce you have thought about the reasoning process, provide the "
+    "answer in the following format:\n<answer>answer here</answer>\nDo not explain your "
+    "reasoning inside the answer tags, provide only the final answer. When an example is "
+    "provided, you should strictly follow the format of the output/answer in that example."
+)
+
+
+class Strict(BaseModel):
+    """Base of every config model: unknown keys are an error, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Self:
+        """Load from a YAML file; unknown keys and out-of-bounds values raise."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(data)
+
+
+class TaskSpec(Strict):
+    """One reasoning-gym dataset in a node's mix."""
+
+    name: str = Field(min_length=1, description="reasoning-gym dataset name.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the dataset (its difficulty)."
+    )
+    weight: float = Field(1.0, gt=0.0, description="Relative probability of drawing this task.")
+
+
+class TaskConfig(Strict):
+    """Where a node's questions come from."""
+
+    specs: tuple[TaskSpec, ...] = Field(
+        default=tuple(TaskSpec(name=n, weight=1.0) for n in PAPER_SPECIALTIES),
+        min_length=1,
+        description="Task mix; each question draws one spec by weight, with replacement.",
+    )
+
+    @model_validator(mode="after")
+    def _known_tasks(self) -> Self:
+        names = [s.name for s in self.specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a task is listed twice in the mix: {names}")
+        return self
+
+
+class PromptConfig(Strict):
+    """How a question becomes the model's input."""
+
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn; '' for none.")
+    prefill: str = Field(
+        "",
+        max_length=64,
+        description="Text that opens the assistant turn (e.g. '<answer>'); it is part of the "
+        "prompt, never trained on. Small models rarely emit answer tags unless prefilled.",
+    )
+
+
+class RewardConfig(Strict):
+    """The node's own verifier."""
+
+    extraction: Literal["strict", "lenient", "last_number"] = Field(
+        "strict",
+        description="strict: the last <answer>...</answer> (reasoning-gym, the paper); "
+        "lenient: also an unclosed final <answer> up to the line end; last_number: the tagged "
+        "answer if any, else the last number in the completion.",
+    )
+    format_weight: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Reward added for a well-formed <answer>...</answer> (the paper: 0). "
+        "The total is rescaled into [0, 1].",
+    )
+
+
+class GenerationConfig(Strict):
+    """Sampling of completions."""
+
+    backend: Literal["transformers", "vllm"] = "transformers"
+    completions_per_question: int = Field(8, ge=2, le=256, description="L: group size.")
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(256, ge=1, le=32_768)
+    batch_size: int = Field(32, ge=1, description="Sequences per generation call.")
+
+
+class GRPOConfig(Strict):
+    """The policy update."""
+
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+        "grpo", description="Loss normalisation, as in TRL's GRPO trainer."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide advantages by the group's std, the batch's std, or not."
+    )
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0.0, description="Upper clip: ratio <= 1 + eps_high.")
+    beta: float = Field(0.0, ge=0.0, description="KL weight to the initial policy (paper: 0).")
+    learning_rate: float = Field(
+        1e-5, gt=0.0, le=1.0, description="Adam step size (paper: 1e-3; Gensyn: 1e-5)."
+    )
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip gradients; null: off.")
+    iterations: int = Field(
+        1, ge=1, le=16, description="Optimizer steps per batch; >1 makes ratio and clip act."
+    )
+    micro_batch_size: int = Field(
+        8, ge=1, description="Sequences per forward/backward; gradients accumulate across them."
+    )
+    drop_zero_variance: bool = Field(
+        True, description="Leave out groups whose completions all got the same reward."
+    )
+
+
+class NodeConfig(Strict):
+    """Everything one node needs to run its rounds, apart from storage and tracking."""
+
+    node_id: str = Field("node-0", pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+    model: str = Field(
+        BUNDLED_MODEL,
+        description=f"Hugging Face id, local directory, or {BUNDLED_MODEL!r} (offline).",
+    )
+    local_groups: int = Field(8, ge=0, le=1024, description="I: own groups trained on per round.")
+    external_groups: int = Field(
+        0, ge=0, le=1024, description="J: peers' groups trained on per round (0: no sharing)."
+    )
+    questions_per_round: int | None = Field(
+        None,
+        ge=1,
+        description="Questions generated (and published) per round; default I + J, so every "
+        "configuration spends the same generation compute.",
+    )
+    seed: int = Field(0, ge=0, description="Seeds questions, sampling and initial state.")
+    tasks: TaskConfig = Field(default_factory=TaskConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)  # type: ignore[arg-type]
+    reward: RewardConfig = Field(default_factory=RewardConfig)  # type: ignore[arg-type]
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)  # type: ignore[arg-type]
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _batch_is_consistent(self) -> Self:
+        if self.local_groups + self.external_groups == 0:
+            raise ValueError("local_groups + external_groups (I + J) must be at least 1")
+        if self.questions_per_round is not None and self.questions_per_round < self.local_groups:
+            raise ValueError(
+                f"questions_per_round ({self.questions_per_round}) is below local_groups "
+                f"({self.local_groups}): a node cannot train on more own groups than it made"
+            )
+        return self
+
+    @property
+    def questions(self) -> int:
+        """Questions this node generates each round."""
+        return self.questions_per_round or (self.local_groups + self.external_groups)

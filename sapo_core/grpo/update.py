@@ -1,0 +1,236 @@
+"""The GRPO update step: re-encode rows, fill in behaviour log-probs, accumulate, step.
+
+Rows arrive as segments: one prompt (this node's template around the question) and the
+completions trained against it. A segment's prompt is run once and its KV cache shared by
+its completions; gradients from every completion flow back through that one prompt pass,
+so the result equals running each (prompt, completion) pair separately, at a fraction of
+the compute when prompts are long and answers short.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sapo_core.config import GRPOConfig
+from sapo_core.grpo.loss import micro_batch_weight, policy_loss
+
+
+@dataclass
+class Segment:
+    """One prompt and the completions trained against it (usually one group)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    advantages: list[float]
+    behaviour_logprobs: list[list[float] | None]  # None: not known (a peer's row)
+    ref_logprobs: list[list[float]] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+
+def split_segments(segments: Sequence[Segment], micro_batch_size: int) -> list[list[Segment]]:
+    """Pack segments into micro-batches of at most micro_batch_size completions.
+
+    A segment larger than a micro-batch is cut into pieces that each carry its prompt.
+    """
+    pieces: list[Segment] = []
+    for seg in segments:
+        for lo in range(0, len(seg), micro_batch_size):
+            hi = lo + micro_batch_size
+            pieces.append(
+                Segment(
+                    seg.prompt_ids,
+                    seg.completion_ids[lo:hi],
+                    seg.advantages[lo:hi],
+                    seg.behaviour_logprobs[lo:hi],
+                    None if seg.ref_logprobs is None else seg.ref_logprobs[lo:hi],
+                )
+            )
+    batches: list[list[Segment]] = []
+    current: list[Segment] = []
+    size = 0
+    for piece in pieces:
+        if current and size + len(piece) > micro_batch_size:
+            batches.append(current)
+            current, size = [], 0
+        current.append(piece)
+        size += len(piece)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int, value: float, dtype: Any) -> Tensor:
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(list(row), dtype=dtype)
+    return out
+
+
+def completion_logprobs(
+    model: Any, segments: Sequence[Segment], temperature: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Log-probs [B, T] of each completion token under logits / temperature, and its mask.
+
+    Logits are computed only where they predict completion tokens (never for prompt
+    positions): the prompt pass keeps its last position only.
+    """
+    counts = torch.tensor([len(s) for s in segments])  # [U]
+    prompt_len = max(len(s.prompt_ids) for s in segments)
+    prompt_ids = torch.full((len(segments), prompt_len), pad_id, dtype=torch.long)  # [U, P]
+    prompt_mask = torch.zeros_like(prompt_ids)
+    for i, seg in enumerate(segments):  # left padding: every prompt ends at column P - 1
+        prompt_ids[i, prompt_len - len(seg.prompt_ids) :] = torch.tensor(seg.prompt_ids)
+        prompt_mask[i, prompt_len - len(seg.prompt_ids) :] = 1
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    owner = torch.arange(len(segments)).repeat_interleave(counts)  # [B]
+    cache = out.past_key_values
+    cache.batch_select_indices(owner)
+
+    rows = [ids for seg in segments for ids in seg.completion_ids]
+    width = max(len(r) for r in rows)
+    ids = _padded(rows, width, pad_id, torch.long)  # [B, T]
+    mask = _padded([[1] * len(r) for r in rows], width, 0, torch.long)  # [B, T]
+    lengths = prompt_mask.sum(-1)[owner]  # [B]
+    out2 = model(
+        input_ids=ids,
+        attention_mask=torch.cat([prompt_mask[owner], mask], 1),
+        position_ids=lengths.unsqueeze(1) + torch.arange(width).unsqueeze(0),
+        cache=cache,
+        use_cache=True,
+    )
+    first = out.logits[:, -1:, :][owner]  # [B, 1, V] predicts completion token 0
+    logits = torch.cat([first, out2.logits[:, :-1, :]], 1).float() / temperature  # [B, T, V]
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    logprobs = picked - torch.logsumexp(logits, -1)  # [B, T]
+    return logprobs, mask.float()
+
+
+@dataclass
+class UpdateResult:
+    """What one update did, for tracking."""
+
+    metrics: dict[str, float]
+    seconds: float
+    tokens: int
+
+
+def _micro_batches_with_old(
+    model: Any, batches: list[list[Segment]], temperature: float, pad_id: int
+) -> Iterator[tuple[list[Segment], Tensor]]:
+    """Behaviour log-probs [b, T] per micro-batch; unknown rows get this policy's, no grad."""
+    for batch in batches:
+        rows = [lp for seg in batch for lp in seg.behaviour_logprobs]
+        if all(r is not None for r in rows):
+            width = max(len(ids) for seg in batch for ids in seg.completion_ids)
+            yield batch, _padded([r or [] for r in rows], width, 0.0, torch.float32)
+            continue
+        with torch.no_grad():
+            current, _ = completion_logprobs(model, batch, temperature, pad_id)
+        for i, row in enumerate(rows):
+            if row is not None:
+                current[i, : len(row)] = torch.tensor(row)
+                current[i, len(row) :] = 0.0
+        yield batch, current
+
+
+def grpo_update(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    segments: Sequence[Segment],
+    config: GRPOConfig,
+    *,
+    temperature: float,
+    pad_id: int,
+    max_completion_length: int,
+) -> UpdateResult:
+    """`config.iterations` optimizer steps on one batch; gradients accumulate over micro-batches.
+
+    Behaviour log-probs are fixed before the first step (generation's for own rows, the
+    current policy's for peers' rows), so from the second iteration on the ratio and the
+    clip act as PPO intends.
+    """
+    started = time.perf_counter()
+    if not segments:
+        return UpdateResult({}, 0.0, 0)
+    model.train()
+    batches = split_segments(segments, config.micro_batch_size)
+    prepared = list(_micro_batches_with_old(model, batches, temperature, pad_id))
+    total_seqs = sum(len(s) for s in segments)
+    total_tokens = float(sum(len(ids) for s in segments for ids in s.completion_ids))
+    sums: dict[str, float] = {}
+    for _ in range(config.iterations):
+        optimizer.zero_grad(set_to_none=True)
+        for batch, old in prepared:
+            logprobs, mask = completion_logprobs(model, batch, temperature, pad_id)
+            advantages = torch.tensor([a for seg in batch for a in seg.advantages])  # [b]
+            ref = None
+            if config.beta:
+                ref_rows = [r for seg in batch for r in (seg.ref_logprobs or [])]
+                ref = _padded(ref_rows, logprobs.size(1), 0.0, torch.float32)
+            loss, metrics = policy_loss(
+                logprobs,
+                old,
+                advantages,
+                mask,
+                loss_type=config.loss_type,
+                eps_low=config.eps_low,
+                eps_high=config.eps_high,
+                beta=config.beta,
+                ref_logprobs=ref,
+                max_completion_length=max_completion_length,
+            )
+            weight = micro_batch_weight(
+                config.loss_type,
+                micro_sequences=logprobs.size(0),
+                micro_tokens=float(mask.sum()),
+                total_sequences=total_seqs,
+                total_tokens=total_tokens,
+                micro_batches=len(prepared),
+            )
+            (loss * weight).backward()
+            share = float(mask.sum()) / (total_tokens * config.iterations)
+            for key, value in metrics.items():
+                if key != "tokens":
+                    sums[key] = sums.get(key, 0.0) + value * share
+        if config.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) / config.iterations
+        optimizer.step()
+    seconds = time.perf_counter() - started
+    sums["tokens_per_s"] = total_tokens * config.iterations / max(seconds, 1e-9)
+    return UpdateResult(sums, seconds, int(total_tokens))
+
+
+def make_optimizer(model: Any, config: GRPOConfig) -> torch.optim.Optimizer:
+    """Adam (decoupled weight decay) over the trainable parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
+def reference_logprobs(
+    ref_model: Any, segments: Sequence[Segment], temperature: float, pad_id: int, chunk: int
+) -> None:
+    """Fill each segment's ref_logprobs from a frozen reference model (for beta > 0)."""
+    for seg in segments:
+        rows: list[list[float]] = []
+        for piece in split_segments([seg], chunk):
+            with torch.no_grad():
+                logprobs, _ = completion_logprobs(ref_model, piece, temperature, pad_id)
+            rows.extend(
+                logprobs[i, : len(ids)].tolist() for i, ids in enumerate(piece[0].completion_ids)
+            )
+        seg.ref_logprobs = rows

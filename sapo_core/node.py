@@ -1,0 +1,239 @@
+"""One node's algorithm for a round, without storage or orchestration.
+
+`Learner.generate` makes the round's groups (to publish and to train on); `Learner.train`
+scores own and peers' groups with this node's verifier, assembles I + J and takes the GRPO
+step. Flows put the ledger between the two.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sapo_core.assembly import TrainingSet, assemble, choose_local
+from sapo_core.config import NodeConfig
+from sapo_core.grpo.advantages import group_advantages, group_index
+from sapo_core.grpo.update import (
+    Segment,
+    UpdateResult,
+    grpo_update,
+    make_optimizer,
+    reference_logprobs,
+)
+from sapo_core.policy.backend import GenerationBackend
+from sapo_core.policy.loading import Policy, load_policy
+from sapo_core.prompts import render_prompt
+from sapo_core.rewards import ScoredGroup, score_groups, verify
+from sapo_core.rollouts import Group, Rollout
+from sapo_core.tasks import Question
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(name: str, policy: Policy) -> GenerationBackend:
+    """The generation backend a config names."""
+    if name == "transformers":
+        from sapo_core.policy.hf_backend import TransformersBackend
+
+        return TransformersBackend(policy)
+    raise NotImplementedError(
+        f"generation backend {name!r} is not available in this build; use 'transformers'"
+    )
+
+
+@dataclass
+class Generated:
+    """The round's own groups and what making them cost."""
+
+    groups: list[Group]
+    seconds: float
+    tokens: int
+
+
+@dataclass
+class RoundReport:
+    """What one round of training did; the names flows log as metrics."""
+
+    round: int
+    reward_mean: float
+    local_reward_mean: float | None
+    external_reward_mean: float | None
+    zero_variance_fraction: float
+    external_groups_used: int
+    groups_trained: int
+    flagged_rows: int
+    update_s: float
+    update: dict[str, float] = field(default_factory=dict)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+class Learner:
+    """A node's policy, optimizer and question stream."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        policy: Policy | None = None,
+        backend: GenerationBackend | None = None,
+    ) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.policy = policy or load_policy(config.model)
+        self.backend = backend or make_backend(config.generation.backend, self.policy)
+        self.optimizer = make_optimizer(self.policy.model, config.grpo)
+        self.policy_version = 0
+        self.ref_model: Any = None
+        if config.grpo.beta > 0:
+            self.ref_model = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+        from sapo_core.tasks import TaskSource
+
+        self.tasks = TaskSource(config.tasks, config.seed)
+
+    # -- generate ---------------------------------------------------------------------------
+
+    def prompt_ids(self, question: Question) -> list[int]:
+        text = render_prompt(self.policy.tokenizer, question.question, self.config.prompt)
+        return list(self.policy.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(self, round_: int) -> Generated:
+        """Sample L completions for each of the round's questions; score them locally."""
+        cfg = self.config
+        started = time.perf_counter()
+        questions = self.tasks.draw(round_, cfg.questions)
+        prompts = [render_prompt(self.policy.tokenizer, q.question, cfg.prompt) for q in questions]
+        sampled = self.backend.generate(prompts, cfg.generation, seed=cfg.seed * 1_000_003 + round_)
+        groups = []
+        for k, (question, completions) in enumerate(zip(questions, sampled, strict=True)):
+            group_id = f"{cfg.node_id}.r{round_}.q{k}"
+            rollouts = []
+            for j, c in enumerate(completions):
+                rollout = Rollout(
+                    rollout_id=f"{group_id}.c{j}",
+                    group_id=group_id,
+                    node_id=cfg.node_id,
+                    model_id=self.policy.model_id,
+                    node_round=round_,
+                    policy_version=self.policy_version,
+                    question=question,
+                    completion=cfg.prompt.prefill + c.text,
+                    completion_tokens=len(c.token_ids),
+                    token_ids=c.token_ids,
+                    logprobs=c.logprobs,
+                )
+                claimed = verify(rollout, cfg.reward).reward
+                rollouts.append(_with_reward(rollout, claimed))
+            groups.append(Group(group_id, "local", tuple(rollouts)))
+        tokens = sum(len(c.token_ids) for cs in sampled for c in cs)
+        return Generated(groups, time.perf_counter() - started, tokens)
+
+    # -- train ------------------------------------------------------------------------------
+
+    def select(
+        self, round_: int, local: Sequence[Group], external: Sequence[Group]
+    ) -> tuple[TrainingSet, int]:
+        """Score I own and J peers' groups with this node's verifier and merge them."""
+        cfg = self.config
+        own = choose_local(local, cfg.local_groups, f"{cfg.seed}/{round_}/local")
+        scored_own, flagged_own = score_groups(own, cfg.reward)
+        # Whatever a caller labelled them, peers' groups are external here.
+        peers = [Group(g.group_id, "external", g.rollouts) for g in external]
+        scored_ext, flagged_ext = score_groups(peers[: cfg.external_groups], cfg.reward)
+        chosen = assemble(
+            scored_own,
+            scored_ext,
+            local_groups=cfg.local_groups,
+            external_groups=cfg.external_groups,
+            drop_zero_variance=cfg.grpo.drop_zero_variance,
+        )
+        return chosen, len(flagged_own) + len(flagged_ext)
+
+    def segments(self, groups: Sequence[ScoredGroup]) -> list[Segment]:
+        """Re-encode groups with this node's tokenizer and template; attach advantages."""
+        cfg = self.config
+        rewards = torch.tensor([r for g in groups for r in g.rewards])
+        ids = group_index([g.group.group_id for g in groups for _ in g.rewards])
+        advantages = group_advantages(rewards, ids, cfg.grpo.scale_rewards).tolist()
+        out, i = [], 0
+        for g in groups:
+            seg = Segment(self.prompt_ids(g.group.question), [], [], [])
+            for rollout in g.rollouts:
+                completion, behaviour = self._completion_tokens(rollout)
+                if completion:
+                    seg.completion_ids.append(completion)
+                    seg.behaviour_logprobs.append(behaviour)
+                    seg.advantages.append(advantages[i])
+                i += 1
+            if len(seg):
+                out.append(seg)
+        return out
+
+    def _completion_tokens(self, rollout: Rollout) -> tuple[list[int], list[float] | None]:
+        """Own rows keep their sampled tokens and log-probs; peers' text is re-encoded."""
+        limit = self.config.generation.max_new_tokens
+        own = rollout.node_id == self.config.node_id and rollout.model_id == self.policy.model_id
+        if own and rollout.token_ids is not None and rollout.logprobs is not None:
+            return list(rollout.token_ids), list(rollout.logprobs)
+        text = rollout.completion
+        prefill = self.config.prompt.prefill
+        if prefill and text.startswith(prefill):
+            text = text[len(prefill) :]  # our prompt already ends with it
+        ids = self.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids[:limit]), None
+
+    def train(
+        self, round_: int, local: Sequence[Group], external: Sequence[Group] = ()
+    ) -> RoundReport:
+        """Score, assemble I + J and take the GRPO update; returns the round's figures."""
+        cfg = self.config
+        chosen, flagged = self.select(round_, local, external)
+        segments = self.segments(chosen.trained)
+        pad_id = int(self.policy.tokenizer.pad_token_id)
+        temperature = cfg.generation.temperature
+        if self.ref_model is not None and segments:
+            reference_logprobs(
+                self.ref_model, segments, temperature, pad_id, cfg.grpo.micro_batch_size
+            )
+        result = (
+            grpo_update(
+                self.policy.model,
+                self.optimizer,
+                segments,
+                cfg.grpo,
+                temperature=temperature,
+                pad_id=pad_id,
+                max_completion_length=cfg.generation.max_new_tokens,
+            )
+            if segments
+            else UpdateResult({}, 0.0, 0)
+        )
+        if segments:
+            self.policy_version += cfg.grpo.iterations
+        everything = chosen.rewards()
+        return RoundReport(
+            round=round_,
+            reward_mean=_mean(everything) or 0.0,
+            local_reward_mean=_mean(chosen.rewards("local")),
+            external_reward_mean=_mean(chosen.rewards("external")),
+            zero_variance_fraction=chosen.zero_variance_fraction,
+            external_groups_used=chosen.external_used,
+            groups_trained=len(segments),
+            flagged_rows=flagged,
+            update_s=result.seconds,
+            update=result.metrics,
+        )
+
+
+def _with_reward(rollout: Rollout, reward: float | None) -> Rollout:
+    import dataclasses
+
+    return dataclasses.replace(rollout, reward=reward)

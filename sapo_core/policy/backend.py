@@ -1,0 +1,31 @@
+"""The generation interface. Backends: transformers (here), vLLM (GPU machines, later)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sapo_core.config import GenerationConfig
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: text, token ids and the behaviour log-prob of each token.
+
+    Log-probs are of the sampled token under softmax(logits / temperature) over the whole
+    vocabulary (top-p truncation excluded), the quantity GRPO's ratio divides by.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finished: bool  # ended with the end-of-turn token rather than the length limit
+
+
+class GenerationBackend(Protocol):
+    """Samples `config.completions_per_question` completions for each prompt."""
+
+    def generate(
+        self, prompts: Sequence[str], config: GenerationConfig, seed: int
+    ) -> list[list[Completion]]: ...

@@ -1,0 +1,129 @@
+"""Generation with transformers: a plain sampling loop over the KV cache.
+
+A hand-written loop rather than `model.generate` because GRPO needs the behaviour log-prob
+of every sampled token, and asking `generate` for per-step logits keeps [B, V] floats for
+every step (about 800 MB for 32 x 128 tokens of a 49k vocabulary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from sapo_core.config import GenerationConfig
+from sapo_core.policy.backend import Completion
+from sapo_core.policy.loading import Policy
+
+
+def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
+    """Zero the tail of each row [B, V] beyond cumulative probability top_p (keeps >= 1)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # [B, V]
+    before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+class TransformersBackend:
+    """Batched temperature / top-p sampling with behaviour log-probs."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        tokenizer = policy.tokenizer
+        stops = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        self.stop_ids = torch.tensor(sorted(s for s in stops if isinstance(s, int) and s >= 0))
+        self.stop_set = set(self.stop_ids.tolist())
+        self.pad_id = int(tokenizer.pad_token_id)
+
+    def generate(
+        self, prompts: Sequence[str], config: GenerationConfig, seed: int
+    ) -> list[list[Completion]]:
+        n = config.completions_per_question
+        per_call = max(1, config.batch_size // n)  # questions per call: all n samples of each
+        generator = torch.Generator().manual_seed(seed)
+        groups: list[list[Completion]] = []
+        for start in range(0, len(prompts), per_call):
+            flat = self._sample(prompts[start : start + per_call], n, config, generator)
+            groups.extend(flat[i * n : (i + 1) * n] for i in range(len(flat) // n))
+        return groups
+
+    @torch.inference_mode()
+    def _sample(
+        self,
+        texts: Sequence[str],
+        n: int,
+        config: GenerationConfig,
+        generator: torch.Generator,
+    ) -> list[Completion]:
+        """Sample n completions of each prompt.
+
+        Each prompt is encoded once and its KV cache copied n times (the prompt is most of
+        the compute on short answers); rows that finished leave the batch, so the tail of a
+        batch where one completion runs long costs one row per step, not the whole batch.
+        """
+        tokenizer, model = self.policy.tokenizer, self.policy.model
+        was_training = model.training
+        model.eval()
+        tokenizer.padding_side = "left"
+        enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+        attention = enc["attention_mask"].repeat_interleave(n, 0)  # [B, P]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -1:]  # [B, 1]
+        out = model(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            position_ids=(enc["attention_mask"].cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1, :].repeat_interleave(n, 0)  # [B, V]
+        batch = attention.size(0)
+        tokens = torch.full((batch, config.max_new_tokens), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros(batch, config.max_new_tokens)
+        lengths = torch.full((batch,), config.max_new_tokens, dtype=torch.long)
+        alive = torch.arange(batch)  # original row of each row still in the batch
+        for step in range(config.max_new_tokens):
+            logp = torch.log_softmax(logits.float() / config.temperature, -1)  # [A, V]
+            probs = top_p_filter(logp.exp(), config.top_p)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [A]
+            tokens[alive, step] = nxt
+            logprobs[alive, step] = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
+            stopped = torch.isin(nxt, self.stop_ids)  # [A]
+            lengths[alive[stopped]] = step + 1
+            if step + 1 == config.max_new_tokens or bool(stopped.all()):
+                break
+            if bool(stopped.any()):
+                keep = (~stopped).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                alive, nxt = alive[keep], nxt[keep]
+                attention, positions = attention[keep], positions[keep]
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], 1)
+            positions = positions + 1
+            out = model(
+                input_ids=nxt.unsqueeze(1),
+                attention_mask=attention,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :]
+        model.train(was_training)
+        return self._unpack(tokens, logprobs, lengths)
+
+    def _unpack(self, tokens: Tensor, logprobs: Tensor, lengths: Tensor) -> list[Completion]:
+        """Rows [T] cut at their length; the stop token is kept (the model learns to stop)."""
+        completions = []
+        for row, row_logprobs, length in zip(
+            tokens.tolist(), logprobs.tolist(), lengths.tolist(), strict=True
+        ):
+            ids = row[:length]
+            finished = bool(ids) and ids[-1] in self.stop_set
+            text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+            completions.append(Completion(text, tuple(ids), tuple(row_logprobs[:length]), finished))
+        return completions

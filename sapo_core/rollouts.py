@@ -1,0 +1,102 @@
+"""The rollout as the core sees it: one completion of one question, plus what trains on it.
+
+`to_record` / `from_record` speak the ledger's column names, so flows can hand rows between
+the two packages without either importing the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sapo_core.tasks import Question
+
+Source = Literal["local", "external"]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One completion. Behaviour token ids and log-probs are known only for own rows."""
+
+    rollout_id: str
+    group_id: str
+    node_id: str
+    model_id: str
+    node_round: int
+    policy_version: int
+    question: Question
+    completion: str
+    completion_tokens: int
+    reward: float | None = None  # the publisher's claim; receivers recompute it
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    logprobs: tuple[float, ...] | None = field(default=None, repr=False)
+
+    def to_record(self) -> dict[str, Any]:
+        """The ledger's columns (swarm id, timestamps and schema version are the writer's)."""
+        q = self.question
+        return {
+            "rollout_id": self.rollout_id,
+            "group_id": self.group_id,
+            "node_id": self.node_id,
+            "model_id": self.model_id,
+            "node_round": self.node_round,
+            "policy_version": self.policy_version,
+            "task": q.task,
+            "task_config": q.task_config,
+            "task_seed": q.task_seed,
+            "task_index": q.task_index,
+            "question": q.question,
+            "answer": q.answer,
+            "metadata": q.metadata,
+            "completion": self.completion,
+            "completion_tokens": self.completion_tokens,
+            "reward": self.reward,
+        }
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, Any]) -> Rollout:
+        """A peer's row as read from the ledger (its claims are verified later, not here)."""
+        question = Question(
+            task=str(row["task"]),
+            task_config=str(row["task_config"]),
+            task_seed=int(row["task_seed"]),
+            task_index=int(row["task_index"]),
+            question=str(row["question"]),
+            answer=None if row.get("answer") is None else str(row["answer"]),
+            metadata=str(row.get("metadata") or "{}"),
+        )
+        reward = row.get("reward")
+        return cls(
+            rollout_id=str(row["rollout_id"]),
+            group_id=str(row["group_id"]),
+            node_id=str(row["node_id"]),
+            model_id=str(row["model_id"]),
+            node_round=int(row["node_round"]),
+            policy_version=int(row["policy_version"]),
+            question=question,
+            completion=str(row["completion"]),
+            completion_tokens=int(row["completion_tokens"]),
+            reward=None if reward is None else float(reward),
+        )
+
+
+@dataclass(frozen=True)
+class Group:
+    """The completions of one question, from this node or a peer."""
+
+    group_id: str
+    source: Source
+    rollouts: tuple[Rollout, ...]
+
+    @property
+    def question(self) -> Question:
+        return self.rollouts[0].question
+
+
+def group_rollouts(rollouts: Sequence[Rollout], source: Source) -> list[Group]:
+    """Rows grouped by their explicit group id, in first-seen order."""
+    by_id: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        by_id.setdefault(r.group_id, []).append(r)
+    return [Group(gid, source, tuple(rows)) for gid, rows in by_id.items()]

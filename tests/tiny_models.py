@@ -1,0 +1,34 @@
+"""Tiny random causal LMs with the bundled tokenizer, built offline for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def build_tiny_model(target: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+    """Save a random Llama-shaped model (a few layers, small hidden size) and the tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from sapo_core.policy import bundled
+
+    tokenizer = AutoTokenizer.from_pretrained(str(bundled.tokenizer_dir()))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(target))
+    tokenizer.save_pretrained(str(target))
+    return target
