@@ -105,17 +105,31 @@ def completion_logprobs(
     ids = _padded(rows, width, pad_id, torch.long)  # [B, T]
     mask = _padded([[1] * len(r) for r in rows], width, 0, torch.long)  # [B, T]
     lengths = prompt_mask.sum(-1)[owner]  # [B]
-    out2 = model(
+    body = model.get_decoder()  # the transformer without its vocabulary head
+    hidden = body(
         input_ids=ids,
         attention_mask=torch.cat([prompt_mask[owner], mask], 1),
         position_ids=lengths.unsqueeze(1) + torch.arange(width).unsqueeze(0),
         cache=cache,
         use_cache=True,
+    ).last_hidden_state  # [B, T, H]
+    # Position t predicts token t + 1; token 0 is predicted by the prompt's last position.
+    # The vocabulary head runs only where a real token is predicted, never on padding:
+    # its [N, V] logits are the largest tensor of the step.
+    predicts = mask.clone()
+    predicts[torch.arange(len(rows)), mask.sum(-1) - 1] = 0  # the last token predicts nothing
+    targets = torch.roll(ids, -1, dims=1)[predicts.bool()]  # [N - B]
+    head = model.get_output_embeddings()
+    later = head(hidden[predicts.bool()]).float() / temperature  # [N - B, V]
+    first = out.logits[:, -1, :][owner].float() / temperature  # [B, V]
+    logprobs = torch.zeros(ids.shape, dtype=torch.float32)  # [B, T]
+    logprobs[:, 0] = first.gather(1, ids[:, :1]).squeeze(1) - torch.logsumexp(first, -1)
+    shifted = torch.zeros_like(predicts)
+    shifted[:, 1:] = predicts[:, :-1]  # token t + 1 where position t predicts
+    logprobs = logprobs.index_put(
+        (shifted.bool().nonzero(as_tuple=True)),
+        later.gather(1, targets.unsqueeze(1)).squeeze(1) - torch.logsumexp(later, -1),
     )
-    first = out.logits[:, -1:, :][owner]  # [B, 1, V] predicts completion token 0
-    logits = torch.cat([first, out2.logits[:, :-1, :]], 1).float() / temperature  # [B, T, V]
-    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [B, T]
-    logprobs = picked - torch.logsumexp(logits, -1)  # [B, T]
     return logprobs, mask.float()
 
 

@@ -1,0 +1,177 @@
+"""Generation and the update step on a tiny random model with the bundled tokenizer."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
+from sapo_core.grpo.update import Segment, completion_logprobs, grpo_update, split_segments
+from sapo_core.node import Learner
+from sapo_core.policy.hf_backend import TransformersBackend, top_p_filter
+from sapo_core.rollouts import Group
+
+PAD = 2  # any id works as padding: it is masked
+
+
+def _segments(policy: Any) -> list[Segment]:
+    tok = policy.tokenizer
+    enc = [tok(t, add_special_tokens=False)["input_ids"] for t in ("What is 2+2?", "Name a colour")]
+    return [
+        Segment(enc[0], [[11, 12, 13], [14], [15, 16]], [1.0, -0.5, -0.5], [None] * 3),
+        Segment(enc[1], [[21, 22, 23, 24], [25, 26]], [0.7, -0.7], [None] * 2),
+    ]
+
+
+def test_top_p_keeps_the_smallest_head() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    assert top_p_filter(probs, 0.7)[0].tolist() == pytest.approx([0.5, 0.3, 0.0, 0.0])
+    assert top_p_filter(probs, 0.1)[0].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.0])
+
+
+def test_split_segments_bounds_micro_batches() -> None:
+    seg = Segment([1], [[1]] * 5, [0.0] * 5, [None] * 5)
+    batches = split_segments([seg, Segment([2], [[2]], [0.0], [None])], 2)
+    assert [[len(s) for s in b] for b in batches] == [[2], [2], [1, 1]]
+
+
+def test_shared_prompt_equals_separate_pairs(tiny_policy: Any) -> None:
+    model = tiny_policy.model.eval()
+    segments = _segments(tiny_policy)
+    with torch.no_grad():
+        together, mask = completion_logprobs(model, segments, 0.7, PAD)
+        row = 0
+        for seg in segments:
+            for ids in seg.completion_ids:
+                single = Segment(seg.prompt_ids, [ids], [0.0], [None])
+                alone, _ = completion_logprobs(model, [single], 0.7, PAD)
+                assert torch.allclose(together[row, : len(ids)], alone[0], atol=1e-5)
+                assert mask[row].sum() == len(ids)
+                row += 1
+
+
+def test_shared_prompt_gradient_equals_separate_pairs(tiny_policy: Any) -> None:
+    model = tiny_policy.model
+    segments = _segments(tiny_policy)
+
+    def grads(parts: list[list[Segment]]) -> list[torch.Tensor]:
+        model.zero_grad()
+        for part in parts:
+            lp, mask = completion_logprobs(model, part, 1.0, PAD)
+            (lp * mask).sum().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    shared = grads([segments])
+    pairs = [
+        [Segment(s.prompt_ids, [ids], [0.0], [None])] for s in segments for ids in s.completion_ids
+    ]
+    separate = grads(pairs)
+    model.zero_grad()
+    assert len(shared) == len(separate) > 0
+    for a, b in zip(shared, separate, strict=True):
+        assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+
+
+def test_behaviour_logprobs_match_the_training_forward(tiny_policy: Any) -> None:
+    backend = TransformersBackend(tiny_policy)
+    cfg = GenerationConfig(completions_per_question=3, max_new_tokens=6, temperature=0.9)
+    prompts = ["<|im_start|>user\nhi<|im_end|>\n", "<|im_start|>user\na longer prompt<|im_end|>\n"]
+    groups = backend.generate(prompts, cfg, seed=0)
+    assert [len(g) for g in groups] == [3, 3]
+    tok = tiny_policy.tokenizer
+    segments = [
+        Segment(tok(p, add_special_tokens=False)["input_ids"], [list(c.token_ids) for c in g],
+                [0.0] * 3, [None] * 3)
+        for p, g in zip(prompts, groups, strict=True)
+    ]  # fmt: skip
+    with torch.no_grad():
+        recomputed, _ = completion_logprobs(tiny_policy.model.eval(), segments, 0.9, PAD)
+    row = 0
+    for g in groups:
+        for c in g:
+            assert 1 <= len(c.token_ids) <= 6 and len(c.logprobs) == len(c.token_ids)
+            assert c.finished == (len(c.token_ids) < 6 or c.token_ids[-1] in backend.stop_set)
+            got = torch.tensor(c.logprobs)
+            assert torch.allclose(got, recomputed[row, : len(got)], atol=1e-4)
+            row += 1
+
+
+def test_generation_is_reproducible_by_seed(tiny_policy: Any) -> None:
+    backend = TransformersBackend(tiny_policy)
+    cfg = GenerationConfig(completions_per_question=2, max_new_tokens=5)
+    a = backend.generate(["hello"], cfg, seed=4)
+    assert a == backend.generate(["hello"], cfg, seed=4)
+
+
+def _fresh_policy(tiny_model_dir: Any) -> Any:
+    from sapo_core.policy.loading import load_policy
+
+    return load_policy(str(tiny_model_dir))
+
+
+def test_one_step_changes_parameters(tiny_model_dir: Any) -> None:
+    policy = _fresh_policy(tiny_model_dir)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-3)
+    result = grpo_update(
+        policy.model, optimizer, _segments(policy), GRPOConfig(micro_batch_size=2),
+        temperature=1.0, pad_id=PAD, max_completion_length=8,
+    )  # fmt: skip
+    changed = [not torch.equal(a, b) for a, b in zip(before, policy.model.parameters())]
+    assert all(changed)
+    assert result.tokens == 12 and result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_second_iteration_moves_the_ratio_and_clips(tiny_model_dir: Any) -> None:
+    policy = _fresh_policy(tiny_model_dir)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=5e-2)
+    cfg = GRPOConfig(iterations=3, micro_batch_size=8, eps_low=0.01, eps_high=0.01)
+    result = grpo_update(
+        policy.model, optimizer, _segments(policy), cfg,
+        temperature=1.0, pad_id=PAD, max_completion_length=8,
+    )  # fmt: skip
+    assert result.metrics["clip_fraction"] > 0.0
+    assert result.metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+
+
+def _node(tiny_model_dir: Any, node_id: str, **kw: Any) -> NodeConfig:
+    return NodeConfig(
+        node_id=node_id,
+        model=str(tiny_model_dir),
+        tasks=TaskConfig(specs=(TaskSpec(name="chain_sum", config={"max_terms": 2}),)),
+        generation=GenerationConfig(completions_per_question=3, max_new_tokens=4),
+        grpo=GRPOConfig(drop_zero_variance=False, micro_batch_size=4),
+        **kw,
+    )
+
+
+def test_learner_round_with_peers(tiny_model_dir: Any) -> None:
+    me = Learner(_node(tiny_model_dir, "me", local_groups=2, external_groups=2))
+    peer = Learner(_node(tiny_model_dir, "peer", local_groups=3, seed=1))
+    own = me.generate(0)
+    theirs = peer.generate(0).groups
+    assert len(own.groups) == 4 and all(len(g.rollouts) == 3 for g in own.groups)
+    row = own.groups[0].rollouts[0]
+    assert row.rollout_id == "me.r0.q0.c0" and row.reward is not None
+    assert row.token_ids is not None and len(row.token_ids) == row.completion_tokens
+    # a lying peer: one group's ground truth replaced
+    liar = theirs[0]
+    lie = dataclasses.replace(liar.question, answer="999")
+    tampered = Group(
+        liar.group_id, "external",
+        tuple(dataclasses.replace(r, question=lie) for r in liar.rollouts),
+    )  # fmt: skip
+    report = me.train(0, own.groups, [tampered, theirs[1]])
+    assert report.flagged_rows == 3
+    assert report.external_groups_used == 1 and report.groups_trained == 3
+    assert me.policy_version == 1 and report.update["tokens_per_s"] > 0
+
+
+def test_silo_node_trains_on_its_own_groups(tiny_model_dir: Any) -> None:
+    me = Learner(_node(tiny_model_dir, "solo", local_groups=2, external_groups=0))
+    report = me.train(0, me.generate(0).groups)
+    assert report.external_groups_used == 0 and report.groups_trained == 2
+    assert report.external_reward_mean is None
