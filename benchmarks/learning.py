@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.env import apply_offline_defaults  # noqa: E402
+from flows.env import apply_offline_defaults
 
 EASY_MIX = {
     # two one-digit terms: the bundled model answers ~25% of these right unaided
@@ -52,6 +52,7 @@ def node_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 "iterations": args.iterations,
                 "micro_batch_size": args.micro_batch,
                 "loss_type": args.loss_type,
+                "drop_zero_variance": not args.keep_zero_variance,
             },
         }
     )
@@ -72,6 +73,11 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--loss-type", default="grpo")
+    p.add_argument(
+        "--keep-zero-variance",
+        action="store_true",
+        help="train on all-equal groups too (as TRL does), for a like-for-like speed test",
+    )
     p.add_argument("--extraction", default="last_number")
     p.add_argument("--format-weight", type=float, default=0.0)
     p.add_argument("--prefill", default="")

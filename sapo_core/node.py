@@ -8,6 +8,7 @@ step. Flows put the ledger between the two.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import statistics
 import time
@@ -32,7 +33,7 @@ from sapo_core.policy.loading import Policy, load_policy
 from sapo_core.prompts import render_prompt
 from sapo_core.rewards import ScoredGroup, score_groups, verify
 from sapo_core.rollouts import Group, Rollout
-from sapo_core.tasks import Question
+from sapo_core.tasks import Question, TaskSource
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,6 @@ class Learner:
         self.ref_model: Any = None
         if config.grpo.beta > 0:
             self.ref_model = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
-        from sapo_core.tasks import TaskSource
-
         self.tasks = TaskSource(config.tasks, config.seed)
 
     # -- generate ---------------------------------------------------------------------------
@@ -130,8 +129,8 @@ class Learner:
                     token_ids=c.token_ids,
                     logprobs=c.logprobs,
                 )
-                claimed = verify(rollout, cfg.reward).reward
-                rollouts.append(_with_reward(rollout, claimed))
+                claimed = verify(rollout, cfg.reward).reward  # what peers may compare against
+                rollouts.append(dataclasses.replace(rollout, reward=claimed))
             groups.append(Group(group_id, "local", tuple(rollouts)))
         tokens = sum(len(c.token_ids) for cs in sampled for c in cs)
         return Generated(groups, time.perf_counter() - started, tokens)
@@ -231,9 +230,3 @@ class Learner:
             update_s=result.seconds,
             update=result.metrics,
         )
-
-
-def _with_reward(rollout: Rollout, reward: float | None) -> Rollout:
-    import dataclasses
-
-    return dataclasses.replace(rollout, reward=reward)

@@ -36,34 +36,32 @@ class Segment:
 
 
 def split_segments(segments: Sequence[Segment], micro_batch_size: int) -> list[list[Segment]]:
-    """Pack segments into micro-batches of at most micro_batch_size completions.
+    """Pack completions into micro-batches of at most micro_batch_size, by length.
 
-    A segment larger than a micro-batch is cut into pieces that each carry its prompt.
+    Rows are sorted by completion length so each micro-batch pads to a length close to its
+    rows' own (padding to a group's longest answer wasted more than half the compute when a
+    few answers run to the token limit). Within a micro-batch, rows that share a prompt
+    share one prompt pass.
     """
-    pieces: list[Segment] = []
-    for seg in segments:
-        for lo in range(0, len(seg), micro_batch_size):
-            hi = lo + micro_batch_size
-            pieces.append(
-                Segment(
-                    seg.prompt_ids,
-                    seg.completion_ids[lo:hi],
-                    seg.advantages[lo:hi],
-                    seg.behaviour_logprobs[lo:hi],
-                    None if seg.ref_logprobs is None else seg.ref_logprobs[lo:hi],
-                )
-            )
+    rows = [
+        (len(ids), n, seg, i)
+        for n, seg in enumerate(segments)
+        for i, ids in enumerate(seg.completion_ids)
+    ]
+    rows.sort(key=lambda row: (-row[0], row[1], row[3]))
     batches: list[list[Segment]] = []
-    current: list[Segment] = []
-    size = 0
-    for piece in pieces:
-        if current and size + len(piece) > micro_batch_size:
-            batches.append(current)
-            current, size = [], 0
-        current.append(piece)
-        size += len(piece)
-    if current:
-        batches.append(current)
+    for lo in range(0, len(rows), micro_batch_size):
+        by_prompt: dict[int, Segment] = {}
+        for _, n, seg, i in rows[lo : lo + micro_batch_size]:
+            piece = by_prompt.setdefault(
+                n, Segment(seg.prompt_ids, [], [], [], None if seg.ref_logprobs is None else [])
+            )
+            piece.completion_ids.append(seg.completion_ids[i])
+            piece.advantages.append(seg.advantages[i])
+            piece.behaviour_logprobs.append(seg.behaviour_logprobs[i])
+            if piece.ref_logprobs is not None and seg.ref_logprobs is not None:
+                piece.ref_logprobs.append(seg.ref_logprobs[i])
+        batches.append(list(by_prompt.values()))
     return batches
 
 

@@ -62,3 +62,11 @@ def test_config_module_imports_no_torch() -> None:
     code = "import sys, sapo_core.config; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_shipped_node_config_loads() -> None:
+    root = Path(__file__).resolve().parents[2] / "examples"
+    files = sorted(root.glob("*node*.yaml"))
+    assert files, "examples/ ships at least one node config"
+    for path in files:
+        NodeConfig.from_yaml(path)

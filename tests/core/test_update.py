@@ -32,10 +32,17 @@ def test_top_p_keeps_the_smallest_head() -> None:
     assert top_p_filter(probs, 0.1)[0].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.0])
 
 
-def test_split_segments_bounds_micro_batches() -> None:
-    seg = Segment([1], [[1]] * 5, [0.0] * 5, [None] * 5)
-    batches = split_segments([seg, Segment([2], [[2]], [0.0], [None])], 2)
-    assert [[len(s) for s in b] for b in batches] == [[2], [2], [1, 1]]
+def test_split_segments_bounds_batches_sorts_by_length_and_keeps_every_row() -> None:
+    a = Segment([1], [[1] * n for n in (3, 9, 1, 5, 7)], [0.1, 0.2, 0.3, 0.4, 0.5], [None] * 5)
+    b = Segment([2, 2], [[2] * 8], [0.9], [[-0.5] * 8])
+    batches = split_segments([a, b], 2)
+    assert [sum(len(s) for s in batch) for batch in batches] == [2, 2, 2]
+    lengths = [len(ids) for batch in batches for s in batch for ids in s.completion_ids]
+    assert lengths == [9, 8, 7, 5, 3, 1]
+    # rows keep their advantage, prompt and behaviour log-probs
+    first = batches[0]
+    assert [(s.prompt_ids, s.advantages) for s in first] == [([1], [0.2]), ([2, 2], [0.9])]
+    assert first[1].behaviour_logprobs == [[-0.5] * 8]
 
 
 def test_shared_prompt_equals_separate_pairs(tiny_policy: Any) -> None:
@@ -120,7 +127,8 @@ def test_one_step_changes_parameters(tiny_model_dir: Any) -> None:
         policy.model, optimizer, _segments(policy), GRPOConfig(micro_batch_size=2),
         temperature=1.0, pad_id=PAD, max_completion_length=8,
     )  # fmt: skip
-    changed = [not torch.equal(a, b) for a, b in zip(before, policy.model.parameters())]
+    after = list(policy.model.parameters())
+    changed = [not torch.equal(a, b) for a, b in zip(before, after, strict=True)]
     assert all(changed)
     assert result.tokens == 12 and result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
 
