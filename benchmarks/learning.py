@@ -51,6 +51,7 @@ def node_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 "learning_rate": args.lr,
                 "iterations": args.iterations,
                 "micro_batch_size": args.micro_batch,
+                "micro_batch_tokens": args.micro_batch_tokens,
                 "loss_type": args.loss_type,
                 "drop_zero_variance": not args.keep_zero_variance,
             },
@@ -72,6 +73,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--iterations", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--micro-batch-tokens", type=int, default=None)
     p.add_argument("--loss-type", default="grpo")
     p.add_argument(
         "--keep-zero-variance",

@@ -140,6 +140,12 @@ class GRPOConfig(Strict):
     micro_batch_size: int = Field(
         8, ge=1, description="Sequences per forward/backward; gradients accumulate across them."
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Also cap padded completion tokens per micro-batch (bounds memory when "
+        "answers are long); null: rows only.",
+    )
     drop_zero_variance: bool = Field(
         True, description="Leave out groups whose completions all got the same reward."
     )

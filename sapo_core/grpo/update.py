@@ -35,8 +35,13 @@ class Segment:
         return len(self.completion_ids)
 
 
-def split_segments(segments: Sequence[Segment], micro_batch_size: int) -> list[list[Segment]]:
-    """Pack completions into micro-batches of at most micro_batch_size, by length.
+def split_segments(
+    segments: Sequence[Segment], micro_batch_size: int, micro_batch_tokens: int | None = None
+) -> list[list[Segment]]:
+    """Pack completions into micro-batches of at most micro_batch_size rows, by length.
+
+    With micro_batch_tokens, a micro-batch also stays under that many padded completion
+    tokens (rows x longest row), so memory is bounded by tokens, not by the longest answers.
 
     Rows are sorted by completion length so each micro-batch pads to a length close to its
     rows' own (padding to a group's longest answer wasted more than half the compute when a
@@ -49,10 +54,20 @@ def split_segments(segments: Sequence[Segment], micro_batch_size: int) -> list[l
         for i, ids in enumerate(seg.completion_ids)
     ]
     rows.sort(key=lambda row: (-row[0], row[1], row[3]))
+    chunks: list[list[tuple[int, int, Segment, int]]] = []
+    for row in rows:  # longest first, so a chunk's first row sets its padded width
+        chunk = chunks[-1] if chunks else None
+        fits = chunk is not None and len(chunk) < micro_batch_size
+        if fits and chunk and micro_batch_tokens is not None:
+            fits = (len(chunk) + 1) * chunk[0][0] <= micro_batch_tokens
+        if fits and chunk is not None:
+            chunk.append(row)
+        else:
+            chunks.append([row])
     batches: list[list[Segment]] = []
-    for lo in range(0, len(rows), micro_batch_size):
+    for chunk in chunks:
         by_prompt: dict[int, Segment] = {}
-        for _, n, seg, i in rows[lo : lo + micro_batch_size]:
+        for _, n, seg, i in chunk:
             piece = by_prompt.setdefault(
                 n, Segment(seg.prompt_ids, [], [], [], None if seg.ref_logprobs is None else [])
             )
@@ -179,7 +194,7 @@ def grpo_update(
     if not segments:
         return UpdateResult({}, 0.0, 0)
     model.train()
-    batches = split_segments(segments, config.micro_batch_size)
+    batches = split_segments(segments, config.micro_batch_size, config.micro_batch_tokens)
     prepared = list(_micro_batches_with_old(model, batches, temperature, pad_id))
     total_seqs = sum(len(s) for s in segments)
     total_tokens = float(sum(len(ids) for s in segments for ids in s.completion_ids))

@@ -43,6 +43,10 @@ def test_split_segments_bounds_batches_sorts_by_length_and_keeps_every_row() -> 
     first = batches[0]
     assert [(s.prompt_ids, s.advantages) for s in first] == [([1], [0.2]), ([2, 2], [0.9])]
     assert first[1].behaviour_logprobs == [[-0.5] * 8]
+    # a token cap: at most 16 padded tokens (rows x longest) per micro-batch
+    capped = split_segments([a, b], 4, micro_batch_tokens=16)
+    widths = [[len(ids) for s in batch for ids in s.completion_ids] for batch in capped]
+    assert widths == [[9], [8, 7], [5, 3, 1]]
 
 
 def test_shared_prompt_equals_separate_pairs(tiny_policy: Any) -> None:
