@@ -5,6 +5,7 @@ Heavy libraries are imported inside the commands, so `sapo --help` stays quick.
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import date
 from pathlib import Path
@@ -229,17 +230,143 @@ def ledger_compact(
         print(f"  skipped {partition} (changed while compacting; run again)")
 
 
-@app.command("demo")
-def demo(
-    workdir: Annotated[Path, typer.Option(help="Where everything is written.")] = Path("sapo-work"),
-    nodes: Annotated[int, typer.Option(min=2, max=64)] = 4,
-    rounds: Annotated[int, typer.Option(min=1, max=1000)] = 5,
-    external: Annotated[int, typer.Option(help="J: peer groups per node per round.")] = 4,
-) -> None:
-    """Run the embedded demo: a synthetic swarm publishes, samples and is analysed."""
-    from flows.demo import run_ledger_demo
+SwarmFileOpt = Annotated[
+    Path | None,
+    typer.Option("-c", "--config", help="Swarm YAML (default: the embedded CPU swarm)."),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override any key: --set defaults.grpo.learning_rate=1e-5"),
+]
+WorkdirOpt = Annotated[
+    Path | None, typer.Option(help="Working directory (ledger, MLflow store, checkpoints).")
+]
 
-    run_ledger_demo(workdir, nodes=nodes, rounds=rounds, external=external, out=print)
+
+def _resolve(
+    config: Path | None,
+    overrides: list[str] | None,
+    nodes: int | None = None,
+    rounds: int | None = None,
+    workdir: Path | None = None,
+) -> Any:
+    from pydantic import ValidationError
+
+    from flows.swarm import resolve_swarm
+
+    try:
+        return resolve_swarm(config, overrides or [], nodes=nodes, rounds=rounds, workdir=workdir)
+    except (ValidationError, ValueError, OSError) as exc:
+        raise _fail(f"bad swarm configuration: {exc}") from exc
+
+
+def _check_ledger(swarm: Any) -> None:
+    from ledger import Ledger
+    from ledger.storage import StorageError
+
+    try:
+        with Ledger.from_config(swarm.ledger_config()) as ledger:
+            ledger.refresh()
+    except (StorageError, OSError) as exc:
+        raise _fail(f"ledger unreachable at {swarm.ledger_config().url}: {exc}") from exc
+
+
+@app.command()
+def swarm(
+    config: SwarmFileOpt = None,
+    nodes: Annotated[int | None, typer.Option(min=1, max=256, help="Number of nodes.")] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds per node (total).")] = None,
+    workdir: WorkdirOpt = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
+    from flows.swarm import run_swarm, write_resolved
+
+    cfg, data = _resolve(config, overrides, nodes, rounds, workdir)
+    _check_ledger(cfg)
+    resolved = write_resolved(cfg, data)
+    specs = cfg.node_specs()
+    print(
+        f"swarm {cfg.swarm_id}: {len(specs)} nodes x {cfg.rounds} rounds; "
+        f"ledger {cfg.ledger_config().url}; MLflow {cfg.tracking_uri()}"
+    )
+    failed = run_swarm(cfg, resolved)
+    print(_where(cfg))
+    if failed:
+        raise _fail(f"{failed} node(s) failed")
+
+
+@app.command()
+def node(
+    node_id: Annotated[str, typer.Option("--node-id", help="Which node of the swarm file.")],
+    config: SwarmFileOpt = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Run until this round total.")] = None,
+    more_rounds: Annotated[
+        int | None, typer.Option(min=1, help="Run this many rounds past the checkpoint.")
+    ] = None,
+    workdir: WorkdirOpt = None,
+    overrides: SetOpt = None,
+    parent_run_id: Annotated[
+        str | None, typer.Option(envvar="SAPO_PARENT_RUN_ID", help="MLflow parent run.")
+    ] = None,
+) -> None:
+    """Run one node against any ledger URL (a swarm can span machines sharing a bucket)."""
+    from flows.swarm import write_resolved
+
+    cfg, data = _resolve(config, overrides, rounds=rounds, workdir=workdir)
+    try:
+        cfg.node_spec(node_id)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    _check_ledger(cfg)
+    if os.environ.get("PREFECT_HOME"):
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    # The flow gets the resolved file, so a Prefect run records exactly what it ran.
+    path = write_resolved(cfg, data, cfg.workdir_path() / "nodes" / node_id / "swarm.yaml")
+    from flows.round import node_flow
+
+    node_flow(
+        node_id,
+        swarm_file=str(path),
+        until_round=cfg.rounds,
+        more_rounds=more_rounds,
+        parent_run_id=parent_run_id,
+    )
+
+
+def _where(cfg: Any) -> str:
+    return (
+        f"ledger: {cfg.ledger_config().url}  (sapo ledger query {cfg.ledger_config().url} "
+        f"--dashboard reward_per_node_round)\n"
+        f"MLflow: mlflow ui --backend-store-uri {cfg.tracking_uri()}"
+    )
+
+
+@app.command()
+def demo(
+    workdir: WorkdirOpt = None,
+    rounds: Annotated[int | None, typer.Option(min=1)] = None,
+    synthetic: Annotated[
+        bool, typer.Option(help="Only exercise the ledger with synthetic nodes (no model).")
+    ] = False,
+) -> None:
+    """The embedded CPU swarm (3 nodes, bundled model), then the ledger's dashboards."""
+    if synthetic:
+        from flows.demo import run_ledger_demo
+
+        run_ledger_demo(workdir or Path("sapo-work"), out=print)
+        return
+    import polars as pl
+
+    import dashboards
+    from ledger import Ledger
+
+    swarm(config=None, nodes=None, rounds=rounds, workdir=workdir, overrides=None)
+    cfg, _ = _resolve(None, None, rounds=rounds, workdir=workdir)
+    with Ledger.from_config(cfg.ledger_config()) as ledger:
+        print(f"\nreward per node and round ({cfg.swarm_id}, claimed by each publisher):")
+        frame = ledger.query(dashboards.query("reward_per_node_round"))
+        print_frame(frame.filter(pl.col("swarm_id") == cfg.swarm_id), "table")
 
 
 def main() -> None:

@@ -9,6 +9,9 @@ OFFLINE_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "DO_NOT_TRACK": "true",  # Prefect and MLflow telemetry; MLflow accepts only "true"
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # quiet library chatter in node logs: progress bars and advisory warnings
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
 }
 
 

@@ -189,12 +189,9 @@ class Learner:
         ids = self.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
         return list(ids[:limit]), None
 
-    def train(
-        self, round_: int, local: Sequence[Group], external: Sequence[Group] = ()
-    ) -> RoundReport:
-        """Score, assemble I + J and take the GRPO update; returns the round's figures."""
+    def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:
+        """Take the GRPO step on an assembled training set; returns the round's figures."""
         cfg = self.config
-        chosen, flagged = self.select(round_, local, external)
         segments = self.segments(chosen.trained)
         pad_id = int(self.policy.tokenizer.pad_token_id)
         temperature = cfg.generation.temperature
@@ -217,10 +214,9 @@ class Learner:
         )
         if segments:
             self.policy_version += cfg.grpo.iterations
-        everything = chosen.rewards()
         return RoundReport(
             round=round_,
-            reward_mean=_mean(everything) or 0.0,
+            reward_mean=_mean(chosen.rewards()) or 0.0,
             local_reward_mean=_mean(chosen.rewards("local")),
             external_reward_mean=_mean(chosen.rewards("external")),
             zero_variance_fraction=chosen.zero_variance_fraction,
@@ -230,3 +226,10 @@ class Learner:
             update_s=result.seconds,
             update=result.metrics,
         )
+
+    def train(
+        self, round_: int, local: Sequence[Group], external: Sequence[Group] = ()
+    ) -> RoundReport:
+        """Score, assemble I + J and take the GRPO update."""
+        chosen, flagged = self.select(round_, local, external)
+        return self.update(round_, chosen, flagged)

@@ -110,7 +110,7 @@ def completion_logprobs(
         logits_to_keep=1,
     )
     owner = torch.arange(len(segments)).repeat_interleave(counts)  # [B]
-    cache = out.past_key_values
+    cache = out.cache
     cache.batch_select_indices(owner)
 
     rows = [ids for seg in segments for ids in seg.completion_ids]

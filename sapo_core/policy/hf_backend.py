@@ -78,7 +78,7 @@ class TransformersBackend:
             use_cache=True,
             logits_to_keep=1,
         )
-        cache = out.past_key_values
+        cache = out.cache
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1, :].repeat_interleave(n, 0)  # [B, V]
         batch = attention.size(0)
@@ -111,7 +111,7 @@ class TransformersBackend:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            cache = out.past_key_values
+            cache = out.cache
             logits = out.logits[:, -1, :]
         model.train(was_training)
         return self._unpack(tokens, logprobs, lengths)

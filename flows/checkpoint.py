@@ -1,0 +1,89 @@
+"""Node checkpoints: model, optimizer, RNG state and round counter, written atomically.
+
+Layout: <workdir>/nodes/<node_id>/checkpoints/round-<NNNNNN>/ holding the model directory
+files, optimizer.pt, rng.pt and state.json (written last: a directory without it is an
+interrupted write and is ignored). The newest two are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATE = "state.json"
+KEEP = 2
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    next_round: int
+    policy_version: int
+    cumulative_reward: float = 0.0
+
+
+def node_dir(workdir: Path, node_id: str) -> Path:
+    return workdir / "nodes" / node_id
+
+
+def latest(workdir: Path, node_id: str) -> Checkpoint | None:
+    """The newest complete checkpoint of a node, or None."""
+    root = node_dir(workdir, node_id) / "checkpoints"
+    found = []
+    for path in root.glob("round-*"):
+        state = path / STATE
+        if state.is_file():
+            data = json.loads(state.read_text())
+            found.append(
+                Checkpoint(
+                    path,
+                    int(data["next_round"]),
+                    int(data["policy_version"]),
+                    float(data.get("cumulative_reward", 0.0)),
+                )
+            )
+    return max(found, key=lambda c: c.next_round, default=None)
+
+
+def save(
+    workdir: Path, node_id: str, learner: Any, next_round: int, cumulative_reward: float = 0.0
+) -> Checkpoint:
+    """Write a checkpoint after `next_round - 1` finished; prune old ones."""
+    import torch
+
+    root = node_dir(workdir, node_id) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"round-{next_round:06d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    learner.policy.model.save_pretrained(str(tmp))
+    learner.policy.tokenizer.save_pretrained(str(tmp))
+    torch.save(learner.optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+    state = {
+        "next_round": next_round,
+        "policy_version": learner.policy_version,
+        "cumulative_reward": cumulative_reward,
+    }
+    (tmp / STATE).write_text(json.dumps(state))
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    for old in sorted(root.glob("round-*"))[:-KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+    return Checkpoint(target, next_round, learner.policy_version, cumulative_reward)
+
+
+def restore_into(learner: Any, checkpoint: Checkpoint) -> None:
+    """Load optimizer, RNG and counters into a learner whose model came from the checkpoint."""
+    import torch
+
+    learner.optimizer.load_state_dict(torch.load(checkpoint.path / "optimizer.pt"))
+    rng = torch.load(checkpoint.path / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    learner.policy_version = checkpoint.policy_version

@@ -1,0 +1,164 @@
+"""A local swarm: N node processes on one machine, no barrier between them.
+
+The launcher resolves the swarm file (with overrides) into <workdir>/swarm.yaml, opens the
+swarm's parent MLflow run, starts `sapo node` once per node, streams their output with a
+node prefix, and waits. Nodes meet only through the ledger: a fast node never waits for a
+slow one, and a node that finds no peers yet trains on its own groups.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from flows.config import SwarmConfig, apply_overrides, default_swarm_text
+
+PARENT_RUN_ENV = "SAPO_PARENT_RUN_ID"
+
+
+def resolve_swarm(
+    path: str | Path | None,
+    overrides: list[str],
+    *,
+    nodes: int | None = None,
+    rounds: int | None = None,
+    workdir: str | Path | None = None,
+) -> tuple[SwarmConfig, dict[str, Any]]:
+    """The swarm file with flags applied (flags win over --set, --set over the file)."""
+    text = Path(path).read_text() if path else default_swarm_text()
+    data = apply_overrides(yaml.safe_load(text) or {}, overrides)
+    if rounds is not None:
+        data["rounds"] = rounds
+    if workdir is not None:
+        data["workdir"] = str(workdir)
+    if nodes is not None:
+        listed = list(data.get("nodes") or [])
+        extra = [{"node_id": f"node-{i}", "seed": i} for i in range(len(listed), nodes)]
+        data["nodes"] = (listed + extra)[:nodes]
+    config = SwarmConfig.model_validate(data)
+    data["workdir"] = str(config.workdir_path())  # children run from anywhere
+    return config, data
+
+
+def write_resolved(
+    config: SwarmConfig,
+    data: dict[str, Any],
+    target: Path | None = None,
+) -> Path:
+    """Write the resolved swarm file (default <workdir>/swarm.yaml) for processes to read."""
+    target = target or config.workdir_path() / "swarm.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(target)
+    return target
+
+
+def open_parent_run(config: SwarmConfig) -> str | None:
+    if not config.tracking.enabled:
+        return None
+    from flows.tracking import open_tracker
+
+    tracker = open_tracker(
+        config.tracking_uri(),
+        config.tracking.experiment or config.swarm_id,
+        config.artifact_location(),
+    )
+    specs = config.node_specs()
+    params = {
+        "swarm_id": config.swarm_id,
+        "nodes": str(len(specs)),
+        "rounds": str(config.rounds),
+        "ledger.url": config.ledger_config().url,
+    }
+    sharing = sorted({f"{s.node.local_groups}/{s.node.external_groups}" for s in specs})
+    tags = {"sapo.swarm_id": config.swarm_id, "sapo.role": "swarm"}
+    run_id = tracker.run(config.swarm_id, tags, params)
+    tracker.set_tags(run_id, {"sapo.sharing": ",".join(sharing)})
+    return run_id
+
+
+def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if parent_run_id:
+        env[PARENT_RUN_ENV] = parent_run_id
+    if config.prefect.api_url:
+        env["PREFECT_API_URL"] = config.prefect.api_url
+    else:
+        # Each node process runs Prefect's ephemeral mode with its own database: one shared
+        # SQLite file would lock under concurrent nodes.
+        env.setdefault("PREFECT_HOME", str(config.workdir_path() / "prefect" / node_id))
+        Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # SQLite needs the folder
+    env.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # Several nodes starting their ephemeral servers at once on a small machine need longer
+    # than Prefect's default 20 s.
+    env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+    return env
+
+
+def _pump(stream: IO[str], prefix: str, out: Callable[[str], None]) -> None:
+    for line in stream:
+        out(f"[{prefix}] {line.rstrip()}")
+
+
+def prepare_models(config: SwarmConfig, out: Callable[[str], None] = print) -> None:
+    """Convert the bundled model once, before nodes start (else each would convert it)."""
+    from sapo_core.config import BUNDLED_MODEL
+
+    if any(s.node.model == BUNDLED_MODEL for s in config.node_specs()):
+        from sapo_core.policy import bundled
+
+        out(f"bundled model: {bundled.model_dir()}")
+
+
+def run_swarm(
+    config: SwarmConfig,
+    resolved: Path,
+    *,
+    out: Callable[[str], None] = print,
+) -> int:
+    """Start every node, stream their output, wait; returns the number of nodes that failed."""
+    prepare_models(config, out)
+    parent = open_parent_run(config)
+    procs = []
+    threads = []
+    for spec in config.node_specs():
+        node_id = spec.node.node_id
+        cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(resolved), "--node-id", node_id]
+        proc = subprocess.Popen(
+            cmd,
+            env=node_env(config, node_id, parent),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        assert proc.stdout is not None
+        thread = threading.Thread(target=_pump, args=(proc.stdout, node_id, out), daemon=True)
+        thread.start()
+        procs.append((node_id, proc))
+        threads.append(thread)
+    failed = 0
+    for node_id, proc in procs:
+        if proc.wait() != 0:
+            failed += 1
+            out(f"[{node_id}] exited with status {proc.returncode}")
+    for thread in threads:
+        thread.join(timeout=5)
+    if parent is not None:
+        from flows.tracking import open_tracker
+
+        tracker = open_tracker(
+            config.tracking_uri(),
+            config.tracking.experiment or config.swarm_id,
+            config.artifact_location(),
+        )
+        tracker.finish(parent, "FINISHED" if failed == 0 else "FAILED")
+    return failed

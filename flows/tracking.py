@@ -1,0 +1,139 @@
+"""MLflow tracking: one experiment per swarm, a parent run, a nested run per node.
+
+Runs are found again by tags, so a resumed node keeps logging into its run. Logging never
+stops a node: a tracking store that fails (a locked SQLite file, a server down) costs a
+warning and a few retries, not the round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+PUBLIC_METRICS = ("reward_mean", "cumulative_reward")
+
+
+def _retry(call: Callable[[], T], what: str, attempts: int = 5) -> T | None:
+    for attempt in range(attempts):
+        try:
+            return call()
+        except Exception as exc:  # MLflow raises many kinds for a busy or absent store
+            if attempt == attempts - 1:
+                log.warning("tracking: %s failed after %d attempts: %s", what, attempts, exc)
+                return None
+            time.sleep(0.2 * 2**attempt)
+    return None
+
+
+def flatten(prefix: str, value: Any) -> dict[str, str]:
+    """Nested config -> flat MLflow params ("grpo.learning_rate": "2e-05")."""
+    if isinstance(value, Mapping):
+        out: dict[str, str] = {}
+        for key, inner in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), inner))
+        return out
+    return {prefix: str(value)[:6000]}
+
+
+class Tracker:
+    """A thin client over one experiment."""
+
+    def __init__(self, uri: str, experiment: str, artifact_location: str | None = None) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        self.experiment_id = self._experiment(experiment, artifact_location)
+
+    def _experiment(self, name: str, artifact_location: str | None) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return str(found.experiment_id)
+        try:
+            return str(self.client.create_experiment(name, artifact_location=artifact_location))
+        except Exception:  # another node created it first
+            again = self.client.get_experiment_by_name(name)
+            if again is None:
+                raise
+            return str(again.experiment_id)
+
+    def _find(self, tags: Mapping[str, str]) -> str | None:
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def run(
+        self,
+        name: str,
+        tags: Mapping[str, str],
+        params: Mapping[str, str] | None = None,
+        parent_id: str | None = None,
+    ) -> str:
+        """The run with these identifying tags, created (with params) if new."""
+        existing = self._find(tags)
+        if existing is not None:
+            self.client.update_run(existing, status="RUNNING")
+            return existing
+        all_tags = dict(tags)
+        if parent_id:
+            all_tags["mlflow.parentRunId"] = parent_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        run_id = str(run.info.run_id)
+        if params:
+            from mlflow.entities import Param
+
+            items = [Param(k, v) for k, v in params.items()]
+            for lo in range(0, len(items), 100):
+                self.client.log_batch(run_id, params=items[lo : lo + 100])
+        return run_id
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        _retry(lambda: self.client.log_batch(run_id, metrics=batch), "log metrics")
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        batch = [RunTag(k, v) for k, v in tags.items()]
+        _retry(lambda: self.client.log_batch(run_id, tags=batch), "set tags")
+
+    def log_artifacts(self, run_id: str, local_dir: str, path: str) -> None:
+        _retry(lambda: self.client.log_artifacts(run_id, local_dir, path), "log artifacts", 2)
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        _retry(lambda: self.client.set_terminated(run_id, status), "finish run")
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
+
+
+def sharing_tags(local_groups: int, external_groups: int, policy: str) -> dict[str, str]:
+    """Tags that line runs up in MLflow's compare view by sharing configuration."""
+    return {
+        "sapo.sharing": f"{local_groups}/{external_groups}",
+        "sapo.local_groups": str(local_groups),
+        "sapo.external_groups": str(external_groups),
+        "sapo.sampling_policy": policy,
+    }
+
+
+def open_tracker(uri: str, experiment: str, artifact_location: str | None) -> Tracker:
+    """A tracker, with telemetry off before MLflow is imported."""
+    from flows.env import apply_offline_defaults
+
+    apply_offline_defaults()
+    tracker = _retry(lambda: Tracker(uri, experiment, artifact_location), "open tracking", 5)
+    if tracker is None:
+        raise RuntimeError(f"cannot open the MLflow tracking store at {uri}")
+    return tracker
+
+
+__all__ = ["PUBLIC_METRICS", "Tracker", "flatten", "open_tracker", "sharing_tags"]

@@ -1,0 +1,175 @@
+"""End to end: real node processes, real Prefect (ephemeral, per node), real MLflow (SQLite),
+a real ledger on local disk and on an S3 server over HTTP, tiny random models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ledger import Ledger
+from tests.tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+def swarm_file(
+    tmp_path: Path, model: Path, ledger: dict[str, Any] | None = None, **kw: Any
+) -> Path:
+    data: dict[str, Any] = {
+        "swarm_id": "e2e-swarm",
+        "workdir": str(tmp_path / "work"),
+        "rounds": 2,
+        # nodes start at different times (each starts its own Prefect server); a bounded
+        # wait lets every node see peers in round 1 without making rounds a barrier
+        "peer_wait_s": 120,
+        # tiny random models earn 0 reward, so accept groups without variance: the test is
+        # about sharing, not about learning
+        "sampling": {"kind": "reward_filtered", "require_variance": False},
+        "defaults": {
+            "model": str(model),
+            "local_groups": 2,
+            "external_groups": 2,
+            "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
+            "generation": {"completions_per_question": 3, "max_new_tokens": 5},
+            "grpo": {"drop_zero_variance": False},
+        },
+        "node_count": 3,
+        **kw,
+    }
+    if ledger:
+        data["ledger"] = ledger
+    path = tmp_path / "swarm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def sapo(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def node_metrics(tracking_uri: str, experiment: str) -> dict[str, dict[str, Any]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("sapo.role") == "swarm"]
+    assert len(parents) == 1
+    parent = parents[0].info.run_id
+    out = {}
+    for run in runs:
+        node = run.data.tags.get("sapo.node_id")
+        if node is None:
+            continue
+        assert run.data.tags.get("mlflow.parentRunId") == parent
+        history = {
+            key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+            for key in run.data.metrics
+        }
+        out[node] = {"tags": run.data.tags, "params": run.data.params, "metrics": history}
+    return out
+
+
+def check_swarm(path: Path, storage_options: dict[str, Any] | None = None) -> None:
+    cfg = yaml.safe_load(path.read_text())
+    work = Path(cfg["workdir"])
+    url = (cfg.get("ledger") or {}).get("url") or str(work / "ledger")
+    with Ledger(url, storage_options) as ledger:
+        rows = ledger.query(
+            "SELECT node_id, node_round, count(*) AS n, count(DISTINCT rollout_id) AS ids "
+            "FROM rollouts GROUP BY ALL ORDER BY ALL"
+        )
+        assert rows.height == 6  # 3 nodes x 2 rounds, 4 questions x 3 completions each
+        assert rows["n"].to_list() == [12] * 6 and rows["ids"].to_list() == [12] * 6
+        used = ledger.query("SELECT node_id, node_round, count(*) AS g FROM samples GROUP BY ALL")
+    nodes = node_metrics(f"sqlite:///{work / 'mlflow.db'}", "e2e-swarm")
+    assert sorted(nodes) == ["node-0", "node-1", "node-2"]
+    for node_id, run in nodes.items():
+        m = run["metrics"]
+        assert set(m["reward_mean"]) == {0, 1} and set(m["cumulative_reward"]) == {0, 1}
+        # in round 1 (the second) every node trains on peers' groups
+        assert m["external_groups_used"][1] >= 1, (node_id, m["external_groups_used"])
+        for key in ("zero_variance_fraction", "loss", "clip_fraction", "seconds_generate",
+                    "seconds_update", "seconds_publish", "seconds_sample", "seconds_orchestration",
+                    "generation_tokens_per_s", "local_reward_mean"):  # fmt: skip
+            assert key in m, key
+        assert run["tags"]["sapo.sharing"] == "2/2"
+        assert run["params"]["grpo.eps_high"] == "0.28"
+        assert (used.filter(used["node_id"] == node_id)["g"].sum() or 0) >= 1
+
+
+def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) -> None:
+    path = swarm_file(tmp_path, tiny_model)
+    out = sapo("swarm", "-c", str(path))
+    assert "node-2 round 1: reward" in out
+    check_swarm(path)
+
+
+@pytest.mark.s3
+def test_swarm_on_s3(tmp_path: Path, tiny_model: Path, s3_server: Any) -> None:
+    bucket = "e2e-" + os.urandom(4).hex()
+    s3_server.client().create_bucket(Bucket=bucket)
+    options = s3_server.storage_options
+    path = swarm_file(
+        tmp_path, tiny_model, ledger={"url": f"s3://{bucket}/ledger", "storage_options": options}
+    )
+    sapo("swarm", "-c", str(path))
+    check_swarm(path, options)
+
+
+def test_sigkill_mid_round_then_resume(tmp_path: Path, tiny_model: Path) -> None:
+    path = swarm_file(tmp_path, tiny_model, rounds=4, node_count=1, peer_wait_s=0)
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(path), "--node-id", "node-0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger_dir = work / "ledger"
+    deadline = time.monotonic() + 300
+    # kill it while round 1 runs: after round 0's checkpoint, once round 1 has published
+    while time.monotonic() < deadline:
+        if len(list(ledger_dir.rglob("r00000001-*.parquet"))) >= 1:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    checkpoints = sorted((work / "nodes" / "node-0" / "checkpoints").glob("round-*"))
+    state = json.loads((checkpoints[-1] / "state.json").read_text())
+    assert state["next_round"] in (1, 2)  # killed after round 0 (or 1) was checkpointed
+    sapo("node", "-c", str(path), "--node-id", "node-0")
+    with Ledger(str(ledger_dir)) as ledger:
+        rows = ledger.query(
+            "SELECT node_round, count(*) AS n, count(DISTINCT rollout_id) AS ids "
+            "FROM rollouts GROUP BY ALL ORDER BY ALL"
+        )
+        report = ledger.validate()
+    assert rows["node_round"].to_list() == [0, 1, 2, 3]
+    assert rows["n"].to_list() == [12] * 4 and rows["ids"].to_list() == [12] * 4
+    assert report.clean, report
+    final = json.loads(
+        (
+            sorted((work / "nodes" / "node-0" / "checkpoints").glob("round-*"))[-1] / "state.json"
+        ).read_text()
+    )
+    assert final["next_round"] == 4
