@@ -334,6 +334,50 @@ def node(
     )
 
 
+@app.command()
+def deploy(
+    config: SwarmFileOpt = None,
+    cron: Annotated[str | None, typer.Option(help="Cron schedule, e.g. '*/10 * * * *'.")] = None,
+    interval: Annotated[
+        float | None, typer.Option(min=1, help="Interval schedule in seconds.")
+    ] = None,
+    rounds_per_run: Annotated[int, typer.Option(min=1, help="Rounds each run adds.")] = 1,
+    work_pool: Annotated[
+        str | None, typer.Option(help="Register with this work pool (workers run them).")
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option(help="Run the schedules in this process until stopped.")
+    ] = False,
+    workdir: WorkdirOpt = None,
+    overrides: SetOpt = None,
+) -> None:
+    """One Prefect deployment per node, on a cron or interval schedule."""
+    from flows import deploy as deploying
+
+    cfg, data = _resolve(config, overrides, workdir=workdir)
+    if (cron is None) == (interval is None):
+        raise _fail("give exactly one of --cron or --interval")
+    if serve == (work_pool is not None):
+        raise _fail("give exactly one of --serve or --work-pool NAME")
+    if work_pool is not None:
+        if not os.environ.get("PREFECT_API_URL"):
+            raise _fail("--work-pool needs a Prefect server: set PREFECT_API_URL")
+        ids = deploying.register_with_pool(
+            cfg, data, work_pool=work_pool, cron=cron, interval_s=interval,
+            rounds_per_run=rounds_per_run,
+        )  # fmt: skip
+        print(f"registered {len(ids)} deployments with work pool {work_pool!r}; run workers "
+              f"with: prefect worker start --pool {work_pool}")  # fmt: skip
+        return
+    from prefect import serve as prefect_serve
+
+    made = deploying.deployments(
+        cfg, data, cron=cron, interval_s=interval, rounds_per_run=rounds_per_run
+    )
+    print(f"serving {len(made)} deployments of swarm {cfg.swarm_id}; Ctrl-C stops")
+    prefect_serve(*made)
+
+
 def _where(cfg: Any) -> str:
     return (
         f"ledger: {cfg.ledger_config().url}  (sapo ledger query {cfg.ledger_config().url} "

@@ -163,9 +163,15 @@ def default_swarm_text() -> str:
     return resources.files("flows.swarms").joinpath(DEFAULT_SWARM).read_text()
 
 
-def load_swarm(path: str | Path | None = None, overrides: list[str] | None = None) -> SwarmConfig:
-    """The swarm file (default: the embedded CPU swarm) with command-line overrides."""
-    text = Path(path).read_text() if path else default_swarm_text()
+def load_swarm(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    text: str | None = None,
+) -> SwarmConfig:
+    """The swarm file (or its text; default: the embedded CPU swarm) with overrides."""
+    if text is None:
+        text = Path(path).read_text() if path else default_swarm_text()
     data = yaml.safe_load(text) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path or DEFAULT_SWARM}: a swarm file is a mapping")

@@ -68,6 +68,7 @@ class NodeRuntime:
         if swarm.tracking.enabled:
             self._open_run(parent_run_id)
         self.rounds: dict[int, RoundState] = {}
+        self.last_checkpoint_s = 0.0
         self.startup_s = time.perf_counter() - started
 
     @property
@@ -225,13 +226,16 @@ class NodeRuntime:
     def checkpoint(self, round_: int, *, force: bool = False) -> str | None:
         """Checkpoint after a finished round every K rounds (or when forced)."""
         done = round_ + 1
+        self.rounds.pop(round_, None)
+        self.last_checkpoint_s = 0.0
         if not force and done % self.swarm.checkpoint_every != 0:
             return None
+        started = time.perf_counter()
         saved = checkpoint.save(
             self.workdir, self.node_id, self.learner, done, self.cumulative_reward
         )
         self.next_round = done
-        self.rounds.pop(round_, None)
+        self.last_checkpoint_s = time.perf_counter() - started
         return str(saved.path)
 
     def finish(self, *, log_model: bool) -> None:

@@ -82,15 +82,18 @@ def node_flow(
     node_id: str,
     swarm_file: str | None = None,
     overrides: list[str] | None = None,
+    swarm_text: str | None = None,
     until_round: int | None = None,
     more_rounds: int | None = None,
     parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """Run a node's rounds: up to `until_round` in total (default: the swarm's rounds), or
-    `more_rounds` past its checkpoint (what a scheduled deployment runs each time)."""
+    `more_rounds` past its checkpoint (what a scheduled deployment runs each time).
+    A deployment passes the resolved swarm file as `swarm_text`, so workers on other
+    machines need no copy of it."""
     from flows.config import load_swarm
 
-    swarm = load_swarm(swarm_file, overrides or [])
+    swarm = load_swarm(swarm_file, overrides or [], text=swarm_text)
     rt = NodeRuntime(swarm, node_id, parent_run_id=parent_run_id)
     _RUNTIMES[node_id] = rt
     try:
@@ -101,13 +104,15 @@ def node_flow(
             began = time.perf_counter()
             metrics = round_flow(node_id, round_, last=round_ == stop - 1)
             wall = time.perf_counter() - began
+            metrics["seconds_checkpoint"] = rt.last_checkpoint_s
             steps = sum(v for k, v in metrics.items() if k.startswith("seconds_"))
-            orchestration = max(wall - steps, 0.0)
+            late = {
+                "seconds_orchestration": max(wall - steps, 0.0),
+                "seconds_checkpoint": rt.last_checkpoint_s,
+            }
             if rt.tracker is not None and rt.run_id is not None:
-                rt.tracker.log_metrics(
-                    rt.run_id, {"seconds_orchestration": orchestration}, step=round_
-                )
-            metrics["seconds_orchestration"] = orchestration
+                rt.tracker.log_metrics(rt.run_id, late, step=round_)
+            metrics.update(late)
             print(describe(metrics, node_id, round_), flush=True)
             history.append(metrics)
         rt.finish(log_model=swarm.tracking.log_models and stop > start)

@@ -87,6 +87,10 @@ def open_parent_run(config: SwarmConfig) -> str | None:
 
 def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> dict[str, str]:
     env = dict(os.environ)
+    # Share the cores instead of every node using all of them: oversubscribed BLAS threads
+    # thrash (three nodes x two threads on two cores ran rounds 2-3x slower).
+    cores = os.cpu_count() or 1
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // len(config.node_specs()))))
     if parent_run_id:
         env[PARENT_RUN_ENV] = parent_run_id
     if config.prefect.api_url:

@@ -129,15 +129,36 @@ def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) ->
 
 
 @pytest.mark.s3
-def test_swarm_on_s3(tmp_path: Path, tiny_model: Path, s3_server: Any) -> None:
+def test_infra_swarm_config_runs_on_the_s3_server(
+    tmp_path: Path, tiny_model: Path, s3_server: Any
+) -> None:
+    """infra/swarm.yaml (written for the compose stack) runs against the S3 server fixture
+    with only configuration changed: endpoint, credentials, tracking and Prefect local."""
     bucket = "e2e-" + os.urandom(4).hex()
     s3_server.client().create_bucket(Bucket=bucket)
     options = s3_server.storage_options
-    path = swarm_file(
-        tmp_path, tiny_model, ledger={"url": f"s3://{bucket}/ledger", "storage_options": options}
-    )
-    sapo("swarm", "-c", str(path))
-    check_swarm(path, options)
+    work = tmp_path / "work"
+    infra = Path(__file__).resolve().parents[2] / "infra" / "swarm.yaml"
+    sets = {
+        "swarm_id": "e2e-swarm",
+        "rounds": 2,
+        "peer_wait_s": 120,
+        "ledger.url": f"s3://{bucket}/ledger",
+        "ledger.storage_options": json.dumps(options),
+        "tracking.uri": "null",
+        "prefect.api_url": "null",
+        "sampling": json.dumps({"kind": "reward_filtered", "require_variance": False}),
+        "defaults.model": str(tiny_model),
+        "defaults.tasks": json.dumps(
+            {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]}
+        ),
+        "defaults.generation": json.dumps({"completions_per_question": 3, "max_new_tokens": 5}),
+        "defaults.grpo": json.dumps({"drop_zero_variance": False}),
+    }
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    sapo("swarm", "-c", str(infra), "--workdir", str(work), *args)
+    resolved = work / "swarm.yaml"
+    check_swarm(resolved, options)
 
 
 def test_sigkill_mid_round_then_resume(tmp_path: Path, tiny_model: Path) -> None:

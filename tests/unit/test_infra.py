@@ -1,0 +1,63 @@
+"""The compose stack for real users: it parses, and its services, ports and volumes are what
+infra/README.md says. (No Docker engine runs here; the swarm config it ships is exercised
+against the S3 server fixture in tests/e2e.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from flows.config import load_swarm
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+
+
+def compose() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((INFRA / "docker-compose.yml").read_text())
+
+
+def test_services_ports_and_volumes() -> None:
+    spec = compose()
+    services = spec["services"]
+    assert set(services) == {"minio", "create-buckets", "postgres", "prefect", "mlflow"}
+    ports = {n: sorted(p.split(":")[0] for p in s.get("ports", [])) for n, s in services.items()}
+    assert ports["minio"] == ["9000", "9001"]
+    assert ports["prefect"] == ["4200"] and ports["mlflow"] == ["5000"]
+    assert set(spec["volumes"]) == {"minio-data", "postgres-data"}
+    assert "minio-data:/data" in services["minio"]["volumes"]
+
+
+def test_prefect_and_mlflow_use_postgres_and_the_bucket() -> None:
+    services = compose()["services"]
+    prefect_db = services["prefect"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert prefect_db.startswith("postgresql+asyncpg://")
+    command = services["mlflow"]["command"]
+    assert "--backend-store-uri postgresql://" in command
+    assert "--artifacts-destination s3://${MLFLOW_BUCKET}" in command
+    assert services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
+    assert "CREATE DATABASE mlflow" in (INFRA / "postgres-init.sql").read_text()
+
+
+def test_every_variable_has_an_example() -> None:
+    text = (INFRA / "docker-compose.yml").read_text()
+    used = set(re.findall(r"\$\{([A-Z_]+)(?::-[^}]*)?\}", text))
+    defaulted = set(re.findall(r"\$\{([A-Z_]+):-", text))
+    assert {"MINIO_ROOT_PASSWORD", "POSTGRES_PASSWORD", "MLFLOW_BUCKET"} <= used
+    example = dict(
+        line.split("=", 1)
+        for line in (INFRA / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert used - defaulted <= set(example), used - defaulted - set(example)
+
+
+def test_infra_swarm_config_points_at_the_stack() -> None:
+    swarm = load_swarm(INFRA / "swarm.yaml")
+    ledger = swarm.ledger_config()
+    assert ledger.url == "s3://sapo-ledger/ledger"
+    assert ledger.storage_options["endpoint_url"] == "http://127.0.0.1:9000"
+    assert swarm.tracking_uri() == "http://127.0.0.1:5000"
+    assert swarm.prefect.api_url == "http://127.0.0.1:4200/api"
+    assert len(swarm.node_specs()) == 3
