@@ -12,6 +12,9 @@ OFFLINE_DEFAULTS = {
     # quiet library chatter in node logs: progress bars and advisory warnings
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TRANSFORMERS_VERBOSITY": "error",
+    # Prefect's ephemeral server gets 20 s to start by default; a busy 2-core machine
+    # starting several nodes at once needs more
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
 }
 
 
