@@ -390,6 +390,7 @@ def _where(cfg: Any) -> str:
 def demo(
     workdir: WorkdirOpt = None,
     rounds: Annotated[int | None, typer.Option(min=1)] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, max=64)] = None,
     synthetic: Annotated[
         bool, typer.Option(help="Only exercise the ledger with synthetic nodes (no model).")
     ] = False,
@@ -398,15 +399,17 @@ def demo(
     if synthetic:
         from flows.demo import run_ledger_demo
 
-        run_ledger_demo(workdir or Path("sapo-work"), out=print)
+        run_ledger_demo(
+            workdir or Path("sapo-work"), nodes=max(2, nodes or 4), rounds=rounds or 5, out=print
+        )
         return
     import polars as pl
 
     import dashboards
     from ledger import Ledger
 
-    swarm(config=None, nodes=None, rounds=rounds, workdir=workdir, overrides=None)
-    cfg, _ = _resolve(None, None, rounds=rounds, workdir=workdir)
+    swarm(config=None, nodes=nodes, rounds=rounds, workdir=workdir, overrides=None)
+    cfg, _ = _resolve(None, None, nodes=nodes, rounds=rounds, workdir=workdir)
     with Ledger.from_config(cfg.ledger_config()) as ledger:
         print(f"\nreward per node and round ({cfg.swarm_id}, claimed by each publisher):")
         frame = ledger.query(dashboards.query("reward_per_node_round"))

@@ -155,13 +155,15 @@ def test_the_installed_command_runs_the_demo(tmp_path):
     help_out = subprocess.run(
         [sys.executable, "-m", "flows.cli", "--help"], capture_output=True, text=True, check=True
     )
-    assert "ledger" in help_out.stdout and "demo" in help_out.stdout
+    for command in ("ledger", "demo", "swarm", "node", "deploy"):
+        assert command in help_out.stdout
     run = subprocess.run(
         [
             sys.executable,
             "-m",
             "flows.cli",
             "demo",
+            "--synthetic",
             "--workdir",
             str(tmp_path),
             "--rounds",
