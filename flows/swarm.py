@@ -14,11 +14,14 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
 from flows.config import SwarmConfig, apply_overrides, default_swarm_text
+
+if TYPE_CHECKING:
+    from flows.tracking import Tracker
 
 PARENT_RUN_ENV = "SAPO_PARENT_RUN_ID"
 
@@ -61,7 +64,8 @@ def write_resolved(
     return target
 
 
-def open_parent_run(config: SwarmConfig) -> str | None:
+def open_parent_run(config: SwarmConfig) -> tuple[Tracker, str] | None:
+    """The swarm's parent MLflow run (found again on a resume) and the client that made it."""
     if not config.tracking.enabled:
         return None
     from flows.tracking import open_tracker
@@ -82,7 +86,7 @@ def open_parent_run(config: SwarmConfig) -> str | None:
     tags = {"sapo.swarm_id": config.swarm_id, "sapo.role": "swarm"}
     run_id = tracker.run(config.swarm_id, tags, params)
     tracker.set_tags(run_id, {"sapo.sharing": ",".join(sharing)})
-    return run_id
+    return tracker, run_id
 
 
 def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> dict[str, str]:
@@ -130,7 +134,8 @@ def run_swarm(
 ) -> int:
     """Start every node, stream their output, wait; returns the number of nodes that failed."""
     prepare_models(config, out)
-    parent = open_parent_run(config)
+    opened = open_parent_run(config)
+    parent = opened[1] if opened else None
     procs = []
     threads = []
     for spec in config.node_specs():
@@ -156,13 +161,7 @@ def run_swarm(
             out(f"[{node_id}] exited with status {proc.returncode}")
     for thread in threads:
         thread.join(timeout=5)
-    if parent is not None:
-        from flows.tracking import open_tracker
-
-        tracker = open_tracker(
-            config.tracking_uri(),
-            config.tracking.experiment or config.swarm_id,
-            config.artifact_location(),
-        )
-        tracker.finish(parent, "FINISHED" if failed == 0 else "FAILED")
+    if opened is not None:
+        tracker, run_id = opened
+        tracker.finish(run_id, "FINISHED" if failed == 0 else "FAILED")
     return failed
