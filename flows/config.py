@@ -35,6 +35,11 @@ class TrackingConfig(Strict):
         None, description="Where new experiments keep artifacts; default: <workdir>/mlartifacts."
     )
     log_models: bool = Field(True, description="Log each node's final model to its run.")
+    registered_model: str | None = Field(
+        "",
+        description="Register the model of the node with the highest cumulative reward under "
+        "this name when the swarm ends ('' : '<swarm_id>-policy'; null: register nothing).",
+    )
     enabled: bool = True
 
 

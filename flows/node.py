@@ -8,13 +8,16 @@ stays here, in the node's process; tasks pass round numbers, keys and group ids.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from flows import checkpoint
 from flows.config import SwarmConfig
+from flows.progress import NodeProgress
 from flows.tracking import Tracker, flatten, sharing_tags
 from ledger import Ledger
 from sapo_core.assembly import TrainingSet
@@ -22,6 +25,24 @@ from sapo_core.node import Generated, Learner, RoundReport
 from sapo_core.rollouts import Group, Rollout, group_rollouts
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+def step(name: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """A step of the round: reported to the progress display and timed into the round."""
+
+    def wrap(method: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(method)
+        def timed(self: NodeRuntime, round_: int) -> R:
+            self.progress.emit("step", round=round_, step=name)
+            started = time.perf_counter()
+            result = method(self, round_)
+            self.state(round_).seconds[name] = time.perf_counter() - started
+            return result
+
+        return timed
+
+    return wrap
 
 
 @dataclass
@@ -40,9 +61,15 @@ class NodeRuntime:
     """A node of a swarm: its learner, the ledger, its MLflow run and its checkpoints."""
 
     def __init__(
-        self, swarm: SwarmConfig, node_id: str, *, parent_run_id: str | None = None
+        self,
+        swarm: SwarmConfig,
+        node_id: str,
+        *,
+        parent_run_id: str | None = None,
+        progress: NodeProgress | None = None,
     ) -> None:
         started = time.perf_counter()
+        self.progress = progress or NodeProgress(node_id, None)
         self.swarm = swarm
         self.spec = swarm.node_spec(node_id)
         self.config = self.spec.node
@@ -54,7 +81,7 @@ class NodeRuntime:
 
             loaded = load_policy(str(saved.path))
             policy = Policy(loaded.model, loaded.tokenizer, model_id=self.config.model)
-        self.learner = Learner(self.config, policy=policy)
+        self.learner = Learner(self.config, policy=policy, id_prefix=f"{swarm.swarm_id}.")
         self.next_round = 0
         self.cumulative_reward = 0.0
         if saved is not None:
@@ -96,22 +123,18 @@ class NodeRuntime:
     def state(self, round_: int) -> RoundState:
         return self.rounds.setdefault(round_, RoundState())
 
-    def _timed(self, round_: int, step: str, started: float) -> None:
-        self.state(round_).seconds[step] = time.perf_counter() - started
-
     # -- the steps ------------------------------------------------------------------------
 
+    @step("generate")
     def generate(self, round_: int) -> int:
         """Sample this round's groups; returns the number of completions made."""
-        started = time.perf_counter()
-        generated = self.learner.generate(round_)
+        generated = self.learner.generate(round_, self.progress.generation)
         self.state(round_).generated = generated
-        self._timed(round_, "generate", started)
         return sum(len(g.rollouts) for g in generated.groups)
 
+    @step("publish")
     def publish(self, round_: int) -> list[str]:
         """Write the round's groups to the ledger (a retry writes nothing); returns keys."""
-        started = time.perf_counter()
         generated = self.state(round_).generated
         if generated is None:
             raise RuntimeError(f"round {round_}: publish before generate")
@@ -120,13 +143,11 @@ class NodeRuntime:
             for g in generated.groups
             for r in g.rollouts
         ]
-        keys = self.ledger.publish(rows)
-        self._timed(round_, "publish", started)
-        return keys
+        return self.ledger.publish(rows)
 
+    @step("sample")
     def sample(self, round_: int) -> list[str]:
         """Draw J peers' groups with the node's policy; returns their group ids."""
-        started = time.perf_counter()
         state = self.state(round_)
         state.external = []
         if self.config.external_groups > 0:
@@ -142,7 +163,6 @@ class NodeRuntime:
             )
             rows = [Rollout.from_record(row) for row in frame.iter_rows(named=True)]
             state.external = group_rollouts(rows, "external")
-        self._timed(round_, "sample", started)
         return [g.group_id for g in state.external]
 
     def _wait_for_peers(self, seed: int) -> None:
@@ -160,30 +180,28 @@ class NodeRuntime:
                 return
             time.sleep(0.5)
 
+    @step("reward")
     def reward(self, round_: int) -> dict[str, float]:
         """Score own and peers' groups with this node's verifier; assemble I + J."""
-        started = time.perf_counter()
         state = self.state(round_)
         if state.generated is None:
             raise RuntimeError(f"round {round_}: reward before generate")
         state.chosen, state.flagged = self.learner.select(
             round_, state.generated.groups, state.external
         )
-        self._timed(round_, "reward", started)
         return {
             "groups": float(len(state.chosen.selected)),
             "flagged_rows": float(state.flagged),
         }
 
+    @step("update")
     def update(self, round_: int) -> dict[str, float]:
         """The GRPO step; returns the round's public figures."""
-        started = time.perf_counter()
         state = self.state(round_)
         if state.chosen is None:
             raise RuntimeError(f"round {round_}: update before reward")
         state.report = self.learner.update(round_, state.chosen, state.flagged)
         self.cumulative_reward += sum(state.chosen.rewards())
-        self._timed(round_, "update", started)
         return {
             "reward_mean": state.report.reward_mean,
             "cumulative_reward": self.cumulative_reward,
@@ -203,6 +221,9 @@ class NodeRuntime:
             "external_groups_used": float(report.external_groups_used),
             "groups_trained": float(report.groups_trained),
             "flagged_rows": float(report.flagged_rows),
+            # The mean over everything the node generated (and published) this round: the
+            # policy's own accuracy, what the ledger's per-publisher SQL recomputes.
+            "generated_reward_mean": _mean_reward(generated.groups),
             "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
             "policy_version": float(self.learner.policy_version),
         }
@@ -249,6 +270,11 @@ class NodeRuntime:
 
     def close(self) -> None:
         self.ledger.close()
+
+
+def _mean_reward(groups: list[Group]) -> float:
+    rewards = [r.reward for g in groups for r in g.rollouts if r.reward is not None]
+    return sum(rewards) / len(rewards) if rewards else 0.0
 
 
 def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:

@@ -16,6 +16,7 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 
 from flows.node import NodeRuntime, describe
+from flows.progress import NodeProgress
 
 # The runtimes of this process, by node id: tasks find the model and the round's groups here.
 _RUNTIMES: dict[str, NodeRuntime] = {}
@@ -94,7 +95,8 @@ def node_flow(
     from flows.config import load_swarm
 
     swarm = load_swarm(swarm_file, overrides or [], text=swarm_text)
-    rt = NodeRuntime(swarm, node_id, parent_run_id=parent_run_id)
+    progress = NodeProgress.for_process(node_id)
+    rt = NodeRuntime(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
     _RUNTIMES[node_id] = rt
     try:
         start = rt.next_round
@@ -102,6 +104,7 @@ def node_flow(
         history = []
         for round_ in range(start, stop):
             began = time.perf_counter()
+            progress.emit("round", round=round_, stop=stop)
             metrics = round_flow(node_id, round_, last=round_ == stop - 1)
             wall = time.perf_counter() - began
             metrics["seconds_checkpoint"] = rt.last_checkpoint_s
@@ -113,6 +116,7 @@ def node_flow(
             if rt.tracker is not None and rt.run_id is not None:
                 rt.tracker.log_metrics(rt.run_id, late, step=round_)
             metrics.update(late)
+            progress.emit("done", round=round_)
             print(describe(metrics, node_id, round_), flush=True)
             history.append(metrics)
         rt.finish(log_model=swarm.tracking.log_models and stop > start)
@@ -120,3 +124,4 @@ def node_flow(
     finally:
         _RUNTIMES.pop(node_id, None)
         rt.close()
+        progress.close()

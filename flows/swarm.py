@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 import yaml
 
 from flows.config import SwarmConfig, apply_overrides, default_swarm_text
+from flows.progress import PROGRESS_ENV, SwarmProgress
 
 if TYPE_CHECKING:
     from flows.tracking import Tracker
@@ -105,15 +106,18 @@ def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> di
         env.setdefault("PREFECT_HOME", str(config.workdir_path() / "prefect" / node_id))
         Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # SQLite needs the folder
     env.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    env[PROGRESS_ENV] = "lines"  # the launcher draws the bars
     # Several nodes starting their ephemeral servers at once on a small machine need longer
     # than Prefect's default 20 s.
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     return env
 
 
-def _pump(stream: IO[str], prefix: str, out: Callable[[str], None]) -> None:
+def _pump(
+    stream: IO[str], node_id: str, display: SwarmProgress, out: Callable[[str], None]
+) -> None:
     for line in stream:
-        out(f"[{prefix}] {line.rstrip()}")
+        display.feed(node_id, line.rstrip(), out)
 
 
 def prepare_models(config: SwarmConfig, out: Callable[[str], None] = print) -> None:
@@ -131,11 +135,46 @@ def run_swarm(
     resolved: Path,
     *,
     out: Callable[[str], None] = print,
+    show_progress: bool | None = None,
 ) -> int:
-    """Start every node, stream their output, wait; returns the number of nodes that failed."""
+    """Start every node, stream their output, wait; returns the number of nodes that failed.
+
+    Progress bars are drawn on a terminal (or when `show_progress` is true)."""
     prepare_models(config, out)
     opened = open_parent_run(config)
     parent = opened[1] if opened else None
+    with SwarmProgress(enabled=show_progress) as display:
+        failed = _run_nodes(config, resolved, parent, display, out)
+    if opened is not None:
+        tracker, run_id = opened
+        _register(config, tracker, run_id, out)
+        tracker.finish(run_id, "FINISHED" if failed == 0 else "FAILED")
+    return failed
+
+
+def _register(
+    config: SwarmConfig, tracker: Tracker, parent: str, out: Callable[[str], None]
+) -> None:
+    """Register the best node's model (by cumulative reward) in MLflow's model registry."""
+    tracking = config.tracking
+    if not tracking.log_models or tracking.registered_model is None:
+        return
+    from flows.tracking import register_best
+
+    name = tracking.registered_model or f"{config.swarm_id}-policy"
+    found = register_best(tracker, parent, name)
+    if found is not None:
+        node_id, _, version = found
+        out(f"registered {node_id}'s model as {name!r} version {version}")
+
+
+def _run_nodes(
+    config: SwarmConfig,
+    resolved: Path,
+    parent: str | None,
+    display: SwarmProgress,
+    out: Callable[[str], None],
+) -> int:
     procs = []
     threads = []
     for spec in config.node_specs():
@@ -150,7 +189,9 @@ def run_swarm(
             bufsize=1,
         )
         assert proc.stdout is not None
-        thread = threading.Thread(target=_pump, args=(proc.stdout, node_id, out), daemon=True)
+        thread = threading.Thread(
+            target=_pump, args=(proc.stdout, node_id, display, out), daemon=True
+        )
         thread.start()
         procs.append((node_id, proc))
         threads.append(thread)
@@ -161,7 +202,4 @@ def run_swarm(
             out(f"[{node_id}] exited with status {proc.returncode}")
     for thread in threads:
         thread.join(timeout=5)
-    if opened is not None:
-        tracker, run_id = opened
-        tracker.finish(run_id, "FINISHED" if failed == 0 else "FAILED")
     return failed

@@ -111,6 +111,24 @@ class Tracker:
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         _retry(lambda: self.client.set_terminated(run_id, status), "finish run")
 
+    def children(self, parent_id: str) -> list[Any]:
+        """The nested runs of a parent run."""
+        query = f"tags.`mlflow.parentRunId` = '{parent_id}'"
+        return list(self.client.search_runs([self.experiment_id], filter_string=query))
+
+    def register(self, name: str, run_id: str, path: str = "model") -> str:
+        """A new version of registered model `name` from the artifacts a run logged at path."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as exc:
+            if "already exists" not in str(exc).lower():
+                raise
+        source = f"{self.client.get_run(run_id).info.artifact_uri}/{path}"
+        version = self.client.create_model_version(name, source, run_id=run_id)
+        return str(version.version)
+
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
 
@@ -125,6 +143,26 @@ def sharing_tags(local_groups: int, external_groups: int, policy: str) -> dict[s
     }
 
 
+def register_best(
+    tracker: Tracker, parent_id: str, name: str, metric: str = "cumulative_reward"
+) -> tuple[str, str, str] | None:
+    """Register the model of the parent's child run with the highest `metric`.
+
+    Returns (node id, run id, version), or None when no child logged a model."""
+    best: tuple[float, Any] | None = None
+    for run in tracker.children(parent_id):
+        value = run.data.metrics.get(metric)
+        if value is not None and (best is None or value > best[0]):
+            best = (value, run)
+    if best is None:
+        return None
+    run = best[1]
+    version = _retry(lambda: tracker.register(name, run.info.run_id), "register model", 2)
+    if version is None:
+        return None
+    return run.data.tags.get("sapo.node_id", run.info.run_name), run.info.run_id, version
+
+
 def open_tracker(uri: str, experiment: str, artifact_location: str | None) -> Tracker:
     """A tracker, with telemetry off before MLflow is imported."""
     from flows.env import apply_offline_defaults
@@ -136,4 +174,11 @@ def open_tracker(uri: str, experiment: str, artifact_location: str | None) -> Tr
     return tracker
 
 
-__all__ = ["PUBLIC_METRICS", "Tracker", "flatten", "open_tracker", "sharing_tags"]
+__all__ = [
+    "PUBLIC_METRICS",
+    "Tracker",
+    "flatten",
+    "open_tracker",
+    "register_best",
+    "sharing_tags",
+]

@@ -8,7 +8,13 @@ from ledger.catalog import RefreshStats
 from ledger.compaction import CompactionReport
 from ledger.config import LedgerConfig, RowLimits
 from ledger.ledger import Ledger, ValidationReport
-from ledger.policies import PaperPolicy, RewardFilteredPolicy, SamplingPolicy, parse_policy
+from ledger.policies import (
+    PaperPolicy,
+    RewardFilteredPolicy,
+    SamplingPolicy,
+    VarianceWeightedPolicy,
+    parse_policy,
+)
 from ledger.records import RecordError
 from ledger.schema import COLUMN_NAMES, SCHEMA_VERSION
 from ledger.storage import StorageError
@@ -27,5 +33,6 @@ __all__ = [
     "SamplingPolicy",
     "StorageError",
     "ValidationReport",
+    "VarianceWeightedPolicy",
     "parse_policy",
 ]

@@ -23,7 +23,7 @@ from ledger.catalog import Catalog, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
 from ledger.keys import round_key
-from ledger.policies import PaperPolicy, RewardFilteredPolicy, parse_policy
+from ledger.policies import AnyPolicy, parse_policy
 from ledger.records import RecordError, to_table
 from ledger.schema import check_id
 from ledger.sqltext import EMPTY_ROLLOUTS_SQL
@@ -183,7 +183,7 @@ class Ledger:
         self,
         node_id: str,
         n_groups: int,
-        policy: str | dict[str, Any] | PaperPolicy | RewardFilteredPolicy = "paper",
+        policy: str | dict[str, Any] | AnyPolicy = "paper",
         seed: int = 0,
         *,
         swarm_id: str | None = None,
@@ -237,7 +237,7 @@ class Ledger:
         seed: int,
         swarm_id: str | None,
         when: datetime,
-    ) -> tuple[PaperPolicy | RewardFilteredPolicy, Callable[[], list[str]]]:
+    ) -> tuple[AnyPolicy, Callable[[], list[str]]]:
         """The policy, and a call that runs its SQL: the drawn group ids in draw order."""
         chosen = parse_policy(policy)
         if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:

@@ -28,7 +28,7 @@ from sapo_core.grpo.update import (
     make_optimizer,
     reference_logprobs,
 )
-from sapo_core.policy.backend import GenerationBackend
+from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_policy
 from sapo_core.prompts import render_prompt
 from sapo_core.rewards import ScoredGroup, score_groups, verify
@@ -86,8 +86,12 @@ class Learner:
         config: NodeConfig,
         policy: Policy | None = None,
         backend: GenerationBackend | None = None,
+        id_prefix: str = "",
     ) -> None:
         self.config = config
+        # Ids must be unique wherever groups meet: a swarm prefixes its id, so two swarms
+        # (a sweep's configurations) can share one ledger with the same node names.
+        self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
         self.policy = policy or load_policy(config.model)
         self.backend = backend or make_backend(config.generation.backend, self.policy)
@@ -104,16 +108,17 @@ class Learner:
         text = render_prompt(self.policy.tokenizer, question.question, self.config.prompt)
         return list(self.policy.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def generate(self, round_: int) -> Generated:
+    def generate(self, round_: int, on_progress: ProgressCallback | None = None) -> Generated:
         """Sample L completions for each of the round's questions; score them locally."""
         cfg = self.config
         started = time.perf_counter()
         questions = self.tasks.draw(round_, cfg.questions)
         prompts = [render_prompt(self.policy.tokenizer, q.question, cfg.prompt) for q in questions]
-        sampled = self.backend.generate(prompts, cfg.generation, seed=cfg.seed * 1_000_003 + round_)
+        seed = cfg.seed * 1_000_003 + round_
+        sampled = self.backend.generate(prompts, cfg.generation, seed, on_progress)
         groups = []
         for k, (question, completions) in enumerate(zip(questions, sampled, strict=True)):
-            group_id = f"{cfg.node_id}.r{round_}.q{k}"
+            group_id = f"{self.id_prefix}{cfg.node_id}.r{round_}.q{k}"
             rollouts = []
             for j, c in enumerate(completions):
                 rollout = Rollout(

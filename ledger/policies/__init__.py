@@ -64,17 +64,41 @@ class RewardFilteredPolicy(_Policy):
         }
 
 
-SamplingPolicy = Annotated[PaperPolicy | RewardFilteredPolicy, Field(discriminator="kind")]
+class VarianceWeightedPolicy(_Policy):
+    """Draw groups with probability proportional to their reward variance, capped per peer.
+
+    Beyond the paper: aims at its instability at high J (see variance_weighted.sql)."""
+
+    kind: Literal["variance_weighted"] = "variance_weighted"
+    min_std: float = Field(
+        0.0, ge=0.0, lt=0.5, description="Drop groups whose reward std is at most this."
+    )
+    max_age_s: float | None = Field(
+        None, gt=0, description="Only groups published this many seconds before now."
+    )
+    max_per_peer: int | None = Field(None, ge=1, description="Most groups from any one peer.")
+
+    def parameters(self, now: datetime) -> dict[str, Any]:
+        return {
+            "min_std": self.min_std,
+            "max_age_s": self.max_age_s,
+            "max_per_peer": self.max_per_peer,
+            "now": now,
+        }
+
+
+AnyPolicy = PaperPolicy | RewardFilteredPolicy | VarianceWeightedPolicy
+SamplingPolicy = Annotated[AnyPolicy, Field(discriminator="kind")]
 """Any sampling policy; YAML picks one with ``kind``."""
 
-_ADAPTER: TypeAdapter[PaperPolicy | RewardFilteredPolicy] = TypeAdapter(SamplingPolicy)
+_ADAPTER: TypeAdapter[AnyPolicy] = TypeAdapter(SamplingPolicy)
 
-POLICY_KINDS = ("paper", "reward_filtered")
+POLICY_KINDS = ("paper", "reward_filtered", "variance_weighted")
 
 
-def parse_policy(value: str | dict[str, Any] | _Policy) -> PaperPolicy | RewardFilteredPolicy:
+def parse_policy(value: str | dict[str, Any] | _Policy) -> AnyPolicy:
     """A policy from its name, a mapping (from YAML or the CLI), or a policy object."""
-    if isinstance(value, PaperPolicy | RewardFilteredPolicy):
+    if isinstance(value, PaperPolicy | RewardFilteredPolicy | VarianceWeightedPolicy):
         return value
     if isinstance(value, str):
         value = {"kind": value}
@@ -83,8 +107,10 @@ def parse_policy(value: str | dict[str, Any] | _Policy) -> PaperPolicy | RewardF
 
 __all__ = [
     "POLICY_KINDS",
+    "AnyPolicy",
     "PaperPolicy",
     "RewardFilteredPolicy",
     "SamplingPolicy",
+    "VarianceWeightedPolicy",
     "parse_policy",
 ]

@@ -10,7 +10,7 @@
 --             $max_age_s, $now                   recency window (NULL: no window)
 --             $max_per_peer                      cap per publishing node (NULL: none)
 WITH candidates AS (
-    SELECT group_id, node_id, hash(group_id, $node_id, $seed) AS draw
+    SELECT group_id, node_id, hash(concat_ws('/', group_id, $node_id, $seed)) AS draw
     FROM groups
     WHERE node_id <> $node_id
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)

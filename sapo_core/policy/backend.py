@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,9 +23,17 @@ class Completion:
     finished: bool  # ended with the end-of-turn token rather than the length limit
 
 
+# Called as completions finish: (completions done, completions asked for in this call).
+ProgressCallback = Callable[[int, int], None]
+
+
 class GenerationBackend(Protocol):
     """Samples `config.completions_per_question` completions for each prompt."""
 
     def generate(
-        self, prompts: Sequence[str], config: GenerationConfig, seed: int
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        seed: int,
+        on_progress: ProgressCallback | None = None,
     ) -> list[list[Completion]]: ...

@@ -7,13 +7,13 @@ every step (about 800 MB for 32 x 128 tokens of a 49k vocabulary).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from sapo_core.config import GenerationConfig
-from sapo_core.policy.backend import Completion
+from sapo_core.policy.backend import Completion, ProgressCallback
 from sapo_core.policy.loading import Policy
 
 
@@ -25,6 +25,15 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
     sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def _offset_progress(
+    callback: ProgressCallback | None, offset: int, total: int
+) -> Callable[[int], None]:
+    """One sampling call's progress (its rows done) as the whole request's (done, total)."""
+    if callback is None:
+        return lambda done: None
+    return lambda done: callback(offset + done, total)
 
 
 class TransformersBackend:
@@ -39,14 +48,20 @@ class TransformersBackend:
         self.pad_id = int(tokenizer.pad_token_id)
 
     def generate(
-        self, prompts: Sequence[str], config: GenerationConfig, seed: int
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        seed: int,
+        on_progress: ProgressCallback | None = None,
     ) -> list[list[Completion]]:
         n = config.completions_per_question
         per_call = max(1, config.batch_size // n)  # questions per call: all n samples of each
         generator = torch.Generator().manual_seed(seed)
         groups: list[list[Completion]] = []
+        total = len(prompts) * n
         for start in range(0, len(prompts), per_call):
-            flat = self._sample(prompts[start : start + per_call], n, config, generator)
+            report = _offset_progress(on_progress, start * n, total)
+            flat = self._sample(prompts[start : start + per_call], n, config, generator, report)
             groups.extend(flat[i * n : (i + 1) * n] for i in range(len(flat) // n))
         return groups
 
@@ -57,6 +72,7 @@ class TransformersBackend:
         n: int,
         config: GenerationConfig,
         generator: torch.Generator,
+        report: Callable[[int], None],
     ) -> list[Completion]:
         """Sample n completions of each prompt.
 
@@ -95,8 +111,10 @@ class TransformersBackend:
             stopped = torch.isin(nxt, self.stop_ids)  # [A]
             lengths[alive[stopped]] = step + 1
             if step + 1 == config.max_new_tokens or bool(stopped.all()):
+                report(batch)
                 break
             if bool(stopped.any()):
+                report(batch - alive.numel() + int(stopped.sum()))
                 keep = (~stopped).nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
                 alive, nxt = alive[keep], nxt[keep]

@@ -110,6 +110,23 @@ def test_behaviour_logprobs_match_the_training_forward(tiny_policy: Any) -> None
             row += 1
 
 
+def test_generation_reports_progress_up_to_every_completion(tiny_policy: Any) -> None:
+    backend = TransformersBackend(tiny_policy)
+    # batch_size 4 with 2 completions: two sampling calls of 2 prompts, then one of 1.
+    cfg = GenerationConfig(completions_per_question=2, max_new_tokens=5, batch_size=4)
+    seen: list[tuple[int, int]] = []
+    groups = backend.generate(
+        ["a", "b", "c", "d", "e"], cfg, seed=1, on_progress=lambda d, t: seen.append((d, t))
+    )
+    assert len(groups) == 5
+    assert {t for _, t in seen} == {10}
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == 10
+    assert {4, 8} <= set(done)  # each call reports its last row before the next starts
+    quiet = backend.generate(["a", "b", "c", "d", "e"], cfg, seed=1)
+    assert quiet == groups  # reporting changes nothing
+
+
 def test_generation_is_reproducible_by_seed(tiny_policy: Any) -> None:
     backend = TransformersBackend(tiny_policy)
     cfg = GenerationConfig(completions_per_question=2, max_new_tokens=5)

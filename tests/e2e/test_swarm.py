@@ -105,6 +105,9 @@ def check_swarm(path: Path, storage_options: dict[str, Any] | None = None) -> No
         assert rows.height == 6  # 3 nodes x 2 rounds, 4 questions x 3 completions each
         assert rows["n"].to_list() == [12] * 6 and rows["ids"].to_list() == [12] * 6
         used = ledger.query("SELECT node_id, node_round, count(*) AS g FROM samples GROUP BY ALL")
+        own = ledger.query(
+            "SELECT node_id, node_round, avg(reward) AS r FROM rollouts GROUP BY ALL"
+        )
     nodes = node_metrics(f"sqlite:///{work / 'mlflow.db'}", "e2e-swarm")
     assert sorted(nodes) == ["node-0", "node-1", "node-2"]
     for node_id, run in nodes.items():
@@ -119,6 +122,9 @@ def check_swarm(path: Path, storage_options: dict[str, Any] | None = None) -> No
         assert run["tags"]["sapo.sharing"] == "2/2"
         assert run["params"]["grpo.eps_high"] == "0.28"
         assert (used.filter(used["node_id"] == node_id)["g"].sum() or 0) >= 1
+        # MLflow's generated_reward_mean is the ledger's mean over what the node published
+        for node_round, r in own.filter(own["node_id"] == node_id).select("node_round", "r").rows():
+            assert m["generated_reward_mean"][node_round] == pytest.approx(r, abs=1e-9)
 
 
 def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) -> None:
@@ -126,6 +132,16 @@ def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) ->
     out = sapo("swarm", "-c", str(path))
     assert "node-2 round 1: reward" in out
     check_swarm(path)
+    # The node with the highest cumulative reward is registered in the model registry.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
+    (version,) = client.search_model_versions("name = 'e2e-swarm-policy'")
+    registered = client.get_run(version.run_id)
+    nodes = node_metrics(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}", "e2e-swarm")
+    best = max(run["metrics"]["cumulative_reward"][1] for run in nodes.values())
+    assert registered.data.metrics["cumulative_reward"] == best
+    assert f"registered {registered.data.tags['sapo.node_id']}'s model" in out
 
 
 @pytest.mark.s3

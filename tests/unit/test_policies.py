@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from ledger import Ledger, PaperPolicy, RewardFilteredPolicy, parse_policy
+from ledger import Ledger, PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy, parse_policy
 from tests.factories import T0, group_rows, round_rows
 
 
@@ -67,6 +67,18 @@ def test_paper_policy_is_seeded_replayable_and_uniform(ledger):
     assert all(abs(c / seeds - 0.5) < 0.12 for c in counts.values()), counts
 
 
+def test_paper_policy_reaches_every_subset_evenly(ledger):
+    """Uniform over subsets, not only per group: all 20 draws of 3 of the 6 candidates occur
+    about equally often (a weakly mixed hash once reached only 8 of them)."""
+    seeds = 600
+    counts: dict[tuple[str, ...], int] = {}
+    for seed in range(seeds):
+        drawn = tuple(sorted(ledger.sample_group_ids("me", 3, "paper", seed=seed, swarm_id="sw")))
+        counts[drawn] = counts.get(drawn, 0) + 1
+    assert len(counts) == 20
+    assert all(12 <= c <= 50 for c in counts.values()), counts  # expected 30 each
+
+
 def test_receivers_sharing_a_seed_draw_independently(ledger):
     ledger.publish(round_rows("you", 0, [[1, 0]]))
     draws_me = [ledger.sample_group_ids("me", 2, seed=s, swarm_id="sw") for s in range(30)]
@@ -96,6 +108,51 @@ def test_reward_filtered_caps_groups_per_peer(ledger):
     per_peer = frame.group_by("node_id").agg(pl.col("group_id").n_unique())
     assert sorted(per_peer.rows()) == [("a", 1), ("b", 1), ("c", 1)]
     assert len(ledger.sample_group_ids("me", 2, capped, swarm_id="sw")) == 2
+
+
+# Population variance of each mixed peer group's rewards (see the fixture).
+VARIANCE = {
+    "sw.a.r0.g0": 0.1875,  # [1, 0, 0, 0]
+    "sw.a.r0.g1": 0.25,  # [1, 1, 0, 0]
+    "sw.b.r0.g0": 0.0625,  # [0.5, 1]
+    "sw.c.r0.g0": 2 / 9,
+    "sw.c.r0.g1": 2 / 9,
+    "sw.c.r0.g2": 2 / 9,
+}
+
+
+def test_variance_weighted_draws_in_proportion_to_reward_variance(ledger):
+    policy = VarianceWeightedPolicy()
+    assert _groups(ledger.sample("me", 100, policy, swarm_id="sw")) == MIXED_PEERS
+    # The first pick of a weighted draw without replacement is w_i / sum(w).
+    seeds = 1000
+    counts = dict.fromkeys(MIXED_PEERS, 0)
+    for seed in range(seeds):
+        (first,) = ledger.sample_group_ids("me", 1, policy, seed=seed, swarm_id="sw")
+        counts[first] += 1
+    total = sum(VARIANCE.values())
+    for group, weight in VARIANCE.items():
+        assert abs(counts[group] / seeds - weight / total) < 0.04, (group, counts)
+    # Replayable, and a half/half group beats a 3:1 one far more often than uniform would.
+    assert ledger.sample_group_ids("me", 3, policy, seed=5, swarm_id="sw") == (
+        ledger.sample_group_ids("me", 3, policy, seed=5, swarm_id="sw")
+    )
+    assert counts["sw.a.r0.g1"] > 3 * counts["sw.b.r0.g0"]
+
+
+def test_variance_weighted_cap_and_minimum_spread(ledger):
+    capped = VarianceWeightedPolicy(max_per_peer=1)
+    frame = ledger.sample("me", 100, capped, swarm_id="sw")
+    per_peer = frame.group_by("node_id").agg(pl.col("group_id").n_unique())
+    assert sorted(per_peer.rows()) == [("a", 1), ("b", 1), ("c", 1)]
+    spread = VarianceWeightedPolicy(min_std=0.3)  # b.g0's std is 0.25
+    assert _groups(ledger.sample("me", 100, spread, swarm_id="sw")) == MIXED_PEERS - {"sw.b.r0.g0"}
+    now = T0 + timedelta(hours=1)
+    recent = VarianceWeightedPolicy(max_age_s=3 * 3600)
+    got = _groups(ledger.sample("me", 100, recent, swarm_id="sw", now=now))
+    assert got == {"sw.a.r0.g0", "sw.a.r0.g1", "sw.b.r0.g0"}
+    with pytest.raises(ValidationError):
+        parse_policy({"kind": "variance_weighted", "min_std": 0.9})
 
 
 def test_fewer_groups_come_back_when_fewer_qualify(ledger):

@@ -1,0 +1,42 @@
+-- Variance-weighted sampling (not in the paper): draw peers' groups with probability
+-- proportional to the variance of their claimed rewards, at most $max_per_peer from any
+-- one peer, optionally only recent ones.
+--
+-- Why: a GRPO group's advantages scale with its reward spread, so a group where every
+-- completion agrees teaches nothing and one split half/half teaches most. At high J the
+-- external share dominates a node's gradient; the paper's uniform draw then leans on
+-- whichever peers publish most, weak or stale, and training oscillates. Weighting by
+-- variance spends the J slots on the groups GRPO learns most from, and the per-peer cap
+-- keeps one peer from flooding the batch.
+--
+-- The draw is a weighted sample without replacement (Efraimidis & Spirakis 2006): each
+-- candidate gets key ln(u) / w with u uniform in (0, 1) from hash(group, receiver, seed),
+-- and the largest keys win. Replayable and independent between receivers, like paper.sql.
+--
+-- Parameters: $node_id, $swarm_id, $seed, $n_groups as in paper.sql, and
+--             $min_std       smallest reward standard deviation kept (0: drop only groups
+--                            whose rewards all agree)
+--             $max_age_s, $now   recency window (NULL: no window)
+--             $max_per_peer      cap per publishing node (NULL: none)
+WITH candidates AS (
+    SELECT group_id, node_id,
+           ln((hash(concat_ws('/', group_id, $node_id, $seed)) % 4294967296 + 0.5) / 4294967296)
+               / (reward_std * reward_std) AS draw
+    FROM groups
+    WHERE node_id <> $node_id
+      AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND reward_max > reward_min
+      AND reward_std > $min_std
+      AND ($max_age_s IS NULL OR published_at >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
+),
+capped AS (
+    -- Each peer's highest keys, as many as the cap allows (see reward_filtered.sql).
+    SELECT unnest(max_by({'group_id': group_id, 'draw': draw}, draw,
+                         least(coalesce($max_per_peer, $n_groups), $n_groups))) AS pick
+    FROM candidates
+    GROUP BY node_id
+)
+SELECT pick.group_id
+FROM capped
+ORDER BY pick.draw DESC
+LIMIT $n_groups
