@@ -378,6 +378,81 @@ def deploy(
     prefect_serve(*made)
 
 
+@app.command()
+def experiment(
+    config: Annotated[Path, typer.Option("-c", "--config", help="Experiment YAML (a sweep).")],
+    dry_run: Annotated[
+        bool, typer.Option(help="Validate the sweep and print its plan; train nothing.")
+    ] = False,
+    report_dir: Annotated[
+        Path | None, typer.Option(help="Where the report goes (default <workdir>/report).")
+    ] = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Run a sweep of sharing configurations (same seeds, tasks, models), then its report."""
+    from pydantic import ValidationError
+
+    from flows.experiment import format_plan, load_experiment
+
+    try:
+        exp = load_experiment(config, overrides or [])
+    except (ValidationError, ValueError, OSError) as exc:
+        raise _fail(f"bad experiment configuration: {exc}") from exc
+    print(format_plan(exp))
+    if dry_run:
+        return
+    if not os.environ.get("PREFECT_API_URL"):
+        # The sweep's own ephemeral Prefect; each node process gets its own (flows/swarm.py).
+        home = exp.workdir_path() / "prefect" / "experiment"
+        home.mkdir(parents=True, exist_ok=True)
+        os.environ["PREFECT_HOME"] = str(home)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from flows.experiment_flow import experiment_flow
+
+    result = experiment_flow(
+        str(config.resolve()),
+        exp.experiment,
+        overrides or [],
+        str(report_dir.resolve()) if report_dir else None,
+    )
+    print(f"report: {result['report']}")
+    if result["failed"]:
+        raise _fail(f"{result['failed']} node(s) failed")
+
+
+@app.command()
+def report(
+    ledger: Annotated[str, typer.Option(help="Ledger root: a path, file:// or s3://bkt/p.")],
+    out: Annotated[Path, typer.Option(help="Folder for report.html, figures and report.json.")],
+    mlflow: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI to cross-check against.")
+    ] = None,
+    experiment_name: Annotated[
+        str | None, typer.Option("--experiment", help="Only this experiment's swarms.")
+    ] = None,
+    storage_option: StorageOpt = None,
+) -> None:
+    """Report a sharing sweep from its ledger: HTML page, PNG figures, summary table."""
+    from flows.reporting import write_report
+
+    made = _guarded(
+        lambda: write_report(
+            ledger,
+            out,
+            tracking_uri=mlflow,
+            experiment=experiment_name,
+            storage_options=parse_storage_options(storage_option),
+        )
+    )
+    print(made.markdown)
+    if made.check is not None:
+        print(
+            f"MLflow cross-check: {'consistent' if made.check.consistent else 'INCONSISTENT'} "
+            f"({made.check.matched} node-rounds, max difference {made.check.max_abs_diff:.1e})"
+        )
+    print(f"report: {made.html}")
+
+
 def _where(cfg: Any) -> str:
     return (
         f"ledger: {cfg.ledger_config().url}  (sapo ledger query {cfg.ledger_config().url} "

@@ -65,8 +65,11 @@ def write_resolved(
     return target
 
 
-def open_parent_run(config: SwarmConfig) -> tuple[Tracker, str] | None:
-    """The swarm's parent MLflow run (found again on a resume) and the client that made it."""
+def open_parent_run(
+    config: SwarmConfig, parent_run_id: str | None = None
+) -> tuple[Tracker, str] | None:
+    """The swarm's parent MLflow run (found again on a resume) and the client that made it;
+    nested under `parent_run_id` (an experiment's run) when given."""
     if not config.tracking.enabled:
         return None
     from flows.tracking import open_tracker
@@ -85,7 +88,7 @@ def open_parent_run(config: SwarmConfig) -> tuple[Tracker, str] | None:
     }
     sharing = sorted({f"{s.node.local_groups}/{s.node.external_groups}" for s in specs})
     tags = {"sapo.swarm_id": config.swarm_id, "sapo.role": "swarm"}
-    run_id = tracker.run(config.swarm_id, tags, params)
+    run_id = tracker.run(config.swarm_id, tags, params, parent_id=parent_run_id)
     tracker.set_tags(run_id, {"sapo.sharing": ",".join(sharing)})
     return tracker, run_id
 
@@ -100,10 +103,10 @@ def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> di
         env[PARENT_RUN_ENV] = parent_run_id
     if config.prefect.api_url:
         env["PREFECT_API_URL"] = config.prefect.api_url
-    else:
+    elif not env.get("PREFECT_API_URL"):
         # Each node process runs Prefect's ephemeral mode with its own database: one shared
-        # SQLite file would lock under concurrent nodes.
-        env.setdefault("PREFECT_HOME", str(config.workdir_path() / "prefect" / node_id))
+        # SQLite file (the launcher's included) would lock under concurrent nodes.
+        env["PREFECT_HOME"] = str(config.workdir_path() / "prefect" / node_id)
         Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # SQLite needs the folder
     env.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     env[PROGRESS_ENV] = "lines"  # the launcher draws the bars
@@ -136,12 +139,13 @@ def run_swarm(
     *,
     out: Callable[[str], None] = print,
     show_progress: bool | None = None,
+    parent_run_id: str | None = None,
 ) -> int:
     """Start every node, stream their output, wait; returns the number of nodes that failed.
 
     Progress bars are drawn on a terminal (or when `show_progress` is true)."""
     prepare_models(config, out)
-    opened = open_parent_run(config)
+    opened = open_parent_run(config, parent_run_id)
     parent = opened[1] if opened else None
     with SwarmProgress(enabled=show_progress) as display:
         failed = _run_nodes(config, resolved, parent, display, out)

@@ -1,0 +1,193 @@
+"""A sharing sweep: one swarm run once per sharing configuration, nothing else varied.
+
+    experiment: paper-cpu
+    workdir: sapo-paper-cpu
+    swarm: {rounds: 16, defaults: {...}, node_count: 3}   # a swarm file, minus its id
+    configurations:
+      - {local_groups: 4, external_groups: 0}               # the baseline (J = 0)
+      - {local_groups: 2, external_groups: 2}
+      - {local_groups: 1, external_groups: 3, sampling: {kind: variance_weighted}}
+
+Each configuration becomes the swarm `<experiment>-<I>x<J>[-<policy>]` (the report reads I,
+J and the policy back from that id), with its own checkpoints under
+`<workdir>/swarms/<swarm id>`, and all of them share one ledger and one MLflow store. A
+configuration may set only I, J and the sampling policy, and I + J must be the same in all,
+so seeds, tasks, models and compute per node are identical by construction.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import Field, model_validator
+
+from flows import checkpoint
+from flows.config import SwarmConfig, apply_overrides
+from sapo_core.config import Strict
+
+SWARM_ID_PATTERN = r"^(?P<experiment>.+)-(?P<local>\d+)x(?P<external>\d+)(?:-(?P<policy>[a-z-]+))?$"
+FIXED_KEYS = ("swarm_id", "workdir")  # set per configuration, never by the shared swarm
+VARIED_NODE_KEYS = ("local_groups", "external_groups", "sampling")
+
+
+class Configuration(Strict):
+    """One sharing configuration: I local and J external groups per round, and a policy."""
+
+    local_groups: int = Field(ge=0, le=64)
+    external_groups: int = Field(ge=0, le=64)
+    sampling: dict[str, Any] | None = Field(
+        None, description="Sampling policy; default: the swarm's (the paper's uniform one)."
+    )
+
+    def policy_kind(self, swarm: dict[str, Any]) -> str:
+        sampling = self.sampling or swarm.get("sampling") or {"kind": "paper"}
+        return str(sampling.get("kind", "paper"))
+
+    def suffix(self, swarm: dict[str, Any]) -> str:
+        """`IxJ`, plus the policy when it is not the paper's and J > 0 (without peers no
+        policy acts): e.g. `4x0`, `1x3-variance-weighted`."""
+        kind = self.policy_kind(swarm)
+        shown = kind != "paper" and self.external_groups > 0
+        policy = "-" + kind.replace("_", "-") if shown else ""
+        return f"{self.local_groups}x{self.external_groups}{policy}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.local_groups}/{self.external_groups}"
+
+
+class ExperimentConfig(Strict):
+    """A sweep of sharing configurations over one swarm."""
+
+    experiment: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,40}$")
+    workdir: str = Field("sapo-experiment", description="Ledger, MLflow store, checkpoints.")
+    swarm: dict[str, Any] = Field(
+        default_factory=dict, description="The swarm every configuration runs (no swarm_id)."
+    )
+    configurations: list[Configuration] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _only_sharing_varies(self) -> Self:
+        for key in FIXED_KEYS:
+            if key in self.swarm:
+                raise ValueError(f"swarm.{key} is set per configuration; leave it out")
+        for entry in self.swarm.get("nodes") or []:
+            varied = [k for k in VARIED_NODE_KEYS if k in entry]
+            if varied:
+                raise ValueError(
+                    f"node {entry.get('node_id')!r} sets {varied}: in a sweep only the "
+                    "configurations vary them"
+                )
+        totals = {c.local_groups + c.external_groups for c in self.configurations}
+        if len(totals) != 1:
+            raise ValueError(
+                f"I + J differs between configurations ({sorted(totals)}): each node must "
+                "train on the same number of groups in every configuration"
+            )
+        ids = [self.swarm_id(c) for c in self.configurations]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"two configurations are the same: {ids}")
+        for conf in self.configurations:
+            self.swarm_config(conf)  # every swarm must validate on its own
+        return self
+
+    def workdir_path(self) -> Path:
+        return Path(self.workdir).expanduser().resolve()
+
+    def swarm_id(self, conf: Configuration) -> str:
+        return f"{self.experiment}-{conf.suffix(self.swarm)}"
+
+    def swarm_data(self, conf: Configuration) -> dict[str, Any]:
+        """The swarm file of one configuration: shared ledger and MLflow, own checkpoints."""
+        data = copy.deepcopy(self.swarm)
+        root = self.workdir_path()
+        swarm_id = self.swarm_id(conf)
+        data["swarm_id"] = swarm_id
+        data["workdir"] = str(root / "swarms" / swarm_id)
+        data.setdefault("ledger", {}).setdefault("url", str(root / "ledger"))
+        tracking = data.setdefault("tracking", {})
+        tracking.setdefault("uri", f"sqlite:///{root / 'mlflow.db'}")
+        tracking.setdefault("experiment", self.experiment)
+        tracking.setdefault("artifact_location", (root / "mlartifacts").as_uri())
+        defaults = data.setdefault("defaults", {})
+        defaults["local_groups"] = conf.local_groups
+        defaults["external_groups"] = conf.external_groups
+        if conf.sampling is not None:
+            data["sampling"] = copy.deepcopy(conf.sampling)
+        return data
+
+    def swarm_config(self, conf: Configuration) -> SwarmConfig:
+        return SwarmConfig.model_validate(self.swarm_data(conf))
+
+    def ledger_url(self) -> str:
+        return self.swarm_config(self.configurations[0]).ledger_config().url
+
+    def tracking_uri(self) -> str:
+        return self.swarm_config(self.configurations[0]).tracking_uri()
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """An experiment file with `--set key=value` overrides (e.g. swarm.rounds=2)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an experiment file is a mapping")
+    return ExperimentConfig.model_validate(apply_overrides(data, overrides or []))
+
+
+def is_complete(swarm: SwarmConfig) -> bool:
+    """Whether every node of the swarm has checkpointed its last round."""
+    for spec in swarm.node_specs():
+        saved = checkpoint.latest(swarm.workdir_path(), spec.node.node_id)
+        if saved is None or saved.next_round < swarm.rounds:
+            return False
+    return True
+
+
+def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:
+    """One row per configuration: what would run (for --dry-run and the report)."""
+    rows = []
+    for conf in exp.configurations:
+        swarm = exp.swarm_config(conf)
+        specs = swarm.node_specs()
+        node = specs[0].node
+        tasks = sorted({t.name for s in specs for t in s.node.tasks.specs})
+        rows.append(
+            {
+                "configuration": conf.label,
+                "swarm_id": swarm.swarm_id,
+                "policy": conf.policy_kind(exp.swarm),
+                "nodes": len(specs),
+                "rounds": swarm.rounds,
+                "models": ",".join(sorted({s.node.model for s in specs})),
+                "tasks": ",".join(tasks),
+                "questions": node.questions,
+                "completions": node.generation.completions_per_question,
+                "max_new_tokens": node.generation.max_new_tokens,
+                "rollouts": len(specs)
+                * swarm.rounds
+                * node.questions
+                * node.generation.completions_per_question,
+                "done": is_complete(swarm),
+            }
+        )
+    return rows
+
+
+def format_plan(exp: ExperimentConfig) -> str:
+    rows = plan(exp)
+    head = (
+        f"experiment {exp.experiment}: {len(rows)} configurations; "
+        f"ledger {exp.ledger_url()}; MLflow {exp.tracking_uri()}"
+    )
+    cols = ["configuration", "swarm_id", "policy", "nodes", "rounds", "questions",
+            "completions", "max_new_tokens", "rollouts", "done"]  # fmt: skip
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    lines = [head, "  ".join(c.ljust(widths[c]) for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
+    first = rows[0]
+    lines.append(f"models: {first['models']}")
+    lines.append(f"tasks: {first['tasks']}")
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""The sweep as a Prefect flow: each configuration's swarm in turn, then the report.
+
+Configurations run one after another so that each gets the same machine; a configuration
+whose nodes all checkpointed their last round is skipped, so running the command again
+resumes a stopped sweep. The report's figures go to the experiment's MLflow run and its
+summary table becomes a Prefect markdown artifact of this flow run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NONE
+
+from flows.config import SwarmConfig
+from flows.experiment import ExperimentConfig, is_complete, load_experiment
+from flows.swarm import run_swarm, write_resolved
+
+
+@task(name="run-configuration", cache_policy=NONE)
+def run_configuration(
+    experiment_file: str, overrides: list[str], index: int, parent_run_id: str | None
+) -> dict[str, Any]:
+    exp = load_experiment(experiment_file, overrides)
+    conf = exp.configurations[index]
+    data = exp.swarm_data(conf)
+    swarm = SwarmConfig.model_validate(data)
+    if is_complete(swarm):
+        print(f"{swarm.swarm_id}: every node finished {swarm.rounds} rounds; skipped")
+        return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
+    print(f"{swarm.swarm_id}: {conf.label} with {conf.policy_kind(exp.swarm)} sampling")
+    failed = run_swarm(swarm, write_resolved(swarm, data), parent_run_id=parent_run_id)
+    return {"swarm_id": swarm.swarm_id, "skipped": False, "failed": failed}
+
+
+@task(name="report", cache_policy=NONE)
+def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dict[str, Any]:
+    from flows.reporting import write_report
+
+    exp = load_experiment(experiment_file, overrides)
+    report = write_report(
+        exp.ledger_url(),
+        Path(out_dir),
+        tracking_uri=exp.tracking_uri(),
+        experiment=exp.experiment,
+    )
+    return {"html": str(report.html), "markdown": report.markdown, "figures": report.figures}
+
+
+def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
+    from flows.tracking import open_tracker
+
+    first = exp.swarm_config(exp.configurations[0])
+    if not first.tracking.enabled:
+        return None
+    tracker = open_tracker(exp.tracking_uri(), exp.experiment, first.artifact_location())
+    tags = {"sapo.experiment": exp.experiment, "sapo.role": "experiment"}
+    params = {
+        "configurations": ",".join(exp.swarm_id(c) for c in exp.configurations),
+        "ledger.url": exp.ledger_url(),
+    }
+    return tracker, tracker.run(exp.experiment, tags, params)
+
+
+@flow(name="sapo-experiment", flow_run_name="{experiment_name}")
+def experiment_flow(
+    experiment_file: str,
+    experiment_name: str,
+    overrides: list[str] | None = None,
+    report_dir: str | None = None,
+) -> dict[str, Any]:
+    """Run every configuration of a sweep, then write and attach its report."""
+    overrides = overrides or []
+    exp = load_experiment(experiment_file, overrides)
+    opened = _experiment_run(exp)
+    parent = opened[1] if opened else None
+    results = [
+        run_configuration(experiment_file, overrides, i, parent)
+        for i in range(len(exp.configurations))
+    ]
+    failed = sum(r["failed"] for r in results)
+    out_dir = report_dir or str(exp.workdir_path() / "report")
+    report = report_task(experiment_file, overrides, out_dir)
+    create_markdown_artifact(
+        report["markdown"],
+        key=f"{exp.experiment.lower().replace('_', '-').replace('.', '-')}-summary",
+        description=f"Cumulative reward per configuration of {exp.experiment}",
+    )
+    if opened is not None:
+        tracker, run_id = opened
+        tracker.log_artifacts(run_id, out_dir, "report")
+        tracker.finish(run_id, "FINISHED" if failed == 0 else "FAILED")
+    return {"configurations": results, "report": report["html"], "failed": failed}
