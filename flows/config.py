@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Self
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from ledger import parse_policy
 from ledger.config import LedgerConfig
 from sapo_core.config import NodeConfig, Strict
 
@@ -98,6 +99,14 @@ class SwarmConfig(Strict):
         ids = [s.node.node_id for s in specs]
         if len(set(ids)) != len(ids):
             raise ValueError(f"node ids repeat: {ids}")
+        for spec in specs:
+            try:
+                parse_policy(spec.sampling)
+            except ValidationError as exc:
+                raise ValueError(
+                    f"node {spec.node.node_id}: bad sampling policy {spec.sampling}: "
+                    f"{exc.errors()[0]['msg']}"
+                ) from exc
         return self
 
     def node_specs(self) -> list[NodeSpec]:
@@ -154,14 +163,31 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not sep or not key:
             raise ValueError(f"override {item!r} is not key=value")
         parts = key.split(".")
-        target = out
+        target: Any = out
         for part in parts[:-1]:
-            nxt = target.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ValueError(f"override {item!r}: {part!r} is not a mapping")
-            target = nxt
-        target[parts[-1]] = yaml.safe_load(raw)
+            target = _child(target, part, item)
+        if isinstance(target, list):
+            target[_index(target, parts[-1], item)] = yaml.safe_load(raw)
+        else:
+            target[parts[-1]] = yaml.safe_load(raw)
     return out
+
+
+def _index(items: list[Any], part: str, item: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise ValueError(f"override {item!r}: {part!r} is not an index of a {len(items)}-list")
+    return int(part)
+
+
+def _child(target: Any, part: str, item: str) -> Any:
+    """One step down a key path: a mapping's key (created if absent) or a list's index."""
+    if isinstance(target, list):
+        nxt = target[_index(target, part, item)]
+    else:
+        nxt = target.setdefault(part, {})
+    if not isinstance(nxt, dict | list):
+        raise ValueError(f"override {item!r}: {part!r} is not a mapping or a list")
+    return nxt
 
 
 def default_swarm_text() -> str:

@@ -1,0 +1,138 @@
+"""A miniature sharing sweep end to end: `sapo experiment` (two configurations, two rounds,
+tiny models, real node processes, Prefect, MLflow) then `sapo report`, whose numbers are
+checked against plain DuckDB over the ledger's Parquet files."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.e2e.test_swarm import sapo
+from tests.tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.e2e
+
+
+def experiment_file(tmp_path: Path, model: Path) -> Path:
+    data = {
+        "experiment": "mini",
+        "workdir": str(tmp_path / "work"),
+        "swarm": {
+            "rounds": 2,
+            "peer_wait_s": 120,
+            # tiny random models: accept peers' groups whatever their rewards
+            "sampling": {"kind": "reward_filtered", "require_variance": False},
+            "defaults": {
+                "model": str(model),
+                "questions_per_round": 6,
+                "tasks": {
+                    "specs": [
+                        {
+                            "name": "chain_sum",
+                            "config": {
+                                "min_terms": 2,
+                                "max_terms": 2,
+                                "min_digits": 1,
+                                "max_digits": 1,
+                            },
+                        }
+                    ]
+                },
+                # A random model writes no digits; the prefill answers "6" for it, right
+                # for some questions, so rewards are not all zero.
+                "prompt": {"prefill": "The answer is 6 "},
+                "reward": {"extraction": "last_number"},
+                "generation": {"completions_per_question": 3, "max_new_tokens": 4},
+                "grpo": {"drop_zero_variance": False},
+            },
+            "node_count": 2,
+        },
+        "configurations": [
+            {"local_groups": 2, "external_groups": 0},
+            {"local_groups": 1, "external_groups": 1},
+        ],
+    }
+    path = tmp_path / "mini.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def direct_sql(ledger: Path) -> dict[str, float]:
+    """Cumulative reward per swarm with plain DuckDB, no project code."""
+    rows = duckdb.sql(
+        f"""SELECT swarm_id, sum(r) FROM (
+              SELECT swarm_id, node_id, node_round, avg(reward) AS r
+              FROM read_parquet('{ledger}/**/*.parquet', hive_partitioning = true)
+              GROUP BY ALL)
+            GROUP BY swarm_id"""
+    ).fetchall()
+    return {swarm: float(total) for swarm, total in rows}
+
+
+def test_miniature_sweep_and_report(tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "model")
+    path = experiment_file(tmp_path, model)
+    work = tmp_path / "work"
+    out = sapo("experiment", "-c", str(path), timeout=900)
+    assert "mini-2x0: 2/0" in out and "mini-1x1-reward-filtered: 1/1" in out
+
+    expected = direct_sql(work / "ledger")
+    assert set(expected) == {"mini-2x0", "mini-1x1-reward-filtered"}
+    assert sum(expected.values()) > 0  # the check below compares real numbers, not zeros
+    rows = duckdb.sql(
+        f"SELECT swarm_id, count(*) FROM read_parquet('{work}/ledger/**/*.parquet', "
+        "hive_partitioning = true) GROUP BY ALL"
+    ).fetchall()
+    assert dict(rows) == {s: 2 * 2 * 6 * 3 for s in expected}  # nodes x rounds x q x c
+
+    # The flow's report and a separate `sapo report` agree with the direct SQL.
+    for folder in (work / "report", tmp_path / "again"):
+        if folder.name == "again":
+            sapo("report", "--ledger", str(work / "ledger"), "--out", str(folder),
+                 "--mlflow", f"sqlite:///{work / 'mlflow.db'}", "--experiment", "mini")  # fmt: skip
+        report = json.loads((folder / "report.json").read_text())
+        got = {r["swarm_id"]: r["cumulative_reward"] for r in report["summary"]}
+        assert got == pytest.approx(expected, abs=1e-9)
+        base = expected["mini-2x0"]
+        shared = next(r for r in report["summary"] if r["external_groups"] == 1)
+        if base:
+            assert shared["gain_over_baseline"] == pytest.approx(
+                expected["mini-1x1-reward-filtered"] / base - 1
+            )
+        assert report["cross_check"]["consistent"] is True
+        assert report["cross_check"]["matched"] == 2 * 2 * 2
+        page = (folder / "report.html").read_text()
+        assert page.count("data:image/png;base64,") == len(report["figures"]) == 4
+        for name in report["figures"]:
+            assert (folder / name).stat().st_size > 1000
+
+    # MLflow: the experiment's run holds the report; swarm runs nest under it.
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("mini")
+    runs = client.search_runs([exp.experiment_id])
+    (top,) = [r for r in runs if r.data.tags.get("sapo.role") == "experiment"]
+    swarms = [r for r in runs if r.data.tags.get("sapo.role") == "swarm"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in swarms} == {top.info.run_id}
+    artifacts = {a.path for a in client.list_artifacts(top.info.run_id, "report")}
+    assert {"report/report.html", "report/cumulative.png"} <= artifacts
+    assert {r.data.tags["sapo.sharing"] for r in runs if "sapo.node_id" in r.data.tags} == {
+        "2/0", "1/1"
+    }  # fmt: skip
+
+    # Prefect: the flow run left a markdown artifact with the summary table.
+    db = sqlite3.connect(work / "prefect" / "experiment" / "prefect.db")
+    (kind, data) = db.execute(
+        "SELECT type, data FROM artifact WHERE key = 'mini-summary'"
+    ).fetchone()
+    db.close()
+    assert kind == "markdown" and "cumulative reward" in data and "| 2/0 |" in data
+
+    # Running it again resumes: both configurations are complete, so nothing trains.
+    again = sapo("experiment", "-c", str(path), timeout=600)
+    assert again.count("skipped") == 2 and "round 0:" not in again

@@ -1,0 +1,135 @@
+"""The sweep's configuration: only sharing varies, and every configuration is a valid swarm."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.experiment import ExperimentConfig, format_plan, load_experiment, plan
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+BASE: dict[str, Any] = {
+    "experiment": "sweep",
+    "workdir": "/tmp/sapo-sweep-test",
+    "swarm": {
+        "rounds": 3,
+        "defaults": {"model": "some/model", "generation": {"completions_per_question": 4}},
+        "node_count": 2,
+    },
+    "configurations": [
+        {"local_groups": 4, "external_groups": 0},
+        {"local_groups": 2, "external_groups": 2},
+        {"local_groups": 2, "external_groups": 2, "sampling": {"kind": "variance_weighted"}},
+    ],
+}
+
+
+def make(**changes: Any) -> ExperimentConfig:
+    data = copy.deepcopy(BASE)
+    data.update(changes)
+    return ExperimentConfig.model_validate(data)
+
+
+def test_each_configuration_is_its_own_swarm_sharing_ledger_and_mlflow() -> None:
+    exp = make()
+    ids = [exp.swarm_id(c) for c in exp.configurations]
+    assert ids == ["sweep-4x0", "sweep-2x2", "sweep-2x2-variance-weighted"]
+    swarms = [exp.swarm_config(c) for c in exp.configurations]
+    assert {s.ledger_config().url for s in swarms} == {"/tmp/sapo-sweep-test/ledger"}
+    assert {s.tracking_uri() for s in swarms} == {"sqlite:////tmp/sapo-sweep-test/mlflow.db"}
+    assert {s.tracking.experiment for s in swarms} == {"sweep"}
+    assert len({s.workdir_path() for s in swarms}) == 3  # checkpoints never collide
+    specs = [s.node_specs() for s in swarms]
+    assert [(n.node.local_groups, n.node.external_groups) for n in (s[0] for s in specs)] == [
+        (4, 0), (2, 2), (2, 2)
+    ]  # fmt: skip
+    assert specs[2][1].sampling == {"kind": "variance_weighted"}
+    assert specs[1][1].sampling == {"kind": "paper"}
+    # Seeds, models and generation are the same node by node in every configuration.
+    for a, b in zip(specs[0], specs[1], strict=True):
+        assert a.node.seed == b.node.seed and a.node.model == b.node.model
+        assert a.node.questions == b.node.questions == 4
+        assert a.node.generation == b.node.generation
+
+
+def test_only_sharing_may_vary() -> None:
+    with pytest.raises(ValidationError, match="I \\+ J differs"):
+        make(configurations=[{"local_groups": 4, "external_groups": 0},
+                             {"local_groups": 4, "external_groups": 2}])  # fmt: skip
+    swarm = copy.deepcopy(BASE["swarm"])
+    swarm["nodes"] = [{"node_id": "a", "external_groups": 3}]
+    with pytest.raises(ValidationError, match="only the configurations vary"):
+        make(swarm=swarm)
+    with pytest.raises(ValidationError, match=r"swarm\.swarm_id is set per configuration"):
+        make(swarm={**BASE["swarm"], "swarm_id": "x"})
+    with pytest.raises(ValidationError, match="the same"):
+        make(configurations=[{"local_groups": 2, "external_groups": 2}] * 2)
+    with pytest.raises(ValidationError, match="extra"):
+        make(configurations=[{"local_groups": 2, "external_groups": 2, "model": "other"}])
+    bad_policy = {"local_groups": 2, "external_groups": 2, "sampling": {"kind": "nope"}}
+    with pytest.raises(ValidationError):
+        make(configurations=[bad_policy])
+
+
+def test_plan_lists_configurations_and_rollouts() -> None:
+    rows = plan(make())
+    assert [r["configuration"] for r in rows] == ["4/0", "2/2", "2/2"]
+    assert rows[2]["policy"] == "variance_weighted"
+    assert all(r["rollouts"] == 2 * 3 * 4 * 4 and not r["done"] for r in rows)
+    assert "sweep-2x2-variance-weighted" in format_plan(make())
+
+
+@pytest.mark.parametrize("name", ["paper.yaml", "paper-cpu.yaml"])
+def test_shipped_sweeps_pass_dry_run(name: str) -> None:
+    result = CliRunner().invoke(app, ["experiment", "-c", str(EXAMPLES / name), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    exp = load_experiment(EXAMPLES / name)
+    for swarm_id in (exp.swarm_id(c) for c in exp.configurations):
+        assert swarm_id in result.output
+    assert not (exp.workdir_path() / "ledger").exists()  # nothing ran
+
+
+def test_paper_sweep_is_the_papers_design() -> None:
+    exp = load_experiment(EXAMPLES / "paper.yaml")
+    assert [c.label for c in exp.configurations] == ["8/0", "6/2", "4/4", "2/6"]
+    swarm = exp.swarm_config(exp.configurations[2])
+    node = swarm.node_specs()[0].node
+    assert len(swarm.node_specs()) == 8 and swarm.rounds == 2000
+    assert node.model.startswith("Qwen/Qwen2.5-0.5B")
+    assert len(node.tasks.specs) == 9 and node.generation.completions_per_question == 8
+    assert (node.grpo.beta, node.grpo.eps_low, node.grpo.eps_high) == (0.0, 0.2, 0.28)
+
+
+def test_bad_sweep_is_a_clear_error() -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "experiment",
+            "-c",
+            str(EXAMPLES / "paper-cpu.yaml"),
+            "--dry-run",
+            "--set",
+            "configurations.0.external_groups=1",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "I + J differs" in result.output
+    result = CliRunner().invoke(
+        app,
+        [
+            "experiment",
+            "-c",
+            str(EXAMPLES / "paper-cpu.yaml"),
+            "--dry-run",
+            "--set",
+            "configurations.1.sampling.kind=variance_weighted",
+        ],
+    )
+    assert result.exit_code == 0 and "paper-cpu-3x1-variance-weighted" in result.output

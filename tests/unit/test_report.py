@@ -1,0 +1,82 @@
+"""The sweep report's numbers on hand-made frames whose answers are known."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+
+from dashboards.figures import moving_average
+from dashboards.report import cross_check, markdown_table, summarise
+
+
+def rewards_frame() -> pl.DataFrame:
+    """Two configurations of 2 nodes x 4 rounds; node rewards chosen by hand."""
+    rows = []
+    per_node = {
+        ("exp-2x0", "a"): [0.0, 0.25, 0.25, 0.5],
+        ("exp-2x0", "b"): [0.25, 0.25, 0.5, 0.5],
+        ("exp-1x1", "a"): [0.25, 0.5, 0.75, 0.75],
+        ("exp-1x1", "b"): [0.0, 0.5, 0.5, 1.0],
+    }
+    for (swarm, node), values in per_node.items():
+        i, j = (int(x) for x in swarm.removeprefix("exp-").split("x"))
+        for node_round, value in enumerate(values):
+            rows.append(
+                {"experiment": "exp", "swarm_id": swarm, "local_groups": i, "external_groups": j,
+                 "policy": "paper", "node_id": node, "node_round": node_round,
+                 "reward_mean": value, "completions": 16}
+            )  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def test_summary_cumulative_reward_gain_and_quarters() -> None:
+    summary = {r["swarm_id"]: r for r in summarise(rewards_frame()).to_dicts()}
+    base, shared = summary["exp-2x0"], summary["exp-1x1"]
+    assert base["cumulative_reward"] == pytest.approx(2.5)
+    assert shared["cumulative_reward"] == pytest.approx(4.25)
+    assert base["gain_over_baseline"] == pytest.approx(0.0)
+    assert shared["gain_over_baseline"] == pytest.approx(4.25 / 2.5 - 1)
+    assert (shared["nodes"], shared["rounds"], shared["node_rounds"]) == (2, 4, 8)
+    assert shared["first_quarter_mean"] == pytest.approx(0.125)  # round 0
+    assert shared["last_quarter_mean"] == pytest.approx(0.875)  # round 3
+    values = [0.25, 0.5, 0.75, 0.75, 0.0, 0.5, 0.5, 1.0]
+    mean = sum(values) / 8
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / 7)
+    assert shared["cumulative_reward_se"] == pytest.approx(std * math.sqrt(8))
+
+
+def test_markdown_table_marks_baseline_and_gain() -> None:
+    rows = summarise(rewards_frame()).to_dicts()
+    table = markdown_table(sorted(rows, key=lambda r: r["external_groups"]))
+    lines = table.splitlines()
+    assert lines[2].startswith("| 2/0 | - | 2 x 4 | 2.50 |") and "baseline" in lines[2]
+    assert lines[3].startswith("| 1/1 | paper | 2 x 4 | 4.25 |") and "+70.0%" in lines[3]
+
+
+def test_cross_check_finds_agreement_differences_and_gaps() -> None:
+    rewards = rewards_frame()
+    tracked = rewards.select(
+        "swarm_id", "node_id", "node_round",
+        pl.col("reward_mean").alias("generated_reward_mean"),
+        (pl.col("reward_mean") + 0.1).alias("reward_mean"),
+    )  # fmt: skip
+    check = cross_check(rewards, tracked)
+    assert check.consistent and check.matched == 16 and check.max_abs_diff == 0.0
+    assert check.training_set_reward["exp-1x1"] == pytest.approx(4.25 + 0.8)
+    off = tracked.with_columns(
+        pl.when(pl.col("node_round") == 2)
+        .then(pl.col("generated_reward_mean") + 0.25)
+        .otherwise(pl.col("generated_reward_mean"))
+        .alias("generated_reward_mean")
+    ).filter(pl.col("node_round") != 3)
+    check = cross_check(rewards, off)
+    assert not check.consistent
+    assert check.max_abs_diff == pytest.approx(0.25)
+    assert (check.matched, check.missing_in_mlflow) == (12, 4)
+
+
+def test_moving_average_is_trailing() -> None:
+    assert moving_average([1.0, 0.0, 1.0, 0.0], window=2) == [1.0, 0.5, 0.5, 0.5]
+    assert moving_average([], window=3) == []
