@@ -1,0 +1,74 @@
+"""The round as Prefect records it, in-process against Prefect's test harness: one flow run
+per round, its tasks the paper's steps in order, retries on the storage tasks only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=300):
+        yield
+
+
+def swarm_text(tmp_path: Path, model: Path) -> str:
+    return yaml.safe_dump(
+        {
+            "swarm_id": "flow-test",
+            "workdir": str(tmp_path / "work"),
+            "rounds": 2,
+            "sampling": {"kind": "reward_filtered", "require_variance": False},
+            "tracking": {"enabled": False},
+            "defaults": {
+                "model": str(model),
+                "local_groups": 1,
+                "external_groups": 1,
+                "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
+                "generation": {"completions_per_question": 2, "max_new_tokens": 3},
+                "grpo": {"drop_zero_variance": False},
+            },
+            "nodes": [{"node_id": "a", "seed": 0}, {"node_id": "b", "seed": 1}],
+        }
+    )
+
+
+def test_rounds_are_flows_of_the_papers_steps(tmp_path: Path, prefect_harness: None) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from flows.round import node_flow
+
+    model = build_tiny_model(tmp_path / "model")
+    text = swarm_text(tmp_path, model)
+    node_flow("a", swarm_text=text, until_round=1)  # a publishes first; b then samples it
+    result = node_flow("b", swarm_text=text)
+    assert result["rounds"] == [0, 1]
+    assert [m["external_groups_used"] for m in result["metrics"]] == [1.0, 1.0]
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["b-round-0", "b-round-1"]))
+        )
+        assert sorted(r.name for r in runs) == ["b-round-0", "b-round-1"]
+        for run in runs:
+            assert run.state is not None and run.state.is_completed()
+            tasks = sorted(client.read_task_runs(), key=lambda t: t.expected_start_time)
+            mine = [t for t in tasks if t.flow_run_id == run.id]
+            assert [t.name.rsplit("-", 1)[0] for t in mine] == [
+                "generate", "publish", "sample", "reward", "update", "track", "checkpoint",
+            ]  # fmt: skip
+            assert all(t.state is not None and t.state.is_completed() for t in mine)
+            retries = {t.name.rsplit("-", 1)[0]: t.empirical_policy.retries for t in mine}
+            assert retries["publish"] == retries["sample"] == 3
+            assert retries["generate"] == retries["update"] == 0
