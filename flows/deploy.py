@@ -28,7 +28,7 @@ ENTRYPOINT = "flows/round.py:node_flow"
 
 
 def deployment_parameters(
-    config: SwarmConfig, data: dict[str, Any], node_id: str, rounds_per_run: int
+    data: dict[str, Any], node_id: str, rounds_per_run: int
 ) -> dict[str, Any]:
     return {
         "node_id": node_id,
@@ -43,6 +43,32 @@ def schedule_kwargs(cron: str | None, interval_s: float | None) -> dict[str, Any
     return {"cron": cron} if cron else {"interval": timedelta(seconds=float(interval_s or 0))}
 
 
+def per_node(
+    config: SwarmConfig,
+    data: dict[str, Any],
+    *,
+    cron: str | None,
+    interval_s: float | None,
+    rounds_per_run: int,
+) -> list[dict[str, Any]]:
+    """What every node's deployment is made of, however it is registered."""
+    schedule = schedule_kwargs(cron, interval_s)
+    out = []
+    for spec in config.node_specs():
+        node_id = spec.node.node_id
+        sharing = f"sharing-{spec.node.local_groups}-{spec.node.external_groups}"
+        out.append(
+            {
+                "name": f"{config.swarm_id}-{node_id}",
+                "parameters": deployment_parameters(data, node_id, rounds_per_run),
+                "tags": ["sapo", config.swarm_id, sharing],
+                "concurrency_limit": 1,  # one run of a node at a time: rounds stay ordered
+                **schedule,
+            }
+        )
+    return out
+
+
 def deployments(
     config: SwarmConfig,
     data: dict[str, Any],
@@ -54,21 +80,8 @@ def deployments(
     """One RunnerDeployment per node (not yet registered)."""
     from flows.round import node_flow
 
-    schedule = schedule_kwargs(cron, interval_s)
-    out = []
-    for spec in config.node_specs():
-        node_id = spec.node.node_id
-        sharing = f"sharing-{spec.node.local_groups}-{spec.node.external_groups}"
-        out.append(
-            node_flow.to_deployment(
-                name=f"{config.swarm_id}-{node_id}",
-                parameters=deployment_parameters(config, data, node_id, rounds_per_run),
-                tags=["sapo", config.swarm_id, sharing],
-                concurrency_limit=1,  # one run of a node at a time: rounds stay ordered
-                **schedule,
-            )
-        )
-    return out
+    made = per_node(config, data, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
+    return [node_flow.to_deployment(**kwargs) for kwargs in made]
 
 
 def register_with_pool(
@@ -83,21 +96,12 @@ def register_with_pool(
     """Register the deployments with a work pool on the Prefect server; returns their ids."""
     from flows.round import node_flow
 
-    schedule = schedule_kwargs(cron, interval_s)
+    made = per_node(config, data, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
     ids = []
-    for spec in config.node_specs():
-        node_id = spec.node.node_id
+    for kwargs in made:
         flow = node_flow.from_source(source=str(SOURCE_ROOT), entrypoint=ENTRYPOINT)
         deployment_id = flow.deploy(  # type: ignore[union-attr]
-            name=f"{config.swarm_id}-{node_id}",
-            work_pool_name=work_pool,
-            parameters=deployment_parameters(config, data, node_id, rounds_per_run),
-            tags=["sapo", config.swarm_id],
-            concurrency_limit=1,
-            build=False,
-            push=False,
-            print_next_steps=False,
-            **schedule,
+            work_pool_name=work_pool, build=False, push=False, print_next_steps=False, **kwargs
         )
         ids.append(str(deployment_id))
     return ids
