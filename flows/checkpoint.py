@@ -2,7 +2,9 @@
 
 Layout: <workdir>/nodes/<node_id>/checkpoints/round-<NNNNNN>/ holding the model directory
 files, optimizer.pt, rng.pt and state.json (written last: a directory without it is an
-interrupted write and is ignored). The newest two are kept.
+interrupted write and is ignored). A checkpoint is written to a temporary directory and
+renamed into place before older ones are removed, so keeping only the newest is safe; with
+the 135M model one checkpoint is ~1.6 GB (fp32 weights plus Adam's two moments).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 STATE = "state.json"
-KEEP = 2
+KEEP = 1
+TRAINING_STATE = ("optimizer.pt", "rng.pt", STATE)  # the rest of a checkpoint is the model
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ def save(
 
     root = node_dir(workdir, node_id) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # a save interrupted by a kill or a full disk
+        shutil.rmtree(stale, ignore_errors=True)
     target = root / f"round-{next_round:06d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     learner.policy.model.save_pretrained(str(tmp))
@@ -76,6 +81,11 @@ def save(
     for old in sorted(root.glob("round-*"))[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return Checkpoint(target, next_round, learner.policy_version, cumulative_reward)
+
+
+def model_files(checkpoint: Path) -> list[Path]:
+    """The files of a checkpoint that make up the model (weights, config, tokenizer)."""
+    return sorted(p for p in checkpoint.iterdir() if p.is_file() and p.name not in TRAINING_STATE)
 
 
 def restore_into(learner: Any, checkpoint: Checkpoint) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from flows import checkpoint
@@ -265,7 +268,11 @@ class NodeRuntime:
             return
         saved = checkpoint.latest(self.workdir, self.node_id)
         if log_model and saved is not None:
-            self.tracker.log_artifacts(self.run_id, str(saved.path), "model")
+            # Only the model: the optimizer state would triple what every run stores.
+            with tempfile.TemporaryDirectory(dir=saved.path.parent) as staging:
+                for path in checkpoint.model_files(saved.path):
+                    os.link(path, Path(staging) / path.name)  # same disk: no copy
+                self.tracker.log_artifacts(self.run_id, staging, "model")
         self.tracker.finish(self.run_id)
 
     def close(self) -> None:
