@@ -385,7 +385,8 @@ def experiment(
         bool, typer.Option(help="Validate the sweep and print its plan; train nothing.")
     ] = False,
     report_dir: Annotated[
-        Path | None, typer.Option(help="Where the report goes (default <workdir>/report).")
+        Path | None,
+        typer.Option(help="Where the report goes (default <workdir>/reports/<experiment>)."),
     ] = None,
     overrides: SetOpt = None,
 ) -> None:

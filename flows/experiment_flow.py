@@ -82,7 +82,8 @@ def experiment_flow(
         for i in range(len(exp.configurations))
     ]
     failed = sum(r["failed"] for r in results)
-    out_dir = report_dir or str(exp.workdir_path() / "report")
+    # Per experiment: sweeps that share a working directory (and a ledger) keep their own.
+    out_dir = report_dir or str(exp.workdir_path() / "reports" / exp.experiment)
     report = report_task(experiment_file, overrides, out_dir)
     create_markdown_artifact(
         report["markdown"],

@@ -92,7 +92,7 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     assert dict(rows) == {s: 2 * 2 * 6 * 3 for s in expected}  # nodes x rounds x q x c
 
     # The flow's report and a separate `sapo report` agree with the direct SQL.
-    for folder in (work / "report", tmp_path / "again"):
+    for folder in (work / "reports" / "mini", tmp_path / "again"):
         if folder.name == "again":
             sapo("report", "--ledger", str(work / "ledger"), "--out", str(folder),
                  "--mlflow", f"sqlite:///{work / 'mlflow.db'}", "--experiment", "mini")  # fmt: skip
