@@ -23,6 +23,26 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _round_axes(ax: Any, ylabel: str, title: str, *, unit_range: bool = False) -> None:
+    """Rounds on x, a grid and a legend: the frame of the line figures."""
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    if unit_range:
+        ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
 def _label(row: dict[str, object]) -> str:
     policy = "" if row["policy"] == "paper" else f" {row['policy']}"
     return f"{row['local_groups']}/{row['external_groups']}{policy}"
@@ -64,10 +84,7 @@ def reward_panels(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> P
     axes[0][0].set_ylabel("reward (own completions)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"Reward per node and round ({MOVING_AVERAGE}-round moving average bold)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def cumulative_curves(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Path:
@@ -89,15 +106,10 @@ def cumulative_curves(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) 
             label=_label(conf) + tag,
             linewidth=1.8,
         )
-    ax.set_xlabel("round")
-    ax.set_ylabel("cumulative reward (all nodes)")
-    ax.set_title("Cumulative reward per configuration (gain over J = 0)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _round_axes(
+        ax, "cumulative reward (all nodes)", "Cumulative reward per configuration (gain over J = 0)"
+    )
+    return _save(fig, path)
 
 
 def zero_variance_lines(zero: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Path:
@@ -108,16 +120,9 @@ def zero_variance_lines(zero: pl.DataFrame, summary: pl.DataFrame, path: Path) -
         mine = zero.filter(pl.col("swarm_id") == conf["swarm_id"]).sort("node_round")
         y = mine["zero_variance_fraction"].to_list()
         ax.plot(mine["node_round"].to_list(), moving_average(y), label=_label(conf))
-    ax.set_xlabel("round")
-    ax.set_ylabel("zero-variance groups")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"Groups with no learning signal ({MOVING_AVERAGE}-round moving average)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    title = f"Groups with no learning signal ({MOVING_AVERAGE}-round moving average)"
+    _round_axes(ax, "zero-variance groups", title, unit_range=True)
+    return _save(fig, path)
 
 
 def peer_matrices(peers: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Path | None:
@@ -143,7 +148,4 @@ def peer_matrices(peers: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Pat
         ax.set_title(_label(conf), fontsize=9)
     axes[0][0].set_ylabel("receiver")
     fig.suptitle("Peer groups drawn")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
