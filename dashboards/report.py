@@ -127,14 +127,14 @@ def summary_rows(tables: SweepTables, check: CrossCheck | None) -> list[dict[str
     return rows
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The summary as a markdown table (the Prefect artifact and the closing note)."""
+def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The summary's header and formatted cells, shared by the markdown and HTML tables."""
     with_mlflow = any("training_set_reward_mlflow" in r for r in rows)
     head = ["configuration (I/J)", "policy", "nodes x rounds", "cumulative reward", "± s.e.",
             "gain vs J=0", "first-quarter mean", "last-quarter mean"]  # fmt: skip
     if with_mlflow:
         head.append("training-set reward (MLflow)")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for r in rows:
         gain = "baseline" if r["external_groups"] == 0 else _fmt(r["gain_over_baseline"], "+.1%")
         cells = [
@@ -149,7 +149,15 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         ]
         if with_mlflow:
             cells.append(_fmt(r.get("training_set_reward_mlflow"), ".2f"))
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        body.append([str(c) for c in cells])
+    return head, body
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The summary as a markdown table (the Prefect artifact and the closing note)."""
+    head, body = table_cells(rows)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines)
 
 
@@ -159,13 +167,12 @@ def _image(path: Path) -> str:
 
 
 def _html_table(rows: list[dict[str, Any]]) -> str:
-    md = markdown_table(rows).splitlines()
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in md]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells[2:]
+    head, body = table_cells(rows)
+    top = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    cells = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<table><tr>{top}</tr>{cells}</table>"
 
 
 def _check_text(check: CrossCheck | None) -> str:

@@ -28,7 +28,6 @@ from flows import checkpoint
 from flows.config import SwarmConfig, apply_overrides
 from sapo_core.config import Strict
 
-SWARM_ID_PATTERN = r"^(?P<experiment>.+)-(?P<local>\d+)x(?P<external>\d+)(?:-(?P<policy>[a-z-]+))?$"
 FIXED_KEYS = ("swarm_id", "workdir")  # set per configuration, never by the shared swarm
 VARIED_NODE_KEYS = ("local_groups", "external_groups", "sampling")
 

@@ -51,12 +51,13 @@ def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dic
 
 
 def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
-    from flows.tracking import open_tracker
+    from flows.tracking import open_swarm_tracker
 
+    # The experiment's run lives where its swarms' runs do, so they can nest under it.
     first = exp.swarm_config(exp.configurations[0])
     if not first.tracking.enabled:
         return None
-    tracker = open_tracker(exp.tracking_uri(), exp.experiment, first.artifact_location())
+    tracker = open_swarm_tracker(first)
     tags = {"sapo.experiment": exp.experiment, "sapo.role": "experiment"}
     params = {
         "configurations": ",".join(exp.swarm_id(c) for c in exp.configurations),

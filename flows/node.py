@@ -106,14 +106,10 @@ class NodeRuntime:
         return self.config.node_id
 
     def _open_run(self, parent_run_id: str | None) -> None:
-        from flows.tracking import open_tracker
+        from flows.tracking import open_swarm_tracker
 
         swarm = self.swarm
-        self.tracker = open_tracker(
-            swarm.tracking_uri(),
-            swarm.tracking.experiment or swarm.swarm_id,
-            swarm.artifact_location(),
-        )
+        self.tracker = open_swarm_tracker(swarm)
         policy = str(self.spec.sampling.get("kind", "paper"))
         tags = {"sapo.swarm_id": swarm.swarm_id, "sapo.node_id": self.node_id}
         params = flatten("", self.config.model_dump(mode="json"))
@@ -226,7 +222,7 @@ class NodeRuntime:
             "flagged_rows": float(report.flagged_rows),
             # The mean over everything the node generated (and published) this round: the
             # policy's own accuracy, what the ledger's per-publisher SQL recomputes.
-            "generated_reward_mean": _mean_reward(generated.groups),
+            "generated_reward_mean": generated.reward_mean,
             "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
             "policy_version": float(self.learner.policy_version),
         }
@@ -277,11 +273,6 @@ class NodeRuntime:
 
     def close(self) -> None:
         self.ledger.close()
-
-
-def _mean_reward(groups: list[Group]) -> float:
-    rewards = [r.reward for g in groups for r in g.rollouts if r.reward is not None]
-    return sum(rewards) / len(rewards) if rewards else 0.0
 
 
 def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:

@@ -82,8 +82,12 @@ class SwarmProgress:
         kind = event.get("event")
         if kind == "round":
             stop, round_ = int(event["stop"]), int(event["round"])
-            self.progress.update(rounds, total=stop, completed=round_)
-            self.progress.update(rounds, description=f"{node} round {round_ + 1}/{stop}: generate")
+            self.progress.update(
+                rounds,
+                total=stop,
+                completed=round_,
+                description=f"{node} round {round_ + 1}/{stop}: generate",
+            )
             self.progress.reset(generation, total=None)
         elif kind == "step":
             round_ = int(event["round"])

@@ -72,13 +72,9 @@ def open_parent_run(
     nested under `parent_run_id` (an experiment's run) when given."""
     if not config.tracking.enabled:
         return None
-    from flows.tracking import open_tracker
+    from flows.tracking import open_swarm_tracker
 
-    tracker = open_tracker(
-        config.tracking_uri(),
-        config.tracking.experiment or config.swarm_id,
-        config.artifact_location(),
-    )
+    tracker = open_swarm_tracker(config)
     specs = config.node_specs()
     params = {
         "swarm_id": config.swarm_id,

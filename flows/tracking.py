@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from flows.config import SwarmConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -163,6 +166,15 @@ def register_best(
     return run.data.tags.get("sapo.node_id", run.info.run_name), run.info.run_id, version
 
 
+def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:
+    """The tracker of a swarm's MLflow experiment (its own name, or the swarm id)."""
+    return open_tracker(
+        swarm.tracking_uri(),
+        swarm.tracking.experiment or swarm.swarm_id,
+        swarm.artifact_location(),
+    )
+
+
 def open_tracker(uri: str, experiment: str, artifact_location: str | None) -> Tracker:
     """A tracker, with telemetry off before MLflow is imported."""
     from flows.env import apply_offline_defaults
@@ -178,6 +190,7 @@ __all__ = [
     "PUBLIC_METRICS",
     "Tracker",
     "flatten",
+    "open_swarm_tracker",
     "open_tracker",
     "register_best",
     "sharing_tags",

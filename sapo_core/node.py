@@ -57,6 +57,12 @@ class Generated:
     seconds: float
     tokens: int
 
+    @property
+    def reward_mean(self) -> float:
+        """Mean claimed reward over every completion made: the policy's own accuracy."""
+        rewards = [r.reward for g in self.groups for r in g.rollouts if r.reward is not None]
+        return _mean(rewards) or 0.0
+
 
 @dataclass
 class RoundReport:

@@ -98,7 +98,7 @@ POLICY_KINDS = ("paper", "reward_filtered", "variance_weighted")
 
 def parse_policy(value: str | dict[str, Any] | _Policy) -> AnyPolicy:
     """A policy from its name, a mapping (from YAML or the CLI), or a policy object."""
-    if isinstance(value, PaperPolicy | RewardFilteredPolicy | VarianceWeightedPolicy):
+    if isinstance(value, AnyPolicy):
         return value
     if isinstance(value, str):
         value = {"kind": value}
