@@ -91,7 +91,7 @@ def main() -> None:
 
     import torch
 
-    from sapo_core.node import Learner
+    from sapo_core.learner import Learner
 
     torch.set_num_threads(torch.get_num_threads())
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """Prefect flows: one node's round (generate -> publish -> sample -> reward -> update), and
 a node that runs rounds until its budget is spent.
 
-Each task is a thin call of a NodeRuntime method (tested without Prefect in flows/node.py);
+Each task is a thin call of a NodeRuntime method (tested without Prefect in flows/runtime.py);
 tasks pass a node id and a round number and return keys, ids and small dicts. Only the
 storage tasks (publish, sample) retry, with backoff: generation and updates are not I/O and
 a retry would not help them.
@@ -15,7 +15,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.node import NodeRuntime, describe
+from flows.runtime import NodeRuntime, describe
 from flows.progress import NodeProgress
 
 # The runtimes of this process, by node id: tasks find the model and the round's groups here.

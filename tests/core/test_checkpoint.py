@@ -9,7 +9,7 @@ import torch
 
 from flows import checkpoint
 from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
-from sapo_core.node import Learner
+from sapo_core.learner import Learner
 from sapo_core.policy.loading import Policy, load_policy
 
 

@@ -10,7 +10,7 @@ import torch
 
 from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
 from sapo_core.grpo.update import Segment, completion_logprobs, grpo_update, split_segments
-from sapo_core.node import Learner
+from sapo_core.learner import Learner
 from sapo_core.policy.hf_backend import TransformersBackend, top_p_filter
 from sapo_core.rollouts import Group
 

@@ -24,7 +24,7 @@ from flows.progress import NodeProgress
 from flows.tracking import Tracker, flatten, sharing_tags
 from ledger import Ledger
 from sapo_core.assembly import TrainingSet
-from sapo_core.node import Generated, Learner, RoundReport
+from sapo_core.learner import Generated, Learner, RoundReport
 from sapo_core.rollouts import Group, Rollout, group_rollouts
 
 log = logging.getLogger(__name__)
