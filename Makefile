@@ -12,10 +12,10 @@ setup:
 demo:
 	$(VENV)/bin/sapo demo
 
-test:
+test:  # the fast suite (no whole-swarm tests)
 	$(PY) -m pytest
 
-test-all:  # slow tests too
+test-all:  # everything, the slow whole-swarm tests too; .ci/run runs the same in two steps
 	$(PY) -m pytest -m ''
 
 check:

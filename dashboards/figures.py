@@ -1,6 +1,7 @@
-"""The sweep report's figures (matplotlib, no display needed), one PNG each.
+"""The report's figures (matplotlib, no display needed), one PNG each, one panel or line
+per swarm.
 
-Inputs are the frames of the sweep SQL files; nothing here reads the ledger.
+Inputs are the frames of the report's SQL files; nothing here reads the ledger.
 """
 
 from __future__ import annotations
@@ -32,9 +33,16 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _integer_rounds(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _round_axes(ax: Any, ylabel: str, title: str, *, unit_range: bool = False) -> None:
     """Rounds on x, a grid and a legend: the frame of the line figures."""
-    ax.set_xlabel("round")
+    _integer_rounds(ax)
     ax.set_ylabel(ylabel)
     if unit_range:
         ax.set_ylim(-0.02, 1.02)
@@ -43,13 +51,28 @@ def _round_axes(ax: Any, ylabel: str, title: str, *, unit_range: bool = False) -
     ax.legend()
 
 
-def _label(row: dict[str, object]) -> str:
-    policy = "" if row["policy"] == "paper" else f" {row['policy']}"
-    return f"{row['local_groups']}/{row['external_groups']}{policy}"
+def label(row: dict[str, Any]) -> str:
+    """A swarm's name in figures: its id, and its sharing configuration where known."""
+    i, j = row.get("local_groups"), row.get("external_groups")
+    if i is None or j is None:
+        return str(row["swarm_id"])
+    policy = row.get("policy")
+    shown = f" {policy}" if j and policy not in (None, "paper") else ""
+    return f"{row['swarm_id']} ({i}/{j}{shown})"
 
 
-def _configurations(summary: pl.DataFrame) -> list[dict[str, object]]:
-    return summary.sort("external_groups", "policy").to_dicts()
+def _swarms(summary: pl.DataFrame) -> list[dict[str, Any]]:
+    """One dict per swarm, in the summary's order (sweep_summary.sql orders them)."""
+    return summary.to_dicts()
+
+
+def _grid(plt: Any, panels: int, width: float, height: float) -> tuple[Any, Any]:
+    cols = min(panels, 4)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[panels:]:
+        ax.set_visible(False)
+    return fig, axes
 
 
 def moving_average(values: list[float], window: int = MOVING_AVERAGE) -> list[float]:
@@ -62,25 +85,21 @@ def moving_average(values: list[float], window: int = MOVING_AVERAGE) -> list[fl
 
 
 def reward_panels(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Path:
-    """Per-node reward per round with a moving average, one panel per configuration."""
+    """Per-node reward per round with a moving average, one panel per swarm."""
     plt = _pyplot()
-    confs = _configurations(summary)
-    cols = min(len(confs), 4)
-    rows = math.ceil(len(confs) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
-    for ax, conf in zip(axes.flat, confs, strict=False):
-        mine = rewards.filter(pl.col("swarm_id") == conf["swarm_id"])
+    swarms = _swarms(summary)
+    fig, axes = _grid(plt, len(swarms), 4.2, 3.2)
+    for ax, swarm in zip(axes.flat, swarms, strict=False):
+        mine = rewards.filter(pl.col("swarm_id") == swarm["swarm_id"])
         for (node,), part in mine.sort("node_round").group_by("node_id", maintain_order=True):
             x = part["node_round"].to_list()
             y = part["reward_mean"].to_list()
             line = ax.plot(x, y, alpha=0.25, linewidth=0.8)[0]
             ax.plot(x, moving_average(y), color=line.get_color(), linewidth=1.8, label=node)
-        ax.set_title(_label(conf))
-        ax.set_xlabel("round")
+        ax.set_title(label(swarm), fontsize=9)
+        _integer_rounds(ax)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(confs) :]:
-        ax.set_visible(False)
     axes[0][0].set_ylabel("reward (own completions)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"Reward per node and round ({MOVING_AVERAGE}-round moving average bold)")
@@ -88,52 +107,52 @@ def reward_panels(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> P
 
 
 def cumulative_curves(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Path:
-    """Cumulative reward over rounds (summed over nodes), one line per configuration."""
+    """Cumulative reward over rounds (summed over nodes), one line per swarm; a swarm in an
+    experiment shows its gain over the experiment's J = 0 baseline."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for conf in _configurations(summary):
+    for swarm in _swarms(summary):
         per_round = (
-            rewards.filter(pl.col("swarm_id") == conf["swarm_id"])
+            rewards.filter(pl.col("swarm_id") == swarm["swarm_id"])
             .group_by("node_round")
             .agg(pl.col("reward_mean").sum())
             .sort("node_round")
         )
-        gain = conf.get("gain_over_baseline")
-        tag = "" if gain is None or conf["external_groups"] == 0 else f" ({gain:+.1%})"
+        gain = swarm.get("gain_over_baseline")
+        tag = "" if gain is None or not swarm["external_groups"] else f" {gain:+.1%}"
         ax.plot(
             per_round["node_round"].to_list(),
             per_round["reward_mean"].cum_sum().to_list(),
-            label=_label(conf) + tag,
+            label=label(swarm) + tag,
             linewidth=1.8,
         )
-    _round_axes(
-        ax, "cumulative reward (all nodes)", "Cumulative reward per configuration (gain over J = 0)"
-    )
+    _round_axes(ax, "cumulative reward (all nodes)", "Cumulative reward per swarm")
     return _save(fig, path)
 
 
 def zero_variance_lines(zero: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Path:
-    """Share of published groups whose rewards all agree, per round and configuration."""
+    """Share of published groups whose rewards all agree, per round and swarm."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for conf in _configurations(summary):
-        mine = zero.filter(pl.col("swarm_id") == conf["swarm_id"]).sort("node_round")
+    for swarm in _swarms(summary):
+        mine = zero.filter(pl.col("swarm_id") == swarm["swarm_id"]).sort("node_round")
         y = mine["zero_variance_fraction"].to_list()
-        ax.plot(mine["node_round"].to_list(), moving_average(y), label=_label(conf))
+        ax.plot(mine["node_round"].to_list(), moving_average(y), label=label(swarm))
     title = f"Groups with no learning signal ({MOVING_AVERAGE}-round moving average)"
     _round_axes(ax, "zero-variance groups", title, unit_range=True)
     return _save(fig, path)
 
 
 def peer_matrices(peers: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Path | None:
-    """Groups each receiver drew from each peer, one heat map per sharing configuration."""
-    confs = [c for c in _configurations(summary) if c["external_groups"]]
-    if not confs or peers.is_empty():
+    """Groups each receiver drew from each peer, one heat map per swarm that sampled any."""
+    sampled = set(peers["swarm_id"].to_list())
+    swarms = [s for s in _swarms(summary) if s["swarm_id"] in sampled]
+    if not swarms:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(confs), figsize=(3.6 * len(confs), 3.4), squeeze=False)
-    for ax, conf in zip(axes[0], confs, strict=True):
-        mine = peers.filter(pl.col("swarm_id") == conf["swarm_id"])
+    fig, axes = _grid(plt, len(swarms), 3.6, 3.4)
+    for ax, swarm in zip(axes.flat, swarms, strict=False):
+        mine = peers.filter(pl.col("swarm_id") == swarm["swarm_id"])
         nodes = sorted(set(mine["receiver"].to_list()) | set(mine["peer"].to_list()))
         grid = [[0] * len(nodes) for _ in nodes]
         for receiver, peer, count in mine.select("receiver", "peer", "groups_drawn").rows():
@@ -145,7 +164,7 @@ def peer_matrices(peers: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Pat
         ax.set_xticks(range(len(nodes)), nodes, rotation=45, fontsize=7)
         ax.set_yticks(range(len(nodes)), nodes, fontsize=7)
         ax.set_xlabel("peer (publisher)")
-        ax.set_title(_label(conf), fontsize=9)
-    axes[0][0].set_ylabel("receiver")
-    fig.suptitle("Peer groups drawn")
+        ax.set_ylabel("receiver")
+        ax.set_title(label(swarm), fontsize=9)
+    fig.suptitle("Who sampled whom: peer groups drawn")
     return _save(fig, path)

@@ -1,5 +1,12 @@
-"""The sweep report: the ledger's SQL (dashboards/sql/sweep_*.sql) turned into a summary
-table, figures, one self-contained HTML page and a JSON file of the numbers.
+"""The report of a ledger: its SQL (dashboards/sql/sweep_*.sql and swarm_nodes.sql) turned
+into summary tables, figures, one self-contained HTML page and a JSON file of the numbers.
+
+Any ledger has a report. Every swarm gets its per-node reward per round, its cumulative
+reward, its share of zero-variance groups and who sampled whom. Swarms whose node manifests
+name an experiment (`sapo experiment`) are also compared as a sweep: one row per
+configuration, with the gain over the experiment's J = 0 baseline. A swarm's configuration
+(I, J, policy, experiment) is read from its nodes' manifests, never from its id; swarms
+without manifests (older ledgers) are reported with those unknown.
 
 Every number comes from the ledger. MLflow, when given, only cross-checks: each node's
 `generated_reward_mean` per round must equal the ledger's mean over what it published,
@@ -29,11 +36,16 @@ Query = Callable[[str], pl.DataFrame]
 
 
 @dataclass
-class SweepTables:
-    rewards: pl.DataFrame  # sweep_reward_per_round.sql
-    summary: pl.DataFrame  # sweep_summary.sql
-    zero_variance: pl.DataFrame  # sweep_zero_variance.sql
-    peers: pl.DataFrame  # sweep_sampled_peers.sql
+class ReportTables:
+    rewards: pl.DataFrame  # sweep_reward_per_round.sql: per swarm, node and round
+    summary: pl.DataFrame  # sweep_summary.sql: one row per swarm (configuration)
+    nodes: pl.DataFrame  # swarm_nodes.sql: one row per node
+    zero_variance: pl.DataFrame  # sweep_zero_variance.sql: per swarm and round
+    peers: pl.DataFrame  # sweep_sampled_peers.sql: groups drawn, receiver x peer
+
+    @property
+    def experiments(self) -> list[str]:
+        return sorted(e for e in self.summary["experiment"].unique().to_list() if e is not None)
 
 
 @dataclass
@@ -55,7 +67,18 @@ class Report:
     markdown: str
     figures: list[str]
     summary: list[dict[str, Any]]
+    """One row per swarm (sweep_summary.sql), plus MLflow's training-set reward if checked."""
     check: CrossCheck | None
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One summary table: a sweep (one experiment's swarms) or the swarms outside any."""
+
+    title: str
+    rows: list[dict[str, Any]]
+    sweep: bool
 
 
 def summarise(rewards: pl.DataFrame) -> pl.DataFrame:
@@ -68,21 +91,21 @@ def summarise(rewards: pl.DataFrame) -> pl.DataFrame:
         con.close()
 
 
-def sweep_tables(query: Query, experiment: str | None = None) -> SweepTables:
-    """The sweep's tables from a ledger query function (e.g. `Ledger.query`)."""
+def report_tables(query: Query, experiment: str | None = None) -> ReportTables:
+    """The report's tables from a ledger query function (e.g. `Ledger.query`): every swarm,
+    or only those whose manifests name ``experiment``."""
     rewards = query(dashboards.query("sweep_reward_per_round"))
     if experiment is not None:
         rewards = rewards.filter(pl.col("experiment") == experiment)
+        if rewards.is_empty():
+            raise ValueError(f"no swarm in this ledger belongs to experiment {experiment!r}")
     if rewards.is_empty():
-        raise ValueError(
-            "no sweep in this ledger: expected swarms named <experiment>-<I>x<J>[-<policy>]"
-            + (f" for experiment {experiment!r}" if experiment else "")
-        )
-    swarms = rewards["swarm_id"].unique().to_list()
-    keep = pl.col("swarm_id").is_in(swarms)
-    return SweepTables(
+        raise ValueError("no rollouts in this ledger: nothing to report")
+    keep = pl.col("swarm_id").is_in(rewards["swarm_id"].unique().to_list())
+    return ReportTables(
         rewards=rewards,
         summary=summarise(rewards),
+        nodes=query(dashboards.query("swarm_nodes")).filter(keep),
         zero_variance=query(dashboards.query("sweep_zero_variance")).filter(keep),
         peers=query(dashboards.query("sweep_sampled_peers")).filter(keep),
     )
@@ -118,47 +141,101 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def summary_rows(tables: SweepTables, check: CrossCheck | None) -> list[dict[str, Any]]:
+def sharing(row: dict[str, Any]) -> str:
+    """`I/J`, or `unknown` where no manifest says (or the swarm's nodes disagree)."""
+    i, j = row.get("local_groups"), row.get("external_groups")
+    return "unknown" if i is None or j is None else f"{i}/{j}"
+
+
+def summary_rows(tables: ReportTables, check: CrossCheck | None) -> list[dict[str, Any]]:
+    """One row per swarm in sweep_summary.sql's order, with MLflow's reward when checked."""
     rows = []
-    for row in tables.summary.sort("external_groups", "policy").to_dicts():
+    for row in tables.summary.to_dicts():
         if check is not None:
             row["training_set_reward_mlflow"] = check.training_set_reward.get(row["swarm_id"])
         rows.append(row)
     return rows
 
 
-def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """The summary's header and formatted cells, shared by the markdown and HTML tables."""
+def sections(rows: list[dict[str, Any]]) -> list[Section]:
+    """A sweep table per experiment, then one table of the swarms outside any experiment."""
+    experiments = sorted({r["experiment"] for r in rows if r["experiment"] is not None})
+    out = [
+        Section(f"Sweep {name}", [r for r in rows if r["experiment"] == name], sweep=True)
+        for name in experiments
+    ]
+    rest = [r for r in rows if r["experiment"] is None]
+    if rest:
+        title = "Swarms outside any experiment" if experiments else "Swarms"
+        out.append(Section(title, rest, sweep=False))
+    return out
+
+
+def table_cells(rows: list[dict[str, Any]], *, sweep: bool) -> tuple[list[str], list[list[str]]]:
+    """A summary table's header and formatted cells (markdown and HTML share them).
+
+    A sweep table has one row per configuration and the gain over J = 0; a swarm table
+    names each swarm instead."""
     with_mlflow = any("training_set_reward_mlflow" in r for r in rows)
-    head = ["configuration (I/J)", "policy", "nodes x rounds", "cumulative reward", "± s.e.",
-            "gain vs J=0", "first-quarter mean", "last-quarter mean"]  # fmt: skip
+    first = ["configuration (I/J)"] if sweep else ["swarm", "I/J"]
+    head = [*first, "policy", "nodes x rounds", "cumulative reward", "± s.e."]
+    head += ["gain vs J=0"] if sweep else []
+    head += ["first-quarter mean", "last-quarter mean"]
     if with_mlflow:
         head.append("training-set reward (MLflow)")
     body = []
     for r in rows:
-        gain = "baseline" if r["external_groups"] == 0 else _fmt(r["gain_over_baseline"], "+.1%")
-        cells = [
-            f"{r['local_groups']}/{r['external_groups']}",
-            r["policy"] if r["external_groups"] else "-",  # no peers, no policy
+        no_peers = r["external_groups"] == 0  # no peers, no policy
+        cells = [sharing(r)] if sweep else [r["swarm_id"], sharing(r)]
+        cells += [
+            "-" if no_peers else _fmt(r["policy"], ""),
             f"{r['nodes']} x {r['rounds']}",
             _fmt(r["cumulative_reward"], ".2f"),
             _fmt(r["cumulative_reward_se"], ".2f"),
-            gain,
-            _fmt(r["first_quarter_mean"], ".3f"),
-            _fmt(r["last_quarter_mean"], ".3f"),
         ]
+        if sweep:
+            cells.append("baseline" if no_peers else _fmt(r["gain_over_baseline"], "+.1%"))
+        cells += [_fmt(r["first_quarter_mean"], ".3f"), _fmt(r["last_quarter_mean"], ".3f")]
         if with_mlflow:
             cells.append(_fmt(r.get("training_set_reward_mlflow"), ".2f"))
         body.append([str(c) for c in cells])
     return head, body
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The summary as a markdown table (the Prefect artifact and the closing note)."""
-    head, body = table_cells(rows)
+def node_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """One swarm's per-node table (swarm_nodes.sql rows)."""
+    head = ["node", "I/J", "policy", "model", "rounds", "cumulative reward", "mean reward",
+            "zero-variance groups", "groups drawn (peers)"]  # fmt: skip
+    body = [
+        [
+            r["node_id"],
+            sharing(r),
+            _fmt(r["policy"], ""),
+            _fmt(r["model_id"], ""),
+            str(r["rounds"]),
+            _fmt(r["cumulative_reward"], ".2f"),
+            _fmt(r["mean_reward"], ".3f"),
+            _fmt(r["zero_variance_fraction"], ".0%"),
+            f"{r['groups_drawn']} ({r['peers_drawn_from']})",
+        ]
+        for r in rows
+    ]
+    return head, body
+
+
+def markdown_table(rows: list[dict[str, Any]], *, sweep: bool) -> str:
+    """A summary table in markdown."""
+    head, body = table_cells(rows, sweep=sweep)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines)
+
+
+def report_markdown(rows: list[dict[str, Any]]) -> str:
+    """Every summary table, each under its title (the Prefect artifact, summary.md, CLI)."""
+    return "\n\n".join(
+        f"**{s.title}**\n\n{markdown_table(s.rows, sweep=s.sweep)}" for s in sections(rows)
+    )
 
 
 def _image(path: Path) -> str:
@@ -166,8 +243,7 @@ def _image(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
-def _html_table(rows: list[dict[str, Any]]) -> str:
-    head, body = table_cells(rows)
+def _html_table(head: list[str], body: list[list[str]]) -> str:
     top = "".join(f"<th>{html.escape(c)}</th>" for c in head)
     cells = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body
@@ -186,51 +262,73 @@ def _check_text(check: CrossCheck | None) -> str:
     )
 
 
-def write_report(
-    tables: SweepTables, out_dir: Path, *, check: CrossCheck | None, source: str
+def _node_sections(tables: ReportTables) -> str:
+    parts = []
+    for swarm in tables.summary["swarm_id"].to_list():
+        rows = tables.nodes.filter(pl.col("swarm_id") == swarm).to_dicts()
+        parts.append(f"<h3>{html.escape(swarm)}</h3>{_html_table(*node_cells(rows))}")
+    return "\n".join(parts)
+
+
+def render_report(
+    tables: ReportTables, out_dir: Path, *, check: CrossCheck | None, source: str
 ) -> Report:
-    """Figures, report.html (images inlined), report.json and summary.md under out_dir."""
+    """Write the figures, report.html (images inlined), report.json and summary.md of
+    ``tables`` under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    summary = tables.summary
     made = [
-        figures.reward_panels(tables.rewards, tables.summary, out_dir / "reward_per_round.png"),
-        figures.cumulative_curves(tables.rewards, tables.summary, out_dir / "cumulative.png"),
-        figures.zero_variance_lines(
-            tables.zero_variance, tables.summary, out_dir / "zero_variance.png"
-        ),
+        figures.reward_panels(tables.rewards, summary, out_dir / "reward_per_round.png"),
+        figures.cumulative_curves(tables.rewards, summary, out_dir / "cumulative.png"),
+        figures.zero_variance_lines(tables.zero_variance, summary, out_dir / "zero_variance.png"),
     ]
-    peers = figures.peer_matrices(tables.peers, tables.summary, out_dir / "sampled_peers.png")
+    peers = figures.peer_matrices(tables.peers, summary, out_dir / "sampled_peers.png")
     if peers is not None:
         made.append(peers)
     rows = summary_rows(tables, check)
-    markdown = markdown_table(rows)
+    markdown = report_markdown(rows)
     (out_dir / "summary.md").write_text(markdown + "\n\n" + _check_text(check) + "\n")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    experiments = ", ".join(sorted(tables.rewards["experiment"].unique().to_list()))
+    experiments = tables.experiments
+    swarms = summary["swarm_id"].to_list()
+    what = ", ".join(experiments) if experiments else f"{len(swarms)} swarm(s)"
+    tables_html = "\n".join(
+        f"<h2>{html.escape(s.title)}</h2>{_html_table(*table_cells(s.rows, sweep=s.sweep))}"
+        for s in sections(rows)
+    )
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>SAPO sweep {html.escape(experiments)}</title>
+<html><head><meta charset="utf-8"><title>SAPO report: {html.escape(what)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
 img{{max-width:100%;margin:1em 0}}code{{background:#f4f4f4}}</style></head><body>
-<h1>SAPO sharing sweep: {html.escape(experiments)}</h1>
+<h1>SAPO report: {html.escape(what)}</h1>
 <p>Ledger <code>{html.escape(source)}</code>, written {stamp}. Rewards are each node's own
 completions (what it generated and published each round, scored by its verifier); the
-cumulative reward sums every node's mean reward over every round.</p>
-{_html_table(rows)}
+cumulative reward sums every node's mean reward over every round. I (local groups), J
+(external groups), the sampling policy and the experiment come from each node's manifest
+("unknown" where a swarm's nodes wrote none).</p>
+{tables_html}
 <p>{html.escape(_check_text(check))}</p>
 {"".join(_image(p) for p in made)}
-<p>Queries: <code>dashboards/sql/sweep_*.sql</code>.</p>
+<h2>Nodes</h2>
+{_node_sections(tables)}
+<p>Queries: <code>dashboards/sql/sweep_*.sql</code> and
+<code>dashboards/sql/swarm_nodes.sql</code>.</p>
 </body></html>
 """
     page_path = out_dir / "report.html"
     page_path.write_text(page)
     json_path = out_dir / "report.json"
+    nodes = tables.nodes.to_dicts()
     payload = {
         "source": source,
+        "experiments": experiments,
         "summary": rows,
+        "nodes": nodes,
         "cross_check": None
         if check is None
         else {**check.__dict__, "consistent": check.consistent},
         "figures": [p.name for p in made],
     }
     json_path.write_text(json.dumps(payload, indent=2, default=str))
-    return Report(page_path, json_path, markdown, [p.name for p in made], rows, check)
+    return Report(page_path, json_path, markdown, [p.name for p in made], rows, check, nodes)

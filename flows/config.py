@@ -2,12 +2,18 @@
 
     swarm_id: cpu-swarm
     rounds: 3
+    sampling: {kind: paper}                                             # every node's policy
     defaults: {model: ..., local_groups: 2, external_groups: 2, ...}   # any NodeConfig field
     nodes:
       - {node_id: node-0, seed: 0}
       - {node_id: node-1, seed: 1, model: ./my-model, sampling: {kind: reward_filtered}}
 
-Every key is validated (unknown keys fail); `--set a.b=value` overrides any of them.
+The file is read once and resolved once: `defaults` and the swarm's `sampling` are merged
+into each node by a before-validator, so a `SwarmConfig` holds typed nodes (`NodeSpec`:
+a `NodeConfig` and a sampling policy model), a `LedgerConfig` and its tracking settings,
+and nothing is re-validated at use. Every key is checked (unknown keys fail); `--set
+a.b=value` overrides any of them. The resolved config dumps to a file any node process or
+deployment loads as it is (`swarm_yaml`).
 """
 
 from __future__ import annotations
@@ -18,13 +24,18 @@ from pathlib import Path
 from typing import Any, Self
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from ledger import parse_policy
 from ledger.config import LedgerConfig
+from ledger.policies import PaperPolicy, SamplingPolicy
 from sapo_core.config import NodeConfig, Strict
 
 DEFAULT_SWARM = "cpu.yaml"
+DEFAULT_NODE_COUNT = 3
+
+
+class ConfigError(ValueError):
+    """A swarm or experiment file that cannot run; the message is one line naming the key."""
 
 
 class TrackingConfig(Strict):
@@ -51,17 +62,39 @@ class PrefectConfig(Strict):
 
 
 class NodeSpec(Strict):
-    """A node as the swarm file names it: NodeConfig fields plus its sampling policy."""
+    """A node of the swarm: its algorithm's config and the policy it samples peers with.
+
+    Accepts the swarm file's flat form (NodeConfig fields plus `sampling`) or the resolved
+    form `{node: {...}, sampling: {...}}` that `swarm_yaml` writes."""
 
     node: NodeConfig
-    sampling: dict[str, Any]
+    sampling: SamplingPolicy = Field(default_factory=PaperPolicy)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_form(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "node" not in data:
+            rest = {k: v for k, v in data.items() if k != "sampling"}
+            return {"node": rest, **({"sampling": data["sampling"]} if "sampling" in data else {})}
+        return data
+
+    @property
+    def node_id(self) -> str:
+        return self.node.node_id
 
 
 class SwarmConfig(Strict):
-    """A swarm experiment: shared settings, defaults for every node, and the nodes."""
+    """A swarm: shared settings, the ledger, tracking, and every node resolved."""
 
     swarm_id: str = Field("cpu-swarm", pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
-    workdir: str = Field("sapo-work", description="Where ledger, MLflow store, checkpoints live.")
+    experiment: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$",
+        description="The sweep this swarm belongs to (set by `sapo experiment`).",
+    )
+    workdir: Path = Field(
+        Path("sapo-work"), description="Where ledger, MLflow store, checkpoints live."
+    )
     rounds: int = Field(3, ge=1, description="Rounds each node runs (in total, across resumes).")
     checkpoint_every: int = Field(
         1, ge=1, description="Checkpoint every K rounds; always at the end."
@@ -73,76 +106,91 @@ class SwarmConfig(Strict):
         description="When fewer than J peer groups exist yet, wait up to this long for them "
         "before training without (0: never wait; no node ever waits for a particular peer).",
     )
-    ledger: dict[str, Any] = Field(
-        default_factory=dict, description="LedgerConfig fields; url defaults to <workdir>/ledger."
+    ledger: LedgerConfig = Field(
+        default_factory=LedgerConfig,  # type: ignore[arg-type]
+        description="Where the ledger lives; url defaults to <workdir>/ledger.",
     )
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # type: ignore[arg-type]
     prefect: PrefectConfig = Field(default_factory=PrefectConfig)
-    sampling: dict[str, Any] = Field(
-        default_factory=lambda: {"kind": "paper"},
-        description="Sampling policy of peers' groups (ledger policies), for every node.",
-    )
-    defaults: dict[str, Any] = Field(
-        default_factory=dict, description="NodeConfig fields every node starts from."
-    )
-    nodes: list[dict[str, Any]] = Field(
-        default_factory=list, description="Per-node overrides; each needs a node_id."
-    )
-    node_count: int | None = Field(
-        None, ge=1, le=256, description="Nodes node-0..node-(N-1) when `nodes` is empty."
-    )
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=256)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_nodes(cls, data: Any) -> Any:
+        """Merge `defaults` and the swarm-wide `sampling` into every node entry (input-only
+        keys), generate `node_count` nodes when none are listed, and default the ledger's
+        url to <workdir>/ledger."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        defaults = data.pop("defaults", None) or {}
+        sampling = data.pop("sampling", None) or {"kind": "paper"}
+        count = data.pop("node_count", None)
+        for name, value in (("defaults", defaults), ("sampling", sampling)):
+            if not isinstance(value, dict):
+                raise ValueError(f"{name} must be a mapping, got {value!r}")
+        entries = data.get("nodes") or [
+            {"node_id": f"node-{i}", "seed": i} for i in range(_count(count))
+        ]
+        if not isinstance(entries, list):
+            raise ValueError("nodes must be a list of node entries")
+        data["nodes"] = [_merge_node(entry, defaults, sampling) for entry in entries]
+        ledger = data.get("ledger") or {}
+        if isinstance(ledger, dict) and "url" not in ledger:
+            workdir = Path(str(data.get("workdir", "sapo-work"))).expanduser().resolve()
+            data["ledger"] = {**ledger, "url": str(workdir / "ledger")}
+        return data
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()  # node processes run from anywhere
 
     @model_validator(mode="after")
-    def _nodes_are_valid(self) -> Self:
-        self.ledger_config()
-        specs = self.node_specs()
-        ids = [s.node.node_id for s in specs]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"node ids repeat: {ids}")
-        for spec in specs:
-            try:
-                parse_policy(spec.sampling)
-            except ValidationError as exc:
-                raise ValueError(
-                    f"node {spec.node.node_id}: bad sampling policy {spec.sampling}: "
-                    f"{exc.errors()[0]['msg']}"
-                ) from exc
+    def _ids_unique(self) -> Self:
+        ids = [spec.node_id for spec in self.nodes]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"node ids repeat: {repeated}")
         return self
 
-    def node_specs(self) -> list[NodeSpec]:
-        """Each node's validated config (defaults deep-merged with its overrides)."""
-        entries = self.nodes or [
-            {"node_id": f"node-{i}", "seed": i} for i in range(self.node_count or 3)
-        ]
-        specs = []
-        for entry in entries:
-            merged = _deep_merge(self.defaults, {k: v for k, v in entry.items() if k != "sampling"})
-            if "node_id" not in entry:
-                raise ValueError(f"a node entry has no node_id: {entry}")
-            sampling = _deep_merge(self.sampling, entry.get("sampling") or {})
-            specs.append(NodeSpec(node=NodeConfig.model_validate(merged), sampling=sampling))
-        return specs
-
-    def node_spec(self, node_id: str) -> NodeSpec:
-        for spec in self.node_specs():
-            if spec.node.node_id == node_id:
+    def node(self, node_id: str) -> NodeSpec:
+        for spec in self.nodes:
+            if spec.node_id == node_id:
                 return spec
-        known = [s.node.node_id for s in self.node_specs()]
-        raise ValueError(f"no node {node_id!r} in this swarm; it has {known}")
-
-    def workdir_path(self) -> Path:
-        return Path(self.workdir).expanduser().resolve()
-
-    def ledger_config(self) -> LedgerConfig:
-        data = {"max_staleness_s": 5.0, **self.ledger}
-        data.setdefault("url", str(self.workdir_path() / "ledger"))
-        return LedgerConfig.model_validate(data)
+        known = [spec.node_id for spec in self.nodes]
+        raise ConfigError(f"no node {node_id!r} in swarm {self.swarm_id}; it has {known}")
 
     def tracking_uri(self) -> str:
-        return self.tracking.uri or f"sqlite:///{self.workdir_path() / 'mlflow.db'}"
+        return self.tracking.uri or f"sqlite:///{self.workdir / 'mlflow.db'}"
 
     def artifact_location(self) -> str:
-        return self.tracking.artifact_location or (self.workdir_path() / "mlartifacts").as_uri()
+        return self.tracking.artifact_location or (self.workdir / "mlartifacts").as_uri()
+
+
+def _count(value: Any) -> int:
+    if value is None:
+        return DEFAULT_NODE_COUNT
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
+        raise ValueError(f"node_count must be an integer in [1, 256], got {value!r}")
+    return value
+
+
+def _merge_node(entry: Any, defaults: dict[str, Any], sampling: dict[str, Any]) -> Any:
+    """A node entry over the defaults; its own `sampling` keys over the swarm's."""
+    if not isinstance(entry, dict):
+        return entry  # NodeSpec reports the type error with its position
+    if "node" in entry:  # already resolved (a file written by swarm_yaml)
+        return entry
+    if "node_id" not in entry:
+        raise ValueError(f"a node entry has no node_id: {entry}")
+    own = entry.get("sampling") or {}
+    if not isinstance(own, dict):
+        raise ValueError(f"node {entry['node_id']}: sampling must be a mapping, got {own!r}")
+    # A node that names another policy kind does not inherit the swarm's policy parameters.
+    base = sampling if own.get("kind", sampling.get("kind")) == sampling.get("kind") else {}
+    merged = _deep_merge(defaults, {k: v for k, v in entry.items() if k != "sampling"})
+    return {**merged, "sampling": _deep_merge(base, own)}
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -155,27 +203,37 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return out
 
 
+# -- reading files --------------------------------------------------------------------------
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`a.b.c=value` pairs onto a config dict; values are parsed as YAML (numbers, lists...)."""
     out = copy.deepcopy(data)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"override {item!r} is not key=value")
+            raise ConfigError(f"override {item!r} is not key=value")
         parts = key.split(".")
         target: Any = out
         for part in parts[:-1]:
             target = _child(target, part, item)
         if isinstance(target, list):
-            target[_index(target, parts[-1], item)] = yaml.safe_load(raw)
+            target[_index(target, parts[-1], item)] = _yaml_value(raw, item)
         else:
-            target[parts[-1]] = yaml.safe_load(raw)
+            target[parts[-1]] = _yaml_value(raw, item)
     return out
+
+
+def _yaml_value(raw: str, item: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not YAML ({_first_line(exc)})") from exc
 
 
 def _index(items: list[Any], part: str, item: str) -> int:
     if not part.isdigit() or int(part) >= len(items):
-        raise ValueError(f"override {item!r}: {part!r} is not an index of a {len(items)}-list")
+        raise ConfigError(f"override {item!r}: {part!r} is not an index of a {len(items)}-list")
     return int(part)
 
 
@@ -186,8 +244,47 @@ def _child(target: Any, part: str, item: str) -> Any:
     else:
         nxt = target.setdefault(part, {})
     if not isinstance(nxt, dict | list):
-        raise ValueError(f"override {item!r}: {part!r} is not a mapping or a list")
+        raise ConfigError(f"override {item!r}: {part!r} is not a mapping or a list")
     return nxt
+
+
+def read_yaml_mapping(path: str | Path | None, *, what: str = "swarm file") -> dict[str, Any]:
+    """A YAML file's top-level mapping (default: the embedded CPU swarm); errors name the file."""
+    name = str(path) if path else f"embedded {DEFAULT_SWARM}"
+    try:
+        text = Path(path).read_text() if path else default_swarm_text()
+        data = yaml.safe_load(text)
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read the {what}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{name}: not valid YAML: {_first_line(exc)}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}: a {what} is a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """The first problem of a validation error as one line that names the key."""
+    error = exc.errors()[0]
+    loc = [str(part) for part in error["loc"]]
+    # Node entries are written flat in the file; their resolved form nests them under `node`.
+    if len(loc) >= 3 and loc[0] == "nodes" and loc[2] == "node":
+        del loc[2]
+    key = ".".join(loc) or "(top level)"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    value = error.get("input")
+    shown = f"; got {value!r}" if error["type"] != "missing" and _short(value) else ""
+    return f"{source}: {key}: {error['msg']}{shown}{more}"
+
+
+def _short(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) and len(repr(value)) <= 60
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
 
 
 def default_swarm_text() -> str:
@@ -199,11 +296,49 @@ def load_swarm(
     overrides: list[str] | None = None,
     *,
     text: str | None = None,
+    nodes: int | None = None,
+    rounds: int | None = None,
+    workdir: str | Path | None = None,
 ) -> SwarmConfig:
-    """The swarm file (or its text; default: the embedded CPU swarm) with overrides."""
-    if text is None:
-        text = Path(path).read_text() if path else default_swarm_text()
-    data = yaml.safe_load(text) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path or DEFAULT_SWARM}: a swarm file is a mapping")
-    return SwarmConfig.model_validate(apply_overrides(data, overrides or []))
+    """The swarm file (or its text; default: the embedded CPU swarm), resolved once.
+
+    Flags win over `--set` overrides, which win over the file. Any problem raises
+    ConfigError with one line naming the file and the key."""
+    source = str(path) if path else ("swarm text" if text is not None else DEFAULT_SWARM)
+    if text is not None:
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {_first_line(exc)}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: a swarm file is a mapping of keys")
+    else:
+        data = read_yaml_mapping(path)
+    data = apply_overrides(data, overrides or [])
+    if rounds is not None:
+        data["rounds"] = rounds
+    if workdir is not None:
+        data["workdir"] = str(workdir)
+    if nodes is not None:
+        data["nodes"] = _first_nodes(data, nodes)
+    return validate_swarm(data, source)
+
+
+def validate_swarm(data: dict[str, Any], source: str = "swarm") -> SwarmConfig:
+    try:
+        return SwarmConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source)) from exc
+
+
+def _first_nodes(data: dict[str, Any], count: int) -> list[Any]:
+    """The file's first `count` nodes, topped up with node-<i> (seed i) entries."""
+    listed = list(data.get("nodes") or [])
+    extra = [{"node_id": f"node-{i}", "seed": i} for i in range(len(listed), count)]
+    data.pop("node_count", None)
+    return (listed + extra)[:count]
+
+
+def swarm_yaml(config: SwarmConfig) -> str:
+    """The resolved swarm as YAML: what node processes and deployments load unchanged."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

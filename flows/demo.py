@@ -1,9 +1,8 @@
-"""The embedded demo: a synthetic swarm exercises the ledger end to end.
+"""`sapo demo --synthetic`: a synthetic swarm exercises the ledger end to end, no model.
 
-Until the training swarm exists this is what `sapo demo` runs: each node publishes rounds of
-synthetic rollouts (no model: a fixed per-node skill decides each completion's reward),
-samples peers' groups with the paper's policy, and the dashboards' SQL summarises the
-ledger. Everything lives under one working directory.
+Each node publishes rounds of synthetic rollouts (a fixed per-node skill decides each
+completion's reward), samples peers' groups with the paper's policy, and the dashboards'
+SQL summarises the ledger. Everything lives under one working directory.
 """
 
 from __future__ import annotations

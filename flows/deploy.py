@@ -19,22 +19,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from flows.config import SwarmConfig
+from flows.config import SwarmConfig, swarm_yaml
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/round.py:node_flow"
 
 
-def deployment_parameters(
-    data: dict[str, Any], node_id: str, rounds_per_run: int
-) -> dict[str, Any]:
-    return {
-        "node_id": node_id,
-        "swarm_text": yaml.safe_dump(data, sort_keys=False),
-        "more_rounds": rounds_per_run,
-    }
+def deployment_parameters(config: SwarmConfig, node_id: str, rounds_per_run: int) -> dict[str, Any]:
+    """The node flow's parameters: the resolved swarm travels with them (workers need no
+    copy of the file)."""
+    return {"node_id": node_id, "swarm_text": swarm_yaml(config), "more_rounds": rounds_per_run}
 
 
 def schedule_kwargs(cron: str | None, interval_s: float | None) -> dict[str, Any]:
@@ -45,7 +39,6 @@ def schedule_kwargs(cron: str | None, interval_s: float | None) -> dict[str, Any
 
 def per_node(
     config: SwarmConfig,
-    data: dict[str, Any],
     *,
     cron: str | None,
     interval_s: float | None,
@@ -54,13 +47,13 @@ def per_node(
     """What every node's deployment is made of, however it is registered."""
     schedule = schedule_kwargs(cron, interval_s)
     out = []
-    for spec in config.node_specs():
-        node_id = spec.node.node_id
+    for spec in config.nodes:
+        node_id = spec.node_id
         sharing = f"sharing-{spec.node.local_groups}-{spec.node.external_groups}"
         out.append(
             {
                 "name": f"{config.swarm_id}-{node_id}",
-                "parameters": deployment_parameters(data, node_id, rounds_per_run),
+                "parameters": deployment_parameters(config, node_id, rounds_per_run),
                 "tags": ["sapo", config.swarm_id, sharing],
                 "concurrency_limit": 1,  # one run of a node at a time: rounds stay ordered
                 **schedule,
@@ -71,7 +64,6 @@ def per_node(
 
 def deployments(
     config: SwarmConfig,
-    data: dict[str, Any],
     *,
     cron: str | None,
     interval_s: float | None,
@@ -80,13 +72,12 @@ def deployments(
     """One RunnerDeployment per node (not yet registered)."""
     from flows.round import node_flow
 
-    made = per_node(config, data, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
+    made = per_node(config, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
     return [node_flow.to_deployment(**kwargs) for kwargs in made]
 
 
 def register_with_pool(
     config: SwarmConfig,
-    data: dict[str, Any],
     *,
     work_pool: str,
     cron: str | None,
@@ -96,7 +87,7 @@ def register_with_pool(
     """Register the deployments with a work pool on the Prefect server; returns their ids."""
     from flows.round import node_flow
 
-    made = per_node(config, data, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
+    made = per_node(config, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
     ids = []
     for kwargs in made:
         flow = node_flow.from_source(source=str(SOURCE_ROOT), entrypoint=ENTRYPOINT)

@@ -8,8 +8,10 @@
       - {local_groups: 2, external_groups: 2}
       - {local_groups: 1, external_groups: 3, sampling: {kind: variance_weighted}}
 
-Each configuration becomes the swarm `<experiment>-<I>x<J>[-<policy>]` (the report reads I,
-J and the policy back from that id), with its own checkpoints under
+Each configuration becomes the swarm `<experiment>-<I>x<J>[-<policy>]` (a readable name,
+nothing parses it) whose config carries `experiment: <experiment>`; each node records the
+experiment, I, J and its policy in its manifest in the ledger (ledger/manifests.py), which
+the report joins on. Each swarm has its own checkpoints under
 `<workdir>/swarms/<swarm id>`, and all of them share one ledger and one MLflow store. A
 configuration may set only I, J and the sampling policy, and I + J must be the same in all,
 so seeds, tasks, models and compute per node are identical by construction.
@@ -21,14 +23,20 @@ import copy
 from pathlib import Path
 from typing import Any, Self
 
-import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from flows import checkpoint
-from flows.config import SwarmConfig, apply_overrides
+from flows.config import (
+    ConfigError,
+    SwarmConfig,
+    apply_overrides,
+    describe_validation_error,
+    read_yaml_mapping,
+    validate_swarm,
+)
 from sapo_core.config import Strict
 
-FIXED_KEYS = ("swarm_id", "workdir")  # set per configuration, never by the shared swarm
+FIXED_KEYS = ("swarm_id", "experiment", "workdir")  # set per configuration, never by the swarm
 VARIED_NODE_KEYS = ("local_groups", "external_groups", "sampling")
 
 
@@ -105,6 +113,7 @@ class ExperimentConfig(Strict):
         root = self.workdir_path()
         swarm_id = self.swarm_id(conf)
         data["swarm_id"] = swarm_id
+        data["experiment"] = self.experiment
         data["workdir"] = str(root / "swarms" / swarm_id)
         data.setdefault("ledger", {}).setdefault("url", str(root / "ledger"))
         tracking = data.setdefault("tracking", {})
@@ -119,10 +128,10 @@ class ExperimentConfig(Strict):
         return data
 
     def swarm_config(self, conf: Configuration) -> SwarmConfig:
-        return SwarmConfig.model_validate(self.swarm_data(conf))
+        return validate_swarm(self.swarm_data(conf), f"configuration {conf.label}")
 
     def ledger_url(self) -> str:
-        return self.swarm_config(self.configurations[0]).ledger_config().url
+        return self.swarm_config(self.configurations[0]).ledger.url
 
     def tracking_uri(self) -> str:
         return self.swarm_config(self.configurations[0]).tracking_uri()
@@ -130,16 +139,17 @@ class ExperimentConfig(Strict):
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """An experiment file with `--set key=value` overrides (e.g. swarm.rounds=2)."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: an experiment file is a mapping")
-    return ExperimentConfig.model_validate(apply_overrides(data, overrides or []))
+    data = apply_overrides(read_yaml_mapping(path, what="experiment file"), overrides or [])
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, str(path))) from exc
 
 
 def is_complete(swarm: SwarmConfig) -> bool:
     """Whether every node of the swarm has checkpointed its last round."""
-    for spec in swarm.node_specs():
-        saved = checkpoint.latest(swarm.workdir_path(), spec.node.node_id)
+    for spec in swarm.nodes:
+        saved = checkpoint.latest(swarm.workdir, spec.node_id)
         if saved is None or saved.next_round < swarm.rounds:
             return False
     return True
@@ -150,7 +160,7 @@ def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:
     rows = []
     for conf in exp.configurations:
         swarm = exp.swarm_config(conf)
-        specs = swarm.node_specs()
+        specs = swarm.nodes
         node = specs[0].node
         tasks = sorted({t.name for s in specs for t in s.node.tasks.specs})
         rows.append(

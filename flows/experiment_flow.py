@@ -15,7 +15,6 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
-from flows.config import SwarmConfig
 from flows.experiment import ExperimentConfig, is_complete, load_experiment
 from flows.swarm import run_swarm, write_resolved
 
@@ -26,22 +25,21 @@ def run_configuration(
 ) -> dict[str, Any]:
     exp = load_experiment(experiment_file, overrides)
     conf = exp.configurations[index]
-    data = exp.swarm_data(conf)
-    swarm = SwarmConfig.model_validate(data)
+    swarm = exp.swarm_config(conf)
     if is_complete(swarm):
         print(f"{swarm.swarm_id}: every node finished {swarm.rounds} rounds; skipped")
         return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
     print(f"{swarm.swarm_id}: {conf.label} with {conf.policy_kind(exp.swarm)} sampling")
-    failed = run_swarm(swarm, write_resolved(swarm, data), parent_run_id=parent_run_id)
+    failed = run_swarm(swarm, write_resolved(swarm), parent_run_id=parent_run_id)
     return {"swarm_id": swarm.swarm_id, "skipped": False, "failed": failed}
 
 
 @task(name="report", cache_policy=NONE)
 def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dict[str, Any]:
-    from flows.reporting import write_report
+    from flows.reporting import report_ledger
 
     exp = load_experiment(experiment_file, overrides)
-    report = write_report(
+    report = report_ledger(
         exp.ledger_url(),
         Path(out_dir),
         tracking_uri=exp.tracking_uri(),

@@ -11,8 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from dashboards.report import Report, cross_check, sweep_tables
-from dashboards.report import write_report as write_files
+from dashboards.report import Report, cross_check, render_report, report_tables
 from ledger import Ledger
 
 CHECKED_METRICS = ("generated_reward_mean", "reward_mean")
@@ -47,7 +46,7 @@ def tracked_metrics(tracking_uri: str, experiment: str | None = None) -> pl.Data
     return pl.DataFrame(list(rows.values()), schema=schema)
 
 
-def write_report(
+def report_ledger(
     ledger_url: str,
     out_dir: Path,
     *,
@@ -55,10 +54,15 @@ def write_report(
     experiment: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> Report:
-    """The sweep report of a ledger (one experiment's swarms, or every sweep in it)."""
+    """Write the report of the ledger at ``ledger_url`` under ``out_dir``: every swarm in
+    it, or only the swarms of ``experiment``; cross-checked against MLflow when a
+    ``tracking_uri`` is given. ValueError (one line) when there is nothing to report."""
     with Ledger(ledger_url, storage_options) as ledger:
-        tables = sweep_tables(ledger.query, experiment)
+        try:
+            tables = report_tables(ledger.query, experiment)
+        except ValueError as exc:
+            raise ValueError(f"{ledger_url}: {exc}") from None
     check = None
     if tracking_uri is not None:
         check = cross_check(tables.rewards, tracked_metrics(tracking_uri, experiment))
-    return write_files(tables, out_dir, check=check, source=ledger_url)
+    return render_report(tables, out_dir, check=check, source=ledger_url)

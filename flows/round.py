@@ -1,81 +1,99 @@
-"""Prefect flows: one node's round (generate -> publish -> sample -> reward -> update), and
-a node that runs rounds until its budget is spent.
+"""Prefect flows: one node's round (generate -> publish -> sample -> reward -> update, then
+checkpoint and track), and a node that runs rounds until its budget is spent.
 
-Each task is a thin call of a NodeRuntime method (tested without Prefect in flows/runtime.py);
-tasks pass a node id and a round number and return keys, ids and small dicts. Only the
-storage tasks (publish, sample) retry, with backoff: generation and updates are not I/O and
-a retry would not help them.
+Each task is a one-line call of a step in flows/steps.py (tested there without Prefect).
+The node's runtime and the round's state live in this process (the model, the round's
+groups) and are handed to the tasks as arguments; flow runs record only the node id and
+the round, and find the runtime in the context `node_flow` opens (`running`).
+
+No task retries: storage failures are retried once, where they happen, by the ledger's
+retry policy (ledger/retrying.py); generation and updates are not I/O and a retry would
+not help them.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.runtime import NodeRuntime, describe
+from flows import steps
 from flows.progress import NodeProgress
+from flows.runtime import NodeRuntime, open_node
+from flows.steps import RoundState
 
-# The runtimes of this process, by node id: tasks find the model and the round's groups here.
-_RUNTIMES: dict[str, NodeRuntime] = {}
-STORAGE_RETRIES = {"retries": 3, "retry_delay_seconds": [1, 4, 10]}
+# The node a node flow runs, for its round flows (set only inside `running`).
+_RUNNING: ContextVar[NodeRuntime] = ContextVar("sapo_running_node")
 
 
-def runtime(node_id: str) -> NodeRuntime:
+@contextmanager
+def running(node: NodeRuntime) -> Iterator[NodeRuntime]:
+    """Make `node` the runtime that round flows in this context operate on."""
+    token = _RUNNING.set(node)
     try:
-        return _RUNTIMES[node_id]
-    except KeyError:
-        raise RuntimeError(f"node {node_id!r} has no runtime in this process") from None
+        yield node
+    finally:
+        _RUNNING.reset(token)
+
+
+def running_node(node_id: str) -> NodeRuntime:
+    node = _RUNNING.get(None)
+    if node is None or node.node_id != node_id:
+        raise RuntimeError(f"node {node_id!r} is not running in this context (see node_flow)")
+    return node
 
 
 @task(name="generate", cache_policy=NONE)
-def generate_task(node_id: str, round_: int) -> int:
-    return runtime(node_id).generate(round_)
+def generate_task(node: NodeRuntime, state: RoundState) -> int:
+    return steps.generate(node, state)
 
 
-@task(name="publish", cache_policy=NONE, **STORAGE_RETRIES)  # type: ignore[call-overload]
-def publish_task(node_id: str, round_: int) -> list[str]:
-    return runtime(node_id).publish(round_)
+@task(name="publish", cache_policy=NONE)
+def publish_task(node: NodeRuntime, state: RoundState) -> list[str]:
+    return steps.publish(node, state)
 
 
-@task(name="sample", cache_policy=NONE, **STORAGE_RETRIES)  # type: ignore[call-overload]
-def sample_task(node_id: str, round_: int) -> list[str]:
-    return runtime(node_id).sample(round_)
+@task(name="sample", cache_policy=NONE)
+def sample_task(node: NodeRuntime, state: RoundState) -> list[str]:
+    return steps.sample(node, state)
 
 
 @task(name="reward", cache_policy=NONE)
-def reward_task(node_id: str, round_: int) -> dict[str, float]:
-    return runtime(node_id).reward(round_)
+def reward_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    return steps.reward(node, state)
 
 
 @task(name="update", cache_policy=NONE)
-def update_task(node_id: str, round_: int) -> dict[str, float]:
-    return runtime(node_id).update(round_)
-
-
-@task(name="track", cache_policy=NONE)
-def track_task(node_id: str, round_: int) -> dict[str, float]:
-    return runtime(node_id).track(round_)
+def update_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    return steps.update(node, state)
 
 
 @task(name="checkpoint", cache_policy=NONE)
-def checkpoint_task(node_id: str, round_: int, force: bool = False) -> str | None:
-    return runtime(node_id).checkpoint(round_, force=force)
+def checkpoint_task(node: NodeRuntime, state: RoundState, force: bool = False) -> str | None:
+    return steps.checkpoint(node, state, force=force)
+
+
+@task(name="track", cache_policy=NONE)
+def track_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    return steps.track(node, state)
 
 
 @flow(name="sapo-round", flow_run_name="{node_id}-round-{round_}")
 def round_flow(node_id: str, round_: int, last: bool = False) -> dict[str, float]:
     """One round of one node, the paper's steps in order."""
-    generate_task(node_id, round_)
-    publish_task(node_id, round_)
-    sample_task(node_id, round_)
-    reward_task(node_id, round_)
-    update_task(node_id, round_)
-    metrics = track_task(node_id, round_)
-    checkpoint_task(node_id, round_, force=last)
-    return metrics
+    runtime = running_node(node_id)
+    state = RoundState(round_)
+    generate_task(runtime, state)
+    publish_task(runtime, state)
+    sample_task(runtime, state)
+    reward_task(runtime, state)
+    update_task(runtime, state)
+    checkpoint_task(runtime, state, force=last)
+    return track_task(runtime, state)
 
 
 @flow(name="sapo-node", flow_run_name="{node_id}")
@@ -96,32 +114,20 @@ def node_flow(
 
     swarm = load_swarm(swarm_file, overrides or [], text=swarm_text)
     progress = NodeProgress.for_process(node_id)
-    rt = NodeRuntime(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
-    _RUNTIMES[node_id] = rt
+    node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
     try:
-        start = rt.next_round
+        start = node.next_round
         stop = start + more_rounds if more_rounds is not None else (until_round or swarm.rounds)
         history = []
-        for round_ in range(start, stop):
-            began = time.perf_counter()
-            progress.emit("round", round=round_, stop=stop)
-            metrics = round_flow(node_id, round_, last=round_ == stop - 1)
-            wall = time.perf_counter() - began
-            metrics["seconds_checkpoint"] = rt.last_checkpoint_s
-            steps = sum(v for k, v in metrics.items() if k.startswith("seconds_"))
-            late = {
-                "seconds_orchestration": max(wall - steps, 0.0),
-                "seconds_checkpoint": rt.last_checkpoint_s,
-            }
-            if rt.tracker is not None and rt.run_id is not None:
-                rt.tracker.log_metrics(rt.run_id, late, step=round_)
-            metrics.update(late)
-            progress.emit("done", round=round_)
-            print(describe(metrics, node_id, round_), flush=True)
-            history.append(metrics)
-        rt.finish(log_model=swarm.tracking.log_models and stop > start)
+        with running(node):
+            for round_ in range(start, stop):
+                progress.emit("round", round=round_, stop=stop)
+                metrics = round_flow(node_id, round_, last=round_ == stop - 1)
+                progress.emit("done", round=round_)
+                print(steps.describe(metrics, node_id, round_), flush=True)
+                history.append(metrics)
+        node.finish(log_model=swarm.tracking.log_models and stop > start)
         return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
     finally:
-        _RUNTIMES.pop(node_id, None)
-        rt.close()
+        node.close()
         progress.close()

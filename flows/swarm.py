@@ -14,11 +14,9 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
-import yaml
-
-from flows.config import SwarmConfig, apply_overrides, default_swarm_text
+from flows.config import SwarmConfig, swarm_yaml
 from flows.progress import PROGRESS_ENV, SwarmProgress
 
 if TYPE_CHECKING:
@@ -27,40 +25,12 @@ if TYPE_CHECKING:
 PARENT_RUN_ENV = "SAPO_PARENT_RUN_ID"
 
 
-def resolve_swarm(
-    path: str | Path | None,
-    overrides: list[str],
-    *,
-    nodes: int | None = None,
-    rounds: int | None = None,
-    workdir: str | Path | None = None,
-) -> tuple[SwarmConfig, dict[str, Any]]:
-    """The swarm file with flags applied (flags win over --set, --set over the file)."""
-    text = Path(path).read_text() if path else default_swarm_text()
-    data = apply_overrides(yaml.safe_load(text) or {}, overrides)
-    if rounds is not None:
-        data["rounds"] = rounds
-    if workdir is not None:
-        data["workdir"] = str(workdir)
-    if nodes is not None:
-        listed = list(data.get("nodes") or [])
-        extra = [{"node_id": f"node-{i}", "seed": i} for i in range(len(listed), nodes)]
-        data["nodes"] = (listed + extra)[:nodes]
-    config = SwarmConfig.model_validate(data)
-    data["workdir"] = str(config.workdir_path())  # children run from anywhere
-    return config, data
-
-
-def write_resolved(
-    config: SwarmConfig,
-    data: dict[str, Any],
-    target: Path | None = None,
-) -> Path:
-    """Write the resolved swarm file (default <workdir>/swarm.yaml) for processes to read."""
-    target = target or config.workdir_path() / "swarm.yaml"
+def write_resolved(config: SwarmConfig, target: Path | None = None) -> Path:
+    """Write the resolved swarm (default <workdir>/swarm.yaml) for node processes to load."""
+    target = target or config.workdir / "swarm.yaml"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.write_text(swarm_yaml(config))
     tmp.replace(target)
     return target
 
@@ -75,14 +45,13 @@ def open_parent_run(
     from flows.tracking import open_swarm_tracker
 
     tracker = open_swarm_tracker(config)
-    specs = config.node_specs()
     params = {
         "swarm_id": config.swarm_id,
-        "nodes": str(len(specs)),
+        "nodes": str(len(config.nodes)),
         "rounds": str(config.rounds),
-        "ledger.url": config.ledger_config().url,
+        "ledger.url": config.ledger.url,
     }
-    sharing = sorted({f"{s.node.local_groups}/{s.node.external_groups}" for s in specs})
+    sharing = sorted({f"{s.node.local_groups}/{s.node.external_groups}" for s in config.nodes})
     tags = {"sapo.swarm_id": config.swarm_id, "sapo.role": "swarm"}
     run_id = tracker.run(config.swarm_id, tags, params, parent_id=parent_run_id)
     tracker.set_tags(run_id, {"sapo.sharing": ",".join(sharing)})
@@ -94,7 +63,7 @@ def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> di
     # Share the cores instead of every node using all of them: oversubscribed BLAS threads
     # thrash (three nodes x two threads on two cores ran rounds 2-3x slower).
     cores = os.cpu_count() or 1
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // len(config.node_specs()))))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // len(config.nodes))))
     if parent_run_id:
         env[PARENT_RUN_ENV] = parent_run_id
     if config.prefect.api_url:
@@ -102,7 +71,7 @@ def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> di
     elif not env.get("PREFECT_API_URL"):
         # Each node process runs Prefect's ephemeral mode with its own database: one shared
         # SQLite file (the launcher's included) would lock under concurrent nodes.
-        env["PREFECT_HOME"] = str(config.workdir_path() / "prefect" / node_id)
+        env["PREFECT_HOME"] = str(config.workdir / "prefect" / node_id)
         Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # SQLite needs the folder
     env.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     env[PROGRESS_ENV] = "lines"  # the launcher draws the bars
@@ -123,7 +92,7 @@ def prepare_models(config: SwarmConfig, out: Callable[[str], None] = print) -> N
     """Convert the bundled model once, before nodes start (else each would convert it)."""
     from sapo_core.config import BUNDLED_MODEL
 
-    if any(s.node.model == BUNDLED_MODEL for s in config.node_specs()):
+    if any(s.node.model == BUNDLED_MODEL for s in config.nodes):
         from sapo_core.policy import bundled
 
         out(f"bundled model: {bundled.model_dir()}")
@@ -177,8 +146,8 @@ def _run_nodes(
 ) -> int:
     procs = []
     threads = []
-    for spec in config.node_specs():
-        node_id = spec.node.node_id
+    for spec in config.nodes:
+        node_id = spec.node_id
         cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(resolved), "--node-id", node_id]
         proc = subprocess.Popen(
             cmd,

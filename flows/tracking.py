@@ -2,7 +2,8 @@
 
 Runs are found again by tags, so a resumed node keeps logging into its run. Logging never
 stops a node: a tracking store that fails (a locked SQLite file, a server down) costs a
-warning and a few retries, not the round.
+warning and a few retries, not the round. This module is the one layer that retries MLflow
+calls, under a ``RetryPolicy`` (ledger/retrying.py says which layer retries what).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from ledger.retrying import RetryPolicy, call_with_retry, first_line
 
 if TYPE_CHECKING:
     from flows.config import SwarmConfig
@@ -21,16 +24,29 @@ T = TypeVar("T")
 PUBLIC_METRICS = ("reward_mean", "cumulative_reward")
 
 
-def _retry(call: Callable[[], T], what: str, attempts: int = 5) -> T | None:
-    for attempt in range(attempts):
-        try:
-            return call()
-        except Exception as exc:  # MLflow raises many kinds for a busy or absent store
-            if attempt == attempts - 1:
-                log.warning("tracking: %s failed after %d attempts: %s", what, attempts, exc)
-                return None
-            time.sleep(0.2 * 2**attempt)
-    return None
+TRACKING_RETRY = RetryPolicy(attempts=5, initial_wait_s=0.2, max_wait_s=5.0, jitter_s=0.2)
+"""MLflow calls: a busy SQLite file or a restarting server usually answers within seconds."""
+HEAVY_ATTEMPTS = 2
+"""Uploading artifacts and registering models: a second try at most, they are slow."""
+
+
+def attempt(call: Callable[[], T], what: str, policy: RetryPolicy = TRACKING_RETRY) -> T | None:
+    """``call()`` retried under ``policy``; after the last attempt, a warning and None.
+
+    MLflow raises many kinds of errors for a busy or absent store, so any Exception is
+    retried: logging never stops a node.
+    """
+    try:
+        return call_with_retry(policy, call, (Exception,), f"tracking: {what}", log)
+    except Exception as exc:
+        log.warning(
+            "tracking: %s failed after %d attempts: %s", what, policy.attempts, first_line(exc)
+        )
+        return None
+
+
+def _heavy(policy: RetryPolicy) -> RetryPolicy:
+    return policy.model_copy(update={"attempts": min(policy.attempts, HEAVY_ATTEMPTS)})
 
 
 def flatten(prefix: str, value: Any) -> dict[str, str]:
@@ -46,10 +62,17 @@ def flatten(prefix: str, value: Any) -> dict[str, str]:
 class Tracker:
     """A thin client over one experiment."""
 
-    def __init__(self, uri: str, experiment: str, artifact_location: str | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        artifact_location: str | None = None,
+        retry: RetryPolicy = TRACKING_RETRY,
+    ) -> None:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
+        self.retry = retry
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = self._experiment(experiment, artifact_location)
 
@@ -100,19 +123,23 @@ class Tracker:
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
-        _retry(lambda: self.client.log_batch(run_id, metrics=batch), "log metrics")
+        attempt(lambda: self.client.log_batch(run_id, metrics=batch), "log metrics", self.retry)
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
         batch = [RunTag(k, v) for k, v in tags.items()]
-        _retry(lambda: self.client.log_batch(run_id, tags=batch), "set tags")
+        attempt(lambda: self.client.log_batch(run_id, tags=batch), "set tags", self.retry)
 
     def log_artifacts(self, run_id: str, local_dir: str, path: str) -> None:
-        _retry(lambda: self.client.log_artifacts(run_id, local_dir, path), "log artifacts", 2)
+        attempt(
+            lambda: self.client.log_artifacts(run_id, local_dir, path),
+            "log artifacts",
+            _heavy(self.retry),
+        )
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        _retry(lambda: self.client.set_terminated(run_id, status), "finish run")
+        attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)
 
     def children(self, parent_id: str) -> list[Any]:
         """The nested runs of a parent run."""
@@ -160,7 +187,9 @@ def register_best(
     if best is None:
         return None
     run = best[1]
-    version = _retry(lambda: tracker.register(name, run.info.run_id), "register model", 2)
+    version = attempt(
+        lambda: tracker.register(name, run.info.run_id), "register model", _heavy(tracker.retry)
+    )
     if version is None:
         return None
     return run.data.tags.get("sapo.node_id", run.info.run_name), run.info.run_id, version
@@ -175,12 +204,19 @@ def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:
     )
 
 
-def open_tracker(uri: str, experiment: str, artifact_location: str | None) -> Tracker:
+def open_tracker(
+    uri: str,
+    experiment: str,
+    artifact_location: str | None,
+    retry: RetryPolicy = TRACKING_RETRY,
+) -> Tracker:
     """A tracker, with telemetry off before MLflow is imported."""
     from flows.env import apply_offline_defaults
 
     apply_offline_defaults()
-    tracker = _retry(lambda: Tracker(uri, experiment, artifact_location), "open tracking", 5)
+    tracker = attempt(
+        lambda: Tracker(uri, experiment, artifact_location, retry), "open tracking", retry
+    )
     if tracker is None:
         raise RuntimeError(f"cannot open the MLflow tracking store at {uri}")
     return tracker
@@ -188,7 +224,9 @@ def open_tracker(uri: str, experiment: str, artifact_location: str | None) -> Tr
 
 __all__ = [
     "PUBLIC_METRICS",
+    "TRACKING_RETRY",
     "Tracker",
+    "attempt",
     "flatten",
     "open_swarm_tracker",
     "open_tracker",

@@ -8,6 +8,7 @@ from ledger.catalog import RefreshStats
 from ledger.compaction import CompactionReport
 from ledger.config import LedgerConfig, RowLimits
 from ledger.ledger import Ledger, ValidationReport
+from ledger.manifests import NodeManifest
 from ledger.policies import (
     PaperPolicy,
     RewardFilteredPolicy,
@@ -25,6 +26,7 @@ __all__ = [
     "CompactionReport",
     "Ledger",
     "LedgerConfig",
+    "NodeManifest",
     "PaperPolicy",
     "RecordError",
     "RefreshStats",

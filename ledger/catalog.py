@@ -7,7 +7,8 @@ live in the same connection:
 
 - ``groups``: one row per group (deduplicated across files), what sampling policies query;
 - ``rollouts``: one row per valid completion, a view over the valid files;
-- ``ledger_files``: every object seen, with its status.
+- ``ledger_files``: every object seen, with its status;
+- ``manifests``: one row per node, what it declared when it started (ledger/manifests.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
-from ledger import samples
+from ledger import manifests, samples
 from ledger import validation as v
 from ledger.config import RowLimits
 from ledger.keys import parse_key
@@ -94,28 +95,26 @@ class Catalog:
             "detail VARCHAR, rows BIGINT, rejected_rows BIGINT)"
         )
         con.execute(f"CREATE TABLE samples ({samples.TABLE_COLUMNS})")
+        self.manifests = manifests.ManifestIndex(store, con)
         self._views_stale = True
         self.ensure_views()
 
     # -- refresh -----------------------------------------------------------------------
 
-    def refresh(self, max_relists: int = 5) -> RefreshStats:
+    def refresh(self) -> RefreshStats:
         """Bring the index up to date with the store; read only files not seen before.
 
-        A file that vanished between listing and reading means the listing is stale (a
-        compactor replaced it, and wrote the merged file before deleting): list again.
+        One listing, read once. A file that vanished between listing and reading (a
+        compactor replaced it, writing the merged file before deleting) is counted in
+        ``stats.vanished`` and not remembered: the listing was stale, and listing again is
+        the caller's call (``Ledger`` does it under its retry policy, the only retry layer).
         """
-        stats = self._refresh_once()
-        for _ in range(max_relists):
-            if not stats.vanished:
-                break
-            log.info("%d files vanished while reading the listing; listing again", stats.vanished)
-            stats = self._refresh_once()
-        return stats
+        return self._refresh_once()
 
     def _refresh_once(self) -> RefreshStats:
         listing = self.store.list()
         self._refresh_sample_log([o for o in listing if o.key.startswith(samples.PREFIX)])
+        self.manifests.refresh(listing)
         current = {
             o.key: o.size
             for o in listing

@@ -8,6 +8,8 @@ from typing import Any, Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledger.retrying import RetryPolicy
+
 
 class _Strict(BaseModel):
     # Unknown keys are an error, never silently ignored.
@@ -53,6 +55,9 @@ class LedgerConfig(_Strict):
         "every read (0: always list). SAPO nodes never wait for each other, so a few seconds "
         "of staleness cost nothing and spare a large bucket's listing.",
     )
-    fetch_retries: int = Field(
-        3, ge=0, le=20, description="Re-list and retry when a file vanished (compaction) mid-read."
+    retry: RetryPolicy = Field(
+        default_factory=RetryPolicy,
+        description="The one retry layer of storage reads and writes: a read that meets a "
+        "vanished file (compaction), an I/O error or an unreachable store lists the store "
+        "again and reads again; a write-once publish is retried the same way.",
     )

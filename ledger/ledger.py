@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import polars as pl
@@ -18,21 +18,39 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger import compaction, samples, validation
+from ledger import compaction, manifests, samples, validation
 from ledger.catalog import Catalog, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
 from ledger.keys import round_key
+from ledger.manifests import NodeManifest
 from ledger.policies import AnyPolicy, parse_policy
 from ledger.records import RecordError, to_table
+from ledger.retrying import RetryPolicy, first_line, retrying
 from ledger.schema import check_id
 from ledger.sqltext import EMPTY_ROLLOUTS_SQL
 from ledger.storage import StorageError, open_store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_GROUPS_PER_SAMPLE = 100_000
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class _ListingMoved(StorageError):
+    """Files listed a moment ago were gone when read: the listing is stale."""
+
+
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    duckdb.IOException,  # a file vanished between listing and reading, a bad read
+    duckdb.HTTPException,
+    StorageError,  # the store cannot be reached (or _ListingMoved)
+    ConnectionError,
+    TimeoutError,
+)
+"""What a read retries (listing again first); anything else is a bug or bad SQL."""
+WRITE_ERRORS: tuple[type[BaseException], ...] = (StorageError, ConnectionError, TimeoutError)
 
 
 @dataclass
@@ -64,7 +82,7 @@ class Ledger:
         storage_options: dict[str, Any] | None = None,
         *,
         limits: RowLimits | None = None,
-        fetch_retries: int = 3,
+        retry: RetryPolicy | None = None,
         max_staleness_s: float = 0.0,
         threads: int | None = None,
     ) -> None:
@@ -72,7 +90,7 @@ class Ledger:
             url=url,
             storage_options=dict(storage_options or {}),
             limits=limits or RowLimits(),  # type: ignore[call-arg]
-            fetch_retries=fetch_retries,
+            retry=retry or RetryPolicy(),
             max_staleness_s=max_staleness_s,
         )
         self.store = open_store(url, storage_options)
@@ -80,6 +98,7 @@ class Ledger:
         self.store.configure_duckdb(self.con)
         self.catalog = Catalog(self.store, self.con, self.config.limits)
         self._listed_at = -float("inf")
+        self._last_refresh = RefreshStats()
 
     @classmethod
     def from_config(cls, config: LedgerConfig) -> Ledger:
@@ -87,7 +106,7 @@ class Ledger:
             config.url,
             config.storage_options,
             limits=config.limits,
-            fetch_retries=config.fetch_retries,
+            retry=config.retry,
             max_staleness_s=config.max_staleness_s,
         )
 
@@ -130,12 +149,40 @@ class Ledger:
             )
             buffer = io.BytesIO()
             pq.write_table(part, buffer, compression="zstd")
-            if self.store.put_new(key, buffer.getvalue()):
+            if self._put_new(key, buffer.getvalue()):
                 log.debug("published %d rows to %s", part.num_rows, key)
             else:
                 log.info("%s already holds these rows: nothing written", key)
             keys.append(key)
         return keys
+
+    def write_manifest(self, manifest: NodeManifest) -> str:
+        """Write a starting node's manifest under its own prefix; return its key.
+
+        Write-once: the same manifest again (a resumed node, a retry) maps to the same key
+        and writes nothing. A different one for the same node (resumed with another
+        configuration) is written beside it; readers keep the earliest (ledger/manifests.py).
+        """
+        key = manifests.manifest_key(manifest)
+        others = [
+            o.key
+            for o in self.store.list(
+                manifests.node_manifest_prefix(manifest.swarm_id, manifest.node_id)
+            )
+            if o.key != key
+        ]
+        if self.store.put_new(key, manifests.encode(manifest)):
+            log.debug("wrote manifest %s", key)
+        else:
+            log.info("%s already holds this manifest: nothing written", key)
+        if others:
+            log.warning(
+                "%s/%s already wrote a different manifest (%s): readers keep the earliest",
+                manifest.swarm_id,
+                manifest.node_id,
+                ", ".join(sorted(others)),
+            )
+        return key
 
     @staticmethod
     def _publisher(table: pa.Table) -> tuple[str, str]:
@@ -175,9 +222,7 @@ class Ledger:
 
     def refresh(self) -> RefreshStats:
         """Pick up files published (or removed) since the last call."""
-        stats = self.catalog.refresh()
-        self._listed_at = time.monotonic()
-        return stats
+        return self._with_refresh(lambda: self._last_refresh, fresh=True)
 
     def sample(
         self,
@@ -211,7 +256,7 @@ class Ledger:
             lines = samples.sample_log_lines(
                 picks, node_round=record_round, policy=chosen.kind, seed=int(seed), when=when
             )
-            self.store.put_new(samples.sample_log_key(swarm_id, node_id, record_round, when), lines)
+            self._put_new(samples.sample_log_key(swarm_id, node_id, record_round, when), lines)
         return frame
 
     def sample_group_ids(
@@ -261,7 +306,8 @@ class Ledger:
         return chosen, draw
 
     def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
-        """Run SQL over the views ``rollouts``, ``groups`` and ``ledger_files``."""
+        """Run SQL over the views ``rollouts``, ``groups``, ``samples``, ``manifests`` and
+        ``ledger_files``."""
 
         def attempt() -> pl.DataFrame:
             self.catalog.ensure_views()
@@ -269,21 +315,49 @@ class Ledger:
 
         return self._with_refresh(attempt)
 
-    def _with_refresh(self, read: Any) -> Any:
-        retries = self.config.fetch_retries
-        for attempt in range(retries + 1):
-            try:
-                stale = time.monotonic() - self._listed_at >= self.config.max_staleness_s
-                if stale or attempt:
-                    self.refresh()
-                return read()
-            except (duckdb.IOException, duckdb.HTTPException) as exc:
-                # A file vanished between listing and reading (compaction): list again.
-                if attempt == retries:
-                    raise StorageError(f"reading {self.url} failed: {exc}") from exc
-                log.info("ledger changed under a read (%s); retrying", exc)
-                time.sleep(0.05 * 2**attempt)
+    def _with_refresh(self, read: Callable[[], T], *, fresh: bool = False) -> T:
+        """``read()`` after listing the store (unless the last listing is recent enough, see
+        ``max_staleness_s``, and not ``fresh``).
+
+        The one retry layer of a read (see ledger/retrying.py): when a file vanished between
+        listing and reading (compaction), or the store or a file cannot be read, list again
+        and read again, ``config.retry.attempts`` times in all; then a one-line StorageError.
+        """
+        policy = self.config.retry
+        try:
+            for attempt in retrying(policy, READ_ERRORS, f"reading {self.url}", log):
+                with attempt:
+                    stale = time.monotonic() - self._listed_at >= self.config.max_staleness_s
+                    if fresh or stale or attempt.retry_state.attempt_number > 1:
+                        self._list()
+                    return read()
+        except READ_ERRORS as exc:
+            raise StorageError(
+                f"reading {self.url} failed after {policy.attempts} attempts: {first_line(exc)}"
+            ) from exc
         raise AssertionError("unreachable")
+
+    def _list(self) -> None:
+        """List the store and index what changed; a listing that went stale while it was
+        read (files vanished) is an error for ``_with_refresh`` to retry."""
+        self._last_refresh = stats = self.catalog.refresh()
+        self._listed_at = time.monotonic()
+        if stats.vanished:
+            raise _ListingMoved(f"{stats.vanished} listed files vanished before they were read")
+
+    def _put_new(self, key: str, data: bytes) -> bool:
+        """``store.put_new`` under the retry policy: write-once, so a retry is a no-op."""
+        policy = self.config.retry
+        try:
+            written: bool = retrying(policy, WRITE_ERRORS, f"writing {key}", log)(
+                self.store.put_new, key, data
+            )
+        except WRITE_ERRORS as exc:
+            raise StorageError(
+                f"writing {key} to {self.url} failed after {policy.attempts} attempts: "
+                f"{first_line(exc)}"
+            ) from exc
+        return written
 
     def _empty(self) -> pl.DataFrame:
         return self.con.execute(EMPTY_ROLLOUTS_SQL).pl()
@@ -292,7 +366,7 @@ class Ledger:
 
     def validate(self) -> ValidationReport:
         """Examine every object: what is readable, and what is skipped and why."""
-        self.catalog.refresh()
+        self.refresh()
         report = ValidationReport()
         for state in self.catalog.files.values():
             report.files += 1
@@ -302,6 +376,9 @@ class Ledger:
             else:
                 report.bad_files.append((state.key, state.status, state.detail))
         report.skipped = self.catalog.rejection_counts()
+        for bad in self.catalog.manifests.skipped.values():
+            report.bad_files.append((bad.key, bad.reason, bad.detail))
+            report.skipped[bad.reason] += 1
         row = self.con.execute("SELECT count(*), coalesce(sum(size), 0) FROM groups").fetchone()
         assert row is not None
         report.groups, report.valid_rows = int(row[0]), int(row[1])
@@ -325,7 +402,7 @@ class Ledger:
             raise ValueError("name the nodes whose data to compact, or pass all_nodes=True")
         nodes = None
         if not all_nodes:
-            self.catalog.refresh()
+            self.refresh()
             swarms = (
                 {swarm_id}
                 if swarm_id

@@ -52,10 +52,6 @@ COLUMNS: Final[tuple[Column, ...]] = (
 )
 
 COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
-COLUMNS_BY_NAME: Final = {c.name: c for c in COLUMNS}
-
-PARTITION_COLUMNS: Final = ("swarm_id", "node_id", "day")
-"""Hive partition keys, in path order. ``day`` is the UTC date of ``published_at``."""
 
 ID_PATTERN: Final = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}$")
 """swarm and node ids become path segments and Hive values: they start with a letter so that

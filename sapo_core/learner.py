@@ -14,13 +14,14 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from sapo_core.assembly import TrainingSet, assemble, choose_local
 from sapo_core.config import NodeConfig
-from sapo_core.grpo.advantages import group_advantages, group_index
+from sapo_core.grpo.advantages import dense_group_ids, group_advantages
 from sapo_core.grpo.update import (
     Segment,
     UpdateResult,
@@ -29,7 +30,7 @@ from sapo_core.grpo.update import (
     reference_logprobs,
 )
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
-from sapo_core.policy.loading import Policy, load_policy
+from sapo_core.policy.loading import Policy, load_model, load_policy
 from sapo_core.prompts import render_prompt
 from sapo_core.rewards import ScoredGroup, score_groups, verify
 from sapo_core.rollouts import Group, Rollout
@@ -85,7 +86,14 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 class Learner:
-    """A node's policy, optimizer and question stream."""
+    """A node's policy, optimizer and question stream.
+
+    With grpo.beta > 0 the KL term anchors the policy to its initial weights, those
+    `config.model` names, for the whole run, resumes included: `reference` when given,
+    else a copy of the policy when the learner loads `config.model` itself, else
+    `config.model` loaded afresh. A caller that passes its own policy (a checkpoint's
+    weights, say) thus never makes it the reference unless it passes it as `reference`.
+    """
 
     def __init__(
         self,
@@ -93,6 +101,8 @@ class Learner:
         policy: Policy | None = None,
         backend: GenerationBackend | None = None,
         id_prefix: str = "",
+        *,
+        reference: Any | None = None,
     ) -> None:
         self.config = config
         # Ids must be unique wherever groups meet: a swarm prefixes its id, so two swarms
@@ -105,8 +115,27 @@ class Learner:
         self.policy_version = 0
         self.ref_model: Any = None
         if config.grpo.beta > 0:
-            self.ref_model = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+            if reference is None:
+                initial = policy is None  # then self.policy is config.model's weights
+                reference = (
+                    copy.deepcopy(self.policy.model) if initial else load_model(config.model)
+                )
+            self.ref_model = reference.eval().requires_grad_(False)
         self.tasks = TaskSource(config.tasks, config.seed)
+
+    @classmethod
+    def from_checkpoint(
+        cls, config: NodeConfig, model_dir: str | Path, *, id_prefix: str = ""
+    ) -> Learner:
+        """A learner that resumes from a checkpoint's model directory.
+
+        The policy is the checkpoint's trained weights, still recorded as `config.model` in
+        the ledger; with beta > 0 the KL reference is `config.model`'s initial weights, never
+        the checkpoint's. Optimizer state, RNG and policy_version are the caller's to restore.
+        """
+        loaded = load_policy(str(model_dir))
+        policy = Policy(loaded.model, loaded.tokenizer, model_id=config.model)
+        return cls(config, policy, id_prefix=id_prefix)  # the reference: config.model's
 
     # -- generate ---------------------------------------------------------------------------
 
@@ -171,7 +200,7 @@ class Learner:
         """Re-encode groups with this node's tokenizer and template; attach advantages."""
         cfg = self.config
         rewards = torch.tensor([r for g in groups for r in g.rewards])
-        ids = group_index([g.group.group_id for g in groups for _ in g.rewards])
+        ids = dense_group_ids([g.group.group_id for g in groups for _ in g.rewards])
         advantages = group_advantages(rewards, ids, cfg.grpo.scale_rewards).tolist()
         out, i = [], 0
         for g in groups:

@@ -1,9 +1,16 @@
-"""Shared fixtures: ledgers on local disk and on a real S3 API over HTTP (moto's server)."""
+"""Shared fixtures: ledgers on local disk and on a real S3 API over HTTP (moto's server);
+and the rule that no process a test started outlives the test session."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -107,3 +114,160 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.integration)
+
+
+# -- processes: nothing a test started outlives the session ------------------------------
+
+
+def stop_process_group(proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """Stop ``proc`` (started with ``start_new_session=True``) and everything it started:
+    SIGTERM to its process group, a wait, SIGKILL on timeout.
+
+    The group outlives its leader: a node's Prefect server stays in it after the node
+    exited or was killed, and is stopped too.
+    """
+    _signal_group(proc.pid, signal.SIGTERM)
+    if not _wait_for_group(proc, timeout):
+        _signal_group(proc.pid, signal.SIGKILL)
+        _wait_for_group(proc, 10.0)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _wait_for_group(proc: subprocess.Popen[Any], timeout: float) -> bool:
+    """True once the leader has exited and nothing is left running in its group."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None or _live_processes(group=proc.pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _live_processes(group: int | None = None) -> dict[int, int]:
+    """pid -> parent pid of every running (non-zombie) process, or of one process group's.
+
+    Read from /proc (Linux); elsewhere, without /proc, nothing is found.
+    """
+    found = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, ppid, pgrp = fields[0], int(fields[1]), int(fields[2])
+        if state != "Z" and (group is None or pgrp == group):
+            found[int(entry)] = ppid
+    return found
+
+
+def _descendants() -> list[tuple[int, str]]:
+    """(pid, command line) of every running, non-zombie descendant of this process."""
+    try:
+        import psutil
+    except ImportError:
+        return _descendants_from_proc()
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append((child.pid, " ".join(child.cmdline())[:200]))
+    return found
+
+
+def _descendants_from_proc() -> list[tuple[int, str]]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _live_processes().items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], list(children.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        found.append((pid, cmdline[:200]))
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _become_subreaper() -> None:
+    """Linux: orphans of our children (the Prefect server of a node killed with SIGKILL)
+    are re-parented to this process rather than to init, so the session check sees them."""
+    if sys.platform.startswith("linux"):
+        pr_set_child_subreaper = 36
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
+def _stop_prefect_servers() -> None:
+    """Prefect's temporary servers started by flows run in this process (outside the test
+    harness) would stop at interpreter exit: stop them now, before the check."""
+    module = sys.modules.get("prefect.server.api.server")
+    if module is not None:
+        for server in list(module.SubprocessASGIServer._instances.values()):
+            server.stop()
+
+
+def _reap_zombies() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _stop_all(pids: list[int]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _descendants():
+            _reap_zombies()
+            time.sleep(0.2)
+        pids = [pid for pid, _ in _descendants()]
+    _reap_zombies()
+
+
+_first_seen: dict[int, str] = {}
+"""Descendant pid -> the test after which it was first seen running."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _become_subreaper()
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    for pid, _ in _descendants():
+        _first_seen.setdefault(pid, nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run if a process that a test started is still running; stop them all."""
+    _stop_prefect_servers()
+    leftovers = _descendants()
+    _stop_all([pid for pid, _ in leftovers])
+    if not leftovers:
+        return
+    lines = [f"{len(leftovers)} processes started by tests outlived them (now stopped):"]
+    lines += [
+        f"  pid {pid}, running since {_first_seen.get(pid, 'the session teardown')}: {cmd}"
+        for pid, cmd in leftovers
+    ]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in lines:
+        if reporter is not None:
+            reporter.write_line(line, red=True, bold=True)
+        else:
+            print(line, file=sys.stderr)
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

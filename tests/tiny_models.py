@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
+
+Family = Literal["llama", "qwen2"]
 
 
-def build_tiny_model(target: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
-    """Save a random Llama-shaped model (a few layers, small hidden size) and the tokenizer."""
+def build_tiny_model(
+    target: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, family: Family = "llama"
+) -> Path:
+    """Save a random model of a family (a few layers, small hidden size) and the tokenizer."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     from sapo_core.policy import bundled
 
     tokenizer = AutoTokenizer.from_pretrained(str(bundled.tokenizer_dir()))
-    config = LlamaConfig(
+    config_class, model_class = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[family]
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=hidden * 2,
@@ -27,7 +42,7 @@ def build_tiny_model(target: Path, *, seed: int = 0, layers: int = 2, hidden: in
         tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(target))
     tokenizer.save_pretrained(str(target))

@@ -1,24 +1,37 @@
--- A sharing sweep, per node and round: the mean reward of the node's own completions
--- (what it generated and published that round, scored by its verifier), with the
--- configuration read back from the swarm id `<experiment>-<I>x<J>[-<policy>]` that
--- `sapo experiment` gives each configuration. Swarms named otherwise are left out.
--- In plain DuckDB, define `rollouts` as in reward_per_node_round.sql.
-WITH parsed AS (
-    SELECT *, regexp_extract(swarm_id, '^(.+)-(\d+)x(\d+)(?:-([a-z][a-z-]*))?$',
-                             ['experiment', 'i', 'j', 'policy']) AS conf
+-- Every swarm, per node and round: the mean reward of the node's own completions (what it
+-- generated and published that round, scored by its verifier), with the node's sharing
+-- configuration from its manifest: experiment, I (local_groups), J (external_groups) and
+-- sampling policy. A node without a manifest (ledgers written before manifests existed)
+-- keeps its rows, with those columns NULL; experiment is NULL outside `sapo experiment`.
+-- Relations: `rollouts` (one row per completion) and `manifests` (one row per node). In a
+-- plain DuckDB session define them as
+--   CREATE VIEW rollouts AS SELECT * FROM read_parquet('<ledger>/**/*.parquet',
+--       hive_partitioning = true, union_by_name = true);
+--   CREATE VIEW manifests AS SELECT * FROM read_json('<ledger>/_manifests/*/*/*.jsonl',
+--       format = 'newline_delimited',
+--       columns = {swarm_id: 'VARCHAR', node_id: 'VARCHAR', experiment: 'VARCHAR',
+--                  local_groups: 'INTEGER', external_groups: 'INTEGER', policy: 'VARCHAR',
+--                  policy_params: 'VARCHAR', model_id: 'VARCHAR', seed: 'BIGINT',
+--                  written_at: 'TIMESTAMPTZ', schema_version: 'INTEGER'})
+--   QUALIFY row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at) = 1;
+-- (on a ledger without any manifest: CREATE TABLE manifests (swarm_id VARCHAR,
+--  node_id VARCHAR, experiment VARCHAR, local_groups INTEGER, external_groups INTEGER,
+--  policy VARCHAR, model_id VARCHAR)).
+WITH per_round AS (
+    SELECT swarm_id, node_id, node_round, avg(reward) AS reward_mean, count(*) AS completions
     FROM rollouts
+    GROUP BY swarm_id, node_id, node_round
 )
 SELECT
-    conf.experiment                                   AS experiment,
-    swarm_id,
-    CAST(conf.i AS INTEGER)                           AS local_groups,
-    CAST(conf.j AS INTEGER)                           AS external_groups,
-    coalesce(NULLIF(conf.policy, ''), 'paper')        AS policy,
-    node_id,
-    node_round,
-    avg(reward)                                       AS reward_mean,
-    count(*)                                          AS completions
-FROM parsed
-WHERE conf.experiment <> ''
-GROUP BY ALL
-ORDER BY experiment, swarm_id, node_id, node_round;
+    m.experiment,
+    r.swarm_id,
+    m.local_groups,
+    m.external_groups,
+    m.policy,
+    r.node_id,
+    r.node_round,
+    r.reward_mean,
+    r.completions
+FROM per_round r
+LEFT JOIN manifests m ON m.swarm_id = r.swarm_id AND m.node_id = r.node_id
+ORDER BY r.swarm_id, r.node_id, r.node_round;

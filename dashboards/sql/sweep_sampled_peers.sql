@@ -1,4 +1,4 @@
--- A sharing sweep: how many groups each node (receiver) drew from each peer, per swarm.
+-- Who sampled whom: how many groups each node (receiver) drew from each peer, per swarm.
 -- `samples` is the sample log; see most_sampled_peers.sql for its plain-DuckDB view.
 SELECT
     swarm_id,
@@ -6,6 +6,5 @@ SELECT
     peer_node_id       AS peer,
     count(*)           AS groups_drawn
 FROM samples
-WHERE regexp_matches(swarm_id, '^(.+)-(\d+)x(\d+)(?:-([a-z][a-z-]*))?$')
 GROUP BY ALL
 ORDER BY swarm_id, receiver, peer;

@@ -1,16 +1,27 @@
--- A sharing sweep, per configuration: cumulative reward (the paper's measure: rewards
--- summed over every node and round; here each node-round counts its mean reward, so
--- configurations with equal nodes x rounds compare directly), its standard error (node-
--- rounds taken as independent), the mean reward in the first and last quarter of the
--- rounds, and the gain over the experiment's no-sharing baseline (J = 0).
--- `sweep_rewards` is the result of sweep_reward_per_round.sql.
+-- One row per swarm (a sweep's configuration): cumulative reward (the paper's measure:
+-- rewards summed over every node and round; here each node-round counts its mean reward, so
+-- swarms with equal nodes x rounds compare directly), its standard error (node-rounds taken
+-- as independent), the mean reward in the first and last quarter of the rounds, and, for a
+-- swarm in an experiment, the gain over that experiment's no-sharing baseline (J = 0).
+-- experiment, I, J and policy are the value every node's manifest agrees on: NULL where no
+-- node has a manifest or nodes disagree.
+-- `sweep_rewards` is the result of sweep_reward_per_round.sql; in plain DuckDB
+--   CREATE TABLE sweep_rewards AS <the query of sweep_reward_per_round.sql>;
 WITH marked AS (
     SELECT *, max(node_round) OVER (PARTITION BY swarm_id) + 1 AS swarm_rounds
     FROM sweep_rewards
 ),
-per_conf AS (
+per_swarm AS (
     SELECT
-        experiment, swarm_id, local_groups, external_groups, policy,
+        CASE WHEN count(DISTINCT experiment) = 1 THEN any_value(experiment) END
+                                                      AS experiment,
+        swarm_id,
+        CASE WHEN count(DISTINCT local_groups) = 1 THEN any_value(local_groups) END
+                                                      AS local_groups,
+        CASE WHEN count(DISTINCT external_groups) = 1 THEN any_value(external_groups) END
+                                                      AS external_groups,
+        CASE WHEN count(DISTINCT policy) = 1 THEN any_value(policy) END
+                                                      AS policy,
         count(DISTINCT node_id)                       AS nodes,
         any_value(swarm_rounds)                       AS rounds,
         count(*)                                      AS node_rounds,
@@ -21,16 +32,16 @@ per_conf AS (
         avg(reward_mean) FILTER (WHERE node_round >= swarm_rounds - greatest(swarm_rounds // 4, 1))
                                                       AS last_quarter_mean
     FROM marked
-    GROUP BY ALL
+    GROUP BY swarm_id
 ),
 baseline AS (
-    SELECT experiment, any_value(cumulative_reward) AS baseline_reward
-    FROM per_conf
-    WHERE external_groups = 0
+    SELECT experiment, arg_min(cumulative_reward, swarm_id) AS baseline_reward
+    FROM per_swarm
+    WHERE experiment IS NOT NULL AND external_groups = 0
     GROUP BY experiment
 )
 SELECT
-    per_conf.*,
+    per_swarm.*,
     cumulative_reward / baseline_reward - 1 AS gain_over_baseline
-FROM per_conf LEFT JOIN baseline USING (experiment)
-ORDER BY experiment, external_groups, policy;
+FROM per_swarm LEFT JOIN baseline USING (experiment)
+ORDER BY experiment NULLS LAST, external_groups, policy, swarm_id;

@@ -93,8 +93,6 @@ SamplingPolicy = Annotated[AnyPolicy, Field(discriminator="kind")]
 
 _ADAPTER: TypeAdapter[AnyPolicy] = TypeAdapter(SamplingPolicy)
 
-POLICY_KINDS = ("paper", "reward_filtered", "variance_weighted")
-
 
 def parse_policy(value: str | dict[str, Any] | _Policy) -> AnyPolicy:
     """A policy from its name, a mapping (from YAML or the CLI), or a policy object."""
@@ -106,7 +104,6 @@ def parse_policy(value: str | dict[str, Any] | _Policy) -> AnyPolicy:
 
 
 __all__ = [
-    "POLICY_KINDS",
     "AnyPolicy",
     "PaperPolicy",
     "RewardFilteredPolicy",

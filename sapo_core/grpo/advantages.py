@@ -15,7 +15,7 @@ from torch import Tensor
 ScaleRewards = Literal["group", "batch", "none"]
 
 
-def group_index(group_ids: Sequence[str]) -> Tensor:
+def dense_group_ids(group_ids: Sequence[str]) -> Tensor:
     """Dense integer ids [N] for string group ids, numbered in first-seen order."""
     numbering: dict[str, int] = {}
     return torch.tensor([numbering.setdefault(g, len(numbering)) for g in group_ids])

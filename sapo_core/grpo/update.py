@@ -1,10 +1,11 @@
 """The GRPO update step: re-encode rows, fill in behaviour log-probs, accumulate, step.
 
 Rows arrive as segments: one prompt (this node's template around the question) and the
-completions trained against it. A segment's prompt is run once and its KV cache shared by
-its completions; gradients from every completion flow back through that one prompt pass,
-so the result equals running each (prompt, completion) pair separately, at a fraction of
-the compute when prompts are long and answers short.
+completions trained against it. On model families known to allow it, a segment's prompt is
+run once and its KV cache shared by its completions; gradients from every completion flow
+back through that one prompt pass, so the result equals running each (prompt, completion)
+pair separately, at a fraction of the compute when prompts are long and answers short.
+Other families take the plain path: one ordinary forward over prompt + completion.
 """
 
 from __future__ import annotations
@@ -87,13 +88,15 @@ def _padded(rows: Sequence[Sequence[float]], width: int, value: float, dtype: An
     return out
 
 
-def completion_logprobs(
+def shared_prompt_logprobs(
     model: Any, segments: Sequence[Segment], temperature: float, pad_id: int
 ) -> tuple[Tensor, Tensor]:
-    """Log-probs [B, T] of each completion token under logits / temperature, and its mask.
+    """`completion_logprobs` with each prompt run once and its KV cache shared.
 
-    Logits are computed only where they predict completion tokens (never for prompt
-    positions): the prompt pass keeps its last position only.
+    Calls the decoder and the vocabulary head separately, so it is exact only for models
+    whose logits are the head's output unchanged (see `supports_shared_prompt`). Logits are
+    computed only where they predict completion tokens (never for prompt positions): the
+    prompt pass keeps its last position only.
     """
     counts = torch.tensor([len(s) for s in segments])  # [U]
     prompt_len = max(len(s.prompt_ids) for s in segments)
@@ -144,6 +147,83 @@ def completion_logprobs(
         later.gather(1, targets.unsqueeze(1)).squeeze(1) - torch.logsumexp(later, -1),
     )
     return logprobs, mask.float()
+
+
+# Families whose causal-LM forward is decoder -> output head with nothing after the head,
+# checked by reading their modeling code; a family not listed takes the plain path.
+SHARED_PROMPT_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+# Config fields through which some families change logits after the head (Gemma2/3 soft-cap,
+# Cohere scales, Granite divides), with the value that changes nothing.
+LOGIT_POSTPROCESSING: dict[str, float | None] = {
+    "final_logit_softcapping": None,
+    "logit_scale": 1.0,
+    "logits_scaling": 1.0,
+}
+
+
+def supports_shared_prompt(model: Any) -> bool:
+    """Whether `shared_prompt_logprobs` reproduces this model's own forward.
+
+    The fast path runs the decoder and the output head itself, so any step the model's
+    forward takes after the head would be silently skipped: only allow-listed families,
+    with the decoder and head reachable and no logit post-processing configured, qualify.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in SHARED_PROMPT_MODEL_TYPES:
+        return False
+    if not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+        return False
+    return all(
+        getattr(config, name, neutral) in (None, neutral)
+        for name, neutral in LOGIT_POSTPROCESSING.items()
+    )
+
+
+def plain_logprobs(
+    model: Any, segments: Sequence[Segment], temperature: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """`completion_logprobs` from one ordinary forward over each row's prompt + completion.
+
+    The reference the fast path is tested against, and the path for families whose forward
+    post-processes logits. Rows are right-padded, so each starts at position 0 as a model
+    assumes without position ids. It runs every prompt once per completion, and its logits
+    cover positions from the shortest prompt's last token on ([B, S, V]), so it costs more
+    than the fast path.
+    """
+    rows = [(seg.prompt_ids, ids) for seg in segments for ids in seg.completion_ids]
+    prompt_lens = torch.tensor([len(p) for p, _ in rows])  # [B]
+    sequences = [list(p) + list(c) for p, c in rows]
+    length = max(len(s) for s in sequences)
+    input_ids = _padded(sequences, length, pad_id, torch.long)  # [B, L]
+    attention = _padded([[1] * len(s) for s in sequences], length, 0, torch.long)  # [B, L]
+    first = int(prompt_lens.min()) - 1  # the earliest position that predicts a completion token
+    logits = model(
+        input_ids=input_ids, attention_mask=attention, logits_to_keep=length - first
+    ).logits  # [B, S, V], S = L - first: positions first .. L - 1
+    completions = [c for _, c in rows]
+    width = max(len(c) for c in completions)
+    ids = _padded(completions, width, pad_id, torch.long)  # [B, T]
+    mask = _padded([[1] * len(c) for c in completions], width, 0, torch.long)  # [B, T]
+    # Completion token t of row b is predicted at position prompt_len_b - 1 + t.
+    column = (prompt_lens - 1 - first).unsqueeze(1) + torch.arange(width)  # [B, T]
+    column = column.clamp(max=logits.size(1) - 1)  # padding columns: any valid index
+    predicting = logits[torch.arange(len(rows)).unsqueeze(1), column]  # [B, T, V]
+    logp = torch.log_softmax(predicting.float() / temperature, -1)  # [B, T, V]
+    picked = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return picked.masked_fill(mask == 0, 0.0), mask.float()
+
+
+def completion_logprobs(
+    model: Any, segments: Sequence[Segment], temperature: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Log-probs [B, T] of each completion token under logits / temperature, and its mask.
+
+    Rows are the segments' completions in order (0 beyond a row's length). The shared-prompt
+    fast path where `supports_shared_prompt` allows it, else the plain forward.
+    """
+    if supports_shared_prompt(model):
+        return shared_prompt_logprobs(model, segments, temperature, pad_id)
+    return plain_logprobs(model, segments, temperature, pad_id)
 
 
 @dataclass

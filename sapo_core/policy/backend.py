@@ -1,4 +1,4 @@
-"""The generation interface. Backends: transformers (here), vLLM (GPU machines, later)."""
+"""The generation interface. Backends: transformers (here); vLLM is not built yet (GPU only)."""
 
 from __future__ import annotations
 

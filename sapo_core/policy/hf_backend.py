@@ -8,6 +8,7 @@ every step (about 800 MB for 32 x 128 tokens of a 49k vocabulary).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,15 +37,30 @@ def _offset_progress(
     return lambda done: callback(offset + done, total)
 
 
+def stop_token_ids(tokenizer: Any, model: Any) -> list[int]:
+    """The ids that end a completion: the tokenizer's eos and the generation config's.
+
+    A generation config may list several (Qwen2.5 ends on <|im_end|> or <|endoftext|>, Llama 3
+    on three ids), and a chat model's end-of-turn token is one of them; each may be an int,
+    a list or unset.
+    """
+    generation_config = getattr(model, "generation_config", None)
+    found: set[int] = set()
+    for ids in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        listed = [ids] if isinstance(ids, int) else list(ids or [])
+        found.update(i for i in listed if isinstance(i, int) and i >= 0)
+    return sorted(found)
+
+
 class TransformersBackend:
     """Batched temperature / top-p sampling with behaviour log-probs."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         tokenizer = policy.tokenizer
-        stops = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-        self.stop_ids = torch.tensor(sorted(s for s in stops if isinstance(s, int) and s >= 0))
-        self.stop_set = set(self.stop_ids.tolist())
+        stops = stop_token_ids(tokenizer, policy.model)
+        self.stop_ids = torch.tensor(stops, dtype=torch.long)  # [S]
+        self.stop_set = set(stops)
         self.pad_id = int(tokenizer.pad_token_id)
 
     def generate(

@@ -43,17 +43,23 @@ def load_tokenizer(model: str) -> Any:
     return tokenizer
 
 
-def load_policy(model: str, *, threads: int | None = None) -> Policy:
-    """Load weights in fp32 for training (bf16 is slower on CPUs without native bf16)."""
+def load_model(model: str) -> Any:
+    """The network alone, in fp32 for training (bf16 is slower on CPUs without native bf16)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    if threads:
-        torch.set_num_threads(threads)
-    path = resolve(model)
     local_only = os.environ.get("HF_HUB_OFFLINE") == "1"
     network = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, local_files_only=local_only
+        resolve(model), dtype=torch.float32, local_files_only=local_only
     )
     network.generation_config.pad_token_id = network.generation_config.eos_token_id
-    return Policy(model=network, tokenizer=load_tokenizer(model), model_id=model)
+    return network
+
+
+def load_policy(model: str, *, threads: int | None = None) -> Policy:
+    """The network and its tokenizer; `threads` sets torch's intra-op thread count first."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    return Policy(model=load_model(model), tokenizer=load_tokenizer(model), model_id=model)

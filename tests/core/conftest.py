@@ -19,3 +19,10 @@ def tiny_policy(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     from sapo_core.policy.loading import load_policy
 
     return load_policy(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from sapo_core.policy.loading import load_policy
+
+    return load_policy(str(build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), family="qwen2")))

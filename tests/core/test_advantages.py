@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from sapo_core.grpo.advantages import group_advantages, group_index
+from sapo_core.grpo.advantages import dense_group_ids, group_advantages
 
 
-def test_group_index_numbers_in_first_seen_order() -> None:
-    assert group_index(["b", "a", "b", "c", "a"]).tolist() == [0, 1, 0, 2, 1]
+def test_dense_group_ids_number_in_first_seen_order() -> None:
+    assert dense_group_ids(["b", "a", "b", "c", "a"]).tolist() == [0, 1, 0, 2, 1]
 
 
 def test_group_scaling_by_hand() -> None:

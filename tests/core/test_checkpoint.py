@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -10,19 +11,24 @@ import torch
 from flows import checkpoint
 from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
 from sapo_core.learner import Learner
-from sapo_core.policy.loading import Policy, load_policy
+from sapo_core.policy.loading import Policy, load_model, load_policy
+from sapo_core.rollouts import Group
 
 
-def learner(model_dir: Path) -> Learner:
-    config = NodeConfig(
+def node_config(model_dir: Path, **grpo: Any) -> NodeConfig:
+    return NodeConfig(
         node_id="n",
         model=str(model_dir),
         local_groups=1,
         tasks=TaskConfig(specs=[TaskSpec(name="chain_sum")]),
         generation=GenerationConfig(completions_per_question=2, max_new_tokens=3),
-        grpo=GRPOConfig(drop_zero_variance=False),  # a random model earns 0: step anyway
+        # a random model earns 0: step anyway
+        grpo=GRPOConfig(drop_zero_variance=False, **grpo),
     )
-    return Learner(config)
+
+
+def learner(model_dir: Path) -> Learner:
+    return Learner(node_config(model_dir))
 
 
 def test_newest_only_stale_temporaries_removed_model_files_listed(
@@ -65,3 +71,59 @@ def test_restore_gives_back_weights_optimizer_and_counters(
     assert ours.keys() == theirs.keys() and len(ours) > 0
     for key in ours:
         assert torch.equal(ours[key]["exp_avg"], theirs[key]["exp_avg"])
+
+
+def test_resume_keeps_the_initial_weights_as_kl_reference(
+    tmp_path: Path, tiny_model_dir: Any
+) -> None:
+    config = node_config(tiny_model_dir, beta=0.1, learning_rate=1e-2)
+    me = Learner(config)
+    [group] = me.generate(0).groups
+    # One right answer in the group gives non-zero advantages, so the step moves the weights
+    # (at the reference the KL term alone has zero gradient).
+    right = dataclasses.replace(
+        group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>"
+    )
+    report = me.train(0, [Group(group.group_id, "local", (right, *group.rollouts[1:]))])
+    assert report.reward_mean == 0.5 and report.groups_trained == 1
+    saved = checkpoint.save(tmp_path, "n", me, 1)
+
+    again = Learner.from_checkpoint(config, saved.path, id_prefix="s.")
+    checkpoint.restore_into(again, saved)
+    initial = load_model(str(tiny_model_dir))
+    names = [name for name, _ in initial.named_parameters()]
+    pairs = zip(
+        initial.parameters(),
+        again.ref_model.parameters(),
+        me.policy.model.parameters(),
+        again.policy.model.parameters(),
+        strict=True,
+    )
+    moved = []
+    for name, (start, reference, trained, resumed) in zip(names, pairs, strict=True):
+        assert torch.equal(reference, start), name
+        assert torch.equal(resumed, trained), name
+        assert not reference.requires_grad
+        moved.append(not torch.equal(trained, start))
+    assert all(moved)  # every parameter trained away from the reference
+    assert again.policy.model_id == config.model and again.id_prefix == "s."
+    assert again.policy_version == 1
+    # The learner that trained still holds the initial weights as its reference too.
+    for start, reference in zip(initial.parameters(), me.ref_model.parameters(), strict=True):
+        assert torch.equal(reference, start)
+
+
+def test_a_passed_policy_is_not_the_reference_unless_passed_as_one(tiny_model_dir: Any) -> None:
+    config = node_config(tiny_model_dir, beta=0.1)
+    other = load_policy(str(tiny_model_dir))
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.add_(1.0)  # stands for a checkpoint's trained weights
+    initial = load_model(str(tiny_model_dir))
+    resumed = Learner(config, policy=other)
+    for start, reference in zip(initial.parameters(), resumed.ref_model.parameters(), strict=True):
+        assert torch.equal(reference, start)
+    chosen = load_model(str(tiny_model_dir))
+    given = Learner(config, policy=other, reference=chosen)
+    assert given.ref_model is chosen and not any(p.requires_grad for p in chosen.parameters())
+    assert Learner(node_config(tiny_model_dir), policy=other).ref_model is None  # beta 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
 from sapo_core.grpo.update import Segment, completion_logprobs, grpo_update, split_segments
 from sapo_core.learner import Learner
-from sapo_core.policy.hf_backend import TransformersBackend, top_p_filter
+from sapo_core.policy.hf_backend import TransformersBackend, stop_token_ids, top_p_filter
 from sapo_core.rollouts import Group
 
 PAD = 2  # any id works as padding: it is masked
@@ -132,6 +133,33 @@ def test_generation_is_reproducible_by_seed(tiny_policy: Any) -> None:
     cfg = GenerationConfig(completions_per_question=2, max_new_tokens=5)
     a = backend.generate(["hello"], cfg, seed=4)
     assert a == backend.generate(["hello"], cfg, seed=4)
+
+
+def _eos(ids: Any) -> types.SimpleNamespace:
+    """A stand-in model whose generation config names these eos ids."""
+    return types.SimpleNamespace(generation_config=types.SimpleNamespace(eos_token_id=ids))
+
+
+def test_stop_ids_are_the_tokenizer_and_generation_config_eos(tiny_policy: Any) -> None:
+    tok = tiny_policy.tokenizer
+    assert tiny_policy.model.generation_config.eos_token_id == tok.eos_token_id == 2
+    backend = TransformersBackend(tiny_policy)
+    assert backend.stop_set == {2} and backend.stop_ids.tolist() == [2]
+    assert tok.convert_ids_to_tokens(2) == "<|im_end|>"  # the bundled chat template's end
+    assert stop_token_ids(tok, _eos([7, 0])) == [0, 2, 7]  # a list, as Qwen2.5 and Llama 3 have
+    assert stop_token_ids(tok, _eos(7)) == [2, 7]
+    assert stop_token_ids(tok, _eos(None)) == [2]
+
+
+def test_generation_stops_at_the_generation_config_eos(tiny_model_dir: Any) -> None:
+    policy = _fresh_policy(tiny_model_dir)
+    # every id but the tokenizer's eos ends a completion: each must stop after one token
+    others = [i for i in range(len(policy.tokenizer)) if i != 2]
+    policy.model.generation_config.eos_token_id = others
+    backend = TransformersBackend(policy)
+    cfg = GenerationConfig(completions_per_question=4, max_new_tokens=5)
+    [group] = backend.generate(["hello"], cfg, seed=0)
+    assert [(len(c.token_ids), c.finished) for c in group] == [(1, True)] * 4
 
 
 def _fresh_policy(tiny_model_dir: Any) -> Any:

@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 from ledger import Ledger
+from tests.conftest import stop_process_group
 from tests.e2e.test_swarm import swarm_file, tiny_model  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _free_port() -> int:
@@ -47,7 +48,7 @@ def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> 
     server = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
          "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     served = None
     try:
@@ -64,6 +65,7 @@ def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> 
             [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
              "--interval", "5", "--rounds-per-run", "1"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )  # fmt: skip
         state = tmp_path / "work" / "nodes" / "node-0" / "checkpoints"
 
@@ -81,10 +83,7 @@ def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> 
         with Ledger(str(tmp_path / "work" / "ledger")) as ledger:
             assert ledger.query("SELECT count(*) AS n FROM rollouts")["n"][0] >= 12
     finally:
+        # each with what it started: the server's uvicorn, the flow runs `serve` spawned
         for proc in (served, server):
             if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop_process_group(proc)

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from tests.e2e.test_swarm import sapo
 from tests.tiny_models import build_tiny_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def experiment_file(tmp_path: Path, model: Path) -> Path:
@@ -90,6 +90,16 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
         "hive_partitioning = true) GROUP BY ALL"
     ).fetchall()
     assert dict(rows) == {s: 2 * 2 * 6 * 3 for s in expected}  # nodes x rounds x q x c
+    # Every node recorded its configuration as data (its manifest); nothing parses swarm ids.
+    manifests = duckdb.sql(
+        f"SELECT swarm_id, node_id, experiment, local_groups, external_groups, policy "
+        f"FROM read_json('{work}/ledger/_manifests/*/*/*.jsonl', format = 'newline_delimited') "
+        "ORDER BY ALL"
+    ).fetchall()
+    assert manifests == [
+        ("mini-1x1-reward-filtered", node, "mini", 1, 1, "reward_filtered")
+        for node in ("node-0", "node-1")
+    ] + [("mini-2x0", node, "mini", 2, 0, "reward_filtered") for node in ("node-0", "node-1")]
 
     # The flow's report and a separate `sapo report` agree with the direct SQL.
     for folder in (work / "reports" / "mini", tmp_path / "again"):

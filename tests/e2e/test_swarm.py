@@ -16,9 +16,11 @@ import pytest
 import yaml
 
 from ledger import Ledger
+from tests.conftest import stop_process_group
 from tests.tiny_models import build_tiny_model
 
-pytestmark = pytest.mark.e2e
+# Whole swarms take minutes: out of the default run (`pytest -m ''` or `-m slow` runs them).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +60,22 @@ def swarm_file(
 
 
 def sapo(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
+    """Run `sapo ...` to the end; whatever it started (nodes, their Prefect servers) is
+    stopped with it, also when it times out or the test fails."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         env={**os.environ, **(env or {})},
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        stop_process_group(proc)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
 
 
 def node_metrics(tracking_uri: str, experiment: str) -> dict[str, dict[str, Any]]:
@@ -181,16 +190,22 @@ def test_sigkill_mid_round_then_resume(tmp_path: Path, tiny_model: Path) -> None
     path = swarm_file(tmp_path, tiny_model, rounds=4, node_count=1, peer_wait_s=0)
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(path), "--node-id", "node-0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     ledger_dir = work / "ledger"
     deadline = time.monotonic() + 300
-    # kill it while round 1 runs: after round 0's checkpoint, once round 1 has published
-    while time.monotonic() < deadline:
-        if len(list(ledger_dir.rglob("r00000001-*.parquet"))) >= 1:
-            break
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        # kill it while round 1 runs: after round 0's checkpoint, once round 1 has published
+        while time.monotonic() < deadline:
+            if len(list(ledger_dir.rglob("r00000001-*.parquet"))) >= 1:
+                break
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        # the node's own Prefect server survives a SIGKILL of the node: stop it too
+        stop_process_group(proc)
     checkpoints = sorted((work / "nodes" / "node-0" / "checkpoints").glob("round-*"))
     state = json.loads((checkpoints[-1] / "state.json").read_text())
     assert state["next_round"] in (1, 2)  # killed after round 0 (or 1) was checkpointed

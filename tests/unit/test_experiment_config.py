@@ -42,16 +42,18 @@ def test_each_configuration_is_its_own_swarm_sharing_ledger_and_mlflow() -> None
     ids = [exp.swarm_id(c) for c in exp.configurations]
     assert ids == ["sweep-4x0", "sweep-2x2", "sweep-2x2-variance-weighted"]
     swarms = [exp.swarm_config(c) for c in exp.configurations]
-    assert {s.ledger_config().url for s in swarms} == {"/tmp/sapo-sweep-test/ledger"}
+    assert {s.ledger.url for s in swarms} == {"/tmp/sapo-sweep-test/ledger"}
     assert {s.tracking_uri() for s in swarms} == {"sqlite:////tmp/sapo-sweep-test/mlflow.db"}
     assert {s.tracking.experiment for s in swarms} == {"sweep"}
-    assert len({s.workdir_path() for s in swarms}) == 3  # checkpoints never collide
-    specs = [s.node_specs() for s in swarms]
+    # The experiment is data in each swarm's config (nodes write it into their manifests).
+    assert {s.experiment for s in swarms} == {"sweep"}
+    assert len({s.workdir for s in swarms}) == 3  # checkpoints never collide
+    specs = [s.nodes for s in swarms]
     assert [(n.node.local_groups, n.node.external_groups) for n in (s[0] for s in specs)] == [
         (4, 0), (2, 2), (2, 2)
     ]  # fmt: skip
-    assert specs[2][1].sampling == {"kind": "variance_weighted"}
-    assert specs[1][1].sampling == {"kind": "paper"}
+    assert specs[2][1].sampling.kind == "variance_weighted"
+    assert specs[1][1].sampling.kind == "paper"
     # Seeds, models and generation are the same node by node in every configuration.
     for a, b in zip(specs[0], specs[1], strict=True):
         assert a.node.seed == b.node.seed and a.node.model == b.node.model
@@ -69,6 +71,8 @@ def test_only_sharing_may_vary() -> None:
         make(swarm=swarm)
     with pytest.raises(ValidationError, match=r"swarm\.swarm_id is set per configuration"):
         make(swarm={**BASE["swarm"], "swarm_id": "x"})
+    with pytest.raises(ValidationError, match=r"swarm\.experiment is set per configuration"):
+        make(swarm={**BASE["swarm"], "experiment": "other"})
     with pytest.raises(ValidationError, match="the same"):
         make(configurations=[{"local_groups": 2, "external_groups": 2}] * 2)
     with pytest.raises(ValidationError, match="extra"):
@@ -100,8 +104,8 @@ def test_paper_sweep_is_the_papers_design() -> None:
     exp = load_experiment(EXAMPLES / "paper.yaml")
     assert [c.label for c in exp.configurations] == ["8/0", "6/2", "4/4", "2/6"]
     swarm = exp.swarm_config(exp.configurations[2])
-    node = swarm.node_specs()[0].node
-    assert len(swarm.node_specs()) == 8 and swarm.rounds == 2000
+    node = swarm.nodes[0].node
+    assert len(swarm.nodes) == 8 and swarm.rounds == 2000
     assert node.model.startswith("Qwen/Qwen2.5-0.5B")
     assert len(node.tasks.specs) == 9 and node.generation.completions_per_question == 8
     assert (node.grpo.beta, node.grpo.eps_low, node.grpo.eps_high) == (0.0, 0.2, 0.28)

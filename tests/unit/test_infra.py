@@ -55,9 +55,9 @@ def test_every_variable_has_an_example() -> None:
 
 def test_infra_swarm_config_points_at_the_stack() -> None:
     swarm = load_swarm(INFRA / "swarm.yaml")
-    ledger = swarm.ledger_config()
+    ledger = swarm.ledger
     assert ledger.url == "s3://sapo-ledger/ledger"
     assert ledger.storage_options["endpoint_url"] == "http://127.0.0.1:9000"
     assert swarm.tracking_uri() == "http://127.0.0.1:5000"
     assert swarm.prefect.api_url == "http://127.0.0.1:4200/api"
-    assert len(swarm.node_specs()) == 3
+    assert len(swarm.nodes) == 3

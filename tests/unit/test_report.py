@@ -1,4 +1,4 @@
-"""The sweep report's numbers on hand-made frames whose answers are known."""
+"""The report's numbers on hand-made frames whose answers are known."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import polars as pl
 import pytest
 
-from dashboards.figures import moving_average
-from dashboards.report import cross_check, markdown_table, summarise
+from dashboards.figures import label, moving_average
+from dashboards.report import cross_check, markdown_table, report_markdown, sections, summarise
 
 
 def rewards_frame() -> pl.DataFrame:
@@ -49,7 +49,7 @@ def test_summary_cumulative_reward_gain_and_quarters() -> None:
 
 def test_markdown_table_marks_baseline_and_gain() -> None:
     rows = summarise(rewards_frame()).to_dicts()
-    table = markdown_table(sorted(rows, key=lambda r: r["external_groups"]))
+    table = markdown_table(sorted(rows, key=lambda r: r["external_groups"]), sweep=True)
     lines = table.splitlines()
     assert lines[2].startswith("| 2/0 | - | 2 x 4 | 2.50 |") and "baseline" in lines[2]
     assert lines[3].startswith("| 1/1 | paper | 2 x 4 | 4.25 |") and "+70.0%" in lines[3]
@@ -80,3 +80,56 @@ def test_cross_check_finds_agreement_differences_and_gaps() -> None:
 def test_moving_average_is_trailing() -> None:
     assert moving_average([1.0, 0.0, 1.0, 0.0], window=2) == [1.0, 0.5, 0.5, 0.5]
     assert moving_average([], window=3) == []
+
+
+def without_configuration(frame: pl.DataFrame) -> pl.DataFrame:
+    """The same rewards as a ledger without manifests shows them: configuration NULL."""
+    return frame.with_columns(
+        pl.lit(None, pl.String).alias("experiment"),
+        pl.lit(None, pl.Int64).alias("local_groups"),
+        pl.lit(None, pl.Int64).alias("external_groups"),
+        pl.lit(None, pl.String).alias("policy"),
+    )
+
+
+def test_swarms_without_manifests_are_summarised_with_configuration_unknown() -> None:
+    frame = without_configuration(rewards_frame())
+    summary = {r["swarm_id"]: r for r in summarise(frame).to_dicts()}
+    assert set(summary) == {"exp-2x0", "exp-1x1"}  # the ids are names, never parsed
+    shared = summary["exp-1x1"]
+    assert shared["cumulative_reward"] == pytest.approx(4.25)
+    assert shared["experiment"] is None and shared["local_groups"] is None
+    assert shared["gain_over_baseline"] is None
+    rows = list(summary.values())
+    (only,) = sections(rows)
+    assert only.title == "Swarms" and not only.sweep
+    text = report_markdown(rows)
+    assert "gain" not in text and "| exp-1x1 | unknown | - | 2 x 4 | 4.25 |" in text
+    assert label(shared) == "exp-1x1"
+
+
+def test_a_swarm_whose_nodes_disagree_has_no_single_configuration() -> None:
+    frame = rewards_frame().with_columns(
+        pl.when((pl.col("swarm_id") == "exp-1x1") & (pl.col("node_id") == "b"))
+        .then(pl.lit(2))
+        .otherwise(pl.col("external_groups"))
+        .alias("external_groups")
+    )
+    summary = {r["swarm_id"]: r for r in summarise(frame).to_dicts()}
+    assert summary["exp-1x1"]["external_groups"] is None
+    assert summary["exp-1x1"]["local_groups"] == 1 and summary["exp-1x1"]["experiment"] == "exp"
+    assert summary["exp-1x1"]["cumulative_reward"] == pytest.approx(4.25)
+
+
+def test_sweeps_and_lone_swarms_get_their_own_tables() -> None:
+    lone = without_configuration(rewards_frame().filter(pl.col("swarm_id") == "exp-1x1"))
+    lone = lone.with_columns(pl.lit("solo").alias("swarm_id"))
+    rows = summarise(pl.concat([rewards_frame(), lone])).to_dicts()
+    assert [r["swarm_id"] for r in rows] == ["exp-2x0", "exp-1x1", "solo"]
+    parts = sections(rows)
+    assert [(p.title, p.sweep, len(p.rows)) for p in parts] == [
+        ("Sweep exp", True, 2), ("Swarms outside any experiment", False, 1)
+    ]  # fmt: skip
+    text = report_markdown(rows)
+    assert "**Sweep exp**" in text and "| 1/1 | paper | 2 x 4 | 4.25 |" in text
+    assert "| solo | unknown |" in text

@@ -1,0 +1,48 @@
+-- One row per node of every swarm: what its manifest declares (experiment, I, J, sampling
+-- policy, model; NULL for a node without a manifest), the rounds it published, its
+-- cumulative reward (the sum of its mean reward per round), the share of its groups whose
+-- rewards all agree, and how many groups it drew from how many peers (sample log).
+-- Relations: `rollouts`, `manifests` (see sweep_reward_per_round.sql), `groups` (see
+-- zero_variance_groups.sql) and `samples` (see most_sampled_peers.sql).
+WITH per_round AS (
+    SELECT swarm_id, node_id, node_round, avg(reward) AS reward_mean
+    FROM rollouts
+    GROUP BY swarm_id, node_id, node_round
+),
+per_node AS (
+    SELECT swarm_id, node_id, count(*) AS rounds, sum(reward_mean) AS cumulative_reward,
+           avg(reward_mean) AS mean_reward
+    FROM per_round
+    GROUP BY swarm_id, node_id
+),
+zero AS (
+    SELECT swarm_id, node_id, count(*) AS groups,
+           avg(CASE WHEN reward_max = reward_min THEN 1 ELSE 0 END) AS zero_variance_fraction
+    FROM groups
+    GROUP BY swarm_id, node_id
+),
+drawn AS (
+    SELECT swarm_id, node_id, count(*) AS groups_drawn, count(DISTINCT peer_node_id) AS peers
+    FROM samples
+    GROUP BY swarm_id, node_id
+)
+SELECT
+    m.experiment,
+    p.swarm_id,
+    p.node_id,
+    m.local_groups,
+    m.external_groups,
+    m.policy,
+    m.model_id,
+    p.rounds,
+    p.cumulative_reward,
+    p.mean_reward,
+    z.groups,
+    z.zero_variance_fraction,
+    coalesce(d.groups_drawn, 0)  AS groups_drawn,
+    coalesce(d.peers, 0)         AS peers_drawn_from
+FROM per_node p
+LEFT JOIN manifests m ON m.swarm_id = p.swarm_id AND m.node_id = p.node_id
+LEFT JOIN zero z ON z.swarm_id = p.swarm_id AND z.node_id = p.node_id
+LEFT JOIN drawn d ON d.swarm_id = p.swarm_id AND d.node_id = p.node_id
+ORDER BY p.swarm_id, p.node_id;

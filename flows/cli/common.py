@@ -1,0 +1,106 @@
+"""What every command group shares: option types, output formats, one-line errors."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from ledger import Ledger
+
+T = TypeVar("T")
+
+# Credentials stay strings ("0123" is not a number); other storage values get YAML types.
+_STRING_OPTIONS = frozenset({"key", "secret", "token", "endpoint_url", "region", "url_style"})
+
+UrlArg = Annotated[str, typer.Argument(help="Ledger root: a local path, file:// or s3://bkt/p.")]
+StorageOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        "-o",
+        help="key=value for the store (s3: key, secret, endpoint_url, region, url_style). "
+        "Defaults come from the standard AWS_* environment variables.",
+    ),
+]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")]
+SwarmFileOpt = Annotated[
+    Path | None,
+    typer.Option("-c", "--config", help="Swarm YAML (default: the embedded CPU swarm)."),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override any key: --set defaults.grpo.learning_rate=1e-5"),
+]
+WorkdirOpt = Annotated[
+    Path | None, typer.Option(help="Working directory (ledger, MLflow store, checkpoints).")
+]
+
+
+def fail(message: str) -> typer.Exit:
+    """Print `error: <message>` (one line) and give the exit to raise (status 2)."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(2)
+
+
+def key_values(
+    pairs: list[str] | None, *, hint: str, strings: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """`key=value` pairs; values parsed as YAML (numbers, booleans, null) except `strings`."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"expected key=value, got {pair!r}", param_hint=hint)
+        try:
+            out[name] = value if name in strings else yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise typer.BadParameter(f"{pair!r}: the value is not YAML", param_hint=hint) from exc
+    return out
+
+
+def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
+    return key_values(pairs, hint="-o", strings=_STRING_OPTIONS)
+
+
+def open_ledger(url: str, storage_options: list[str] | None) -> Ledger:
+    from ledger import Ledger
+
+    try:
+        return Ledger(url, parse_storage_options(storage_options))
+    except (ValueError, RuntimeError) as exc:
+        raise fail(str(exc)) from exc
+
+
+def print_frame(frame: pl.DataFrame, fmt: str) -> None:
+    import polars as pl
+
+    if fmt == "csv":
+        sys.stdout.write(frame.write_csv())
+    elif fmt == "json":
+        sys.stdout.write(frame.write_json() + "\n")
+    elif fmt == "table":
+        with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+            print(frame)
+    else:
+        raise fail(f"unknown format {fmt!r}: use table, csv or json")
+
+
+def guarded(action: Callable[[], T]) -> T:
+    """Run `action`, turning expected failures into a one-line error and exit code 2."""
+    import duckdb
+
+    from ledger import RecordError, StorageError
+
+    try:
+        return action()
+    except (RecordError, StorageError, ValueError, OSError, duckdb.Error) as exc:
+        raise fail(str(exc).strip().splitlines()[0]) from exc

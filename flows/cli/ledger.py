@@ -1,0 +1,178 @@
+"""`sapo ledger ...`: query, sample, validate and compact a rollout ledger.
+
+Needs only the base install (DuckDB, pyarrow, polars, s3fs): no torch, Prefect or MLflow.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import (
+    FormatOpt,
+    StorageOpt,
+    UrlArg,
+    fail,
+    guarded,
+    key_values,
+    open_ledger,
+    print_frame,
+)
+
+app = typer.Typer(
+    help="Query, sample, validate and compact a rollout ledger.", no_args_is_help=True
+)
+
+
+def _policy_help() -> str:
+    """Each policy kind with its parameters, read from the policy models themselves."""
+    from ledger.policies import PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy
+
+    kinds = []
+    for model in (PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy):
+        fields = [name for name in model.model_fields if name != "kind"]
+        kind = model.model_fields["kind"].default
+        kinds.append(f"{kind} ({', '.join(fields) or 'no parameters'})")
+    return "Policy kind: " + "; ".join(kinds) + "."
+
+
+@app.command("query")
+def query(
+    url: UrlArg,
+    sql: Annotated[
+        str | None,
+        typer.Argument(help="SQL over the views (see above); @FILE reads it from a file."),
+    ] = None,
+    dashboard: Annotated[
+        str | None, typer.Option(help="Run a shipped query from dashboards/sql by name.")
+    ] = None,
+    fmt: FormatOpt = "table",
+    storage_option: StorageOpt = None,
+) -> None:
+    """Run SQL over the ledger's views: rollouts, groups, samples, ledger_files."""
+    import dashboards
+
+    if (sql is None) == (dashboard is None):
+        raise fail(f"give SQL or --dashboard (one of: {', '.join(dashboards.names())})")
+    if dashboard is not None:
+        if dashboard not in dashboards.names():
+            raise fail(f"no dashboard {dashboard!r}; one of: {', '.join(dashboards.names())}")
+        text = dashboards.query(dashboard)
+    else:
+        text = str(sql)
+    if text.startswith("@"):
+        text = guarded(lambda: Path(text[1:]).read_text())
+    with open_ledger(url, storage_option) as led:
+        print_frame(guarded(lambda: led.query(text)), fmt)
+
+
+@app.command("sample")
+def sample(
+    url: UrlArg,
+    node_id: Annotated[str, typer.Option(help="The receiving node (never sampled from).")],
+    groups: Annotated[int, typer.Option(help="How many peer groups (J).", min=0)],
+    policy: Annotated[str, typer.Option(help=_policy_help())] = "paper",
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            "-p",
+            help="A policy parameter as key=value (repeatable), e.g. -p max_per_peer=1 "
+            "-p min_std=0.1; checked by the policy's model.",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the draw (replayable).")] = 0,
+    swarm_id: Annotated[str | None, typer.Option(help="Only this swarm's groups.")] = None,
+    show_sql: Annotated[bool, typer.Option(help="Print the policy's SQL and stop.")] = False,
+    fmt: FormatOpt = "table",
+    storage_option: StorageOpt = None,
+) -> None:
+    """Draw whole peer groups for a node with a sampling policy written in SQL."""
+    from pydantic import ValidationError
+
+    from ledger import parse_policy
+
+    spec = {**key_values(param, hint="--param"), "kind": policy}
+    try:
+        chosen = parse_policy(spec)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"][1:]) or "kind"
+        raise fail(f"bad sampling policy {policy!r}: {where}: {error['msg']}") from exc
+    if show_sql:
+        print(chosen.sql)
+        return
+    with open_ledger(url, storage_option) as led:
+        frame = guarded(lambda: led.sample(node_id, groups, chosen, seed, swarm_id=swarm_id))
+        print_frame(frame, fmt)
+
+
+@app.command("validate")
+def validate(
+    url: UrlArg,
+    strict: Annotated[bool, typer.Option(help="Exit 1 when anything was skipped.")] = False,
+    storage_option: StorageOpt = None,
+) -> None:
+    """Read every object and report what a reader skips, and why."""
+    with open_ledger(url, storage_option) as led:
+        report = guarded(led.validate)
+    print(f"ledger   {led.url}")
+    print(f"files    {report.files} ({report.ok_files} readable)")
+    print(f"rows     {report.rows} read, {report.valid_rows} valid in {report.groups} groups")
+    for key, status, detail in report.bad_files:
+        print(f"  skipped file {key}: {status}: {detail}")
+    for reason, count in sorted(report.skipped.items()):
+        print(f"  skipped {count:>8} x {reason}")
+    if report.clean:
+        print("clean: nothing skipped")
+    elif strict:
+        raise typer.Exit(1)
+
+
+@app.command("compact")
+def compact(
+    url: UrlArg,
+    node_id: Annotated[
+        list[str] | None, typer.Option(help="Compact this node's partitions (repeatable).")
+    ] = None,
+    all_nodes: Annotated[bool, typer.Option(help="Rewrite every node's partitions.")] = False,
+    swarm_id: Annotated[str | None, typer.Option(help="Only this swarm.")] = None,
+    before: Annotated[
+        str | None, typer.Option(help="Only days before this date, YYYY-MM-DD (default: today).")
+    ] = None,
+    all_days: Annotated[bool, typer.Option(help="Include today's partitions.")] = False,
+    min_files: Annotated[int, typer.Option(min=2)] = 2,
+    target_rows: Annotated[int, typer.Option(min=1)] = 1_000_000,
+    storage_option: StorageOpt = None,
+) -> None:
+    """Merge the small files of older partitions into few large ones."""
+    if not node_id and not all_nodes:
+        raise fail("name the nodes to compact with --node-id, or pass --all-nodes")
+    cutoff = date.max if all_days else (_day(before) if before else None)
+    with open_ledger(url, storage_option) as led:
+        report = guarded(
+            lambda: led.compact(
+                node_id,
+                swarm_id=swarm_id,
+                all_nodes=all_nodes,
+                before=cutoff,
+                min_files=min_files,
+                target_rows=target_rows,
+            )
+        )
+    print(
+        f"compacted {report.files_in} files into {report.files_out} "
+        f"({report.rows} rows, {report.jobs} partitions)"
+    )
+    for partition in report.skipped_partitions:
+        print(f"  skipped {partition} (changed while compacting; run again)")
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError as exc:
+        raise fail(f"--before {text!r} is not a date (YYYY-MM-DD)") from exc

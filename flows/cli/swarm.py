@@ -1,0 +1,182 @@
+"""`sapo swarm`, `sapo node`, `sapo deploy` and `sapo demo`: running nodes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from flows.cli.common import SetOpt, SwarmFileOpt, WorkdirOpt, fail, print_frame
+
+if TYPE_CHECKING:
+    from flows.config import SwarmConfig
+
+
+def load(
+    config: Path | None,
+    overrides: list[str] | None,
+    nodes: int | None = None,
+    rounds: int | None = None,
+    workdir: Path | None = None,
+) -> SwarmConfig:
+    """The swarm file resolved with flags and overrides, or a one-line error (exit 2)."""
+    from flows.config import ConfigError, load_swarm
+
+    try:
+        return load_swarm(config, overrides or [], nodes=nodes, rounds=rounds, workdir=workdir)
+    except ConfigError as exc:
+        raise fail(f"bad swarm configuration: {exc}") from exc
+
+
+def check_ledger(swarm: SwarmConfig) -> None:
+    """Fail before anything starts when the ledger cannot be listed."""
+    from ledger import Ledger
+    from ledger.storage import StorageError
+
+    try:
+        with Ledger.from_config(swarm.ledger) as ledger:
+            ledger.refresh()
+    except (StorageError, OSError) as exc:
+        raise fail(f"ledger unreachable at {swarm.ledger.url}: {exc}") from exc
+
+
+def where(cfg: SwarmConfig) -> str:
+    return (
+        f"ledger: {cfg.ledger.url}  (sapo ledger query {cfg.ledger.url} "
+        f"--dashboard reward_per_node_round)\n"
+        f"MLflow: mlflow ui --backend-store-uri {cfg.tracking_uri()}"
+    )
+
+
+def swarm(
+    config: SwarmFileOpt = None,
+    nodes: Annotated[int | None, typer.Option(min=1, max=256, help="Number of nodes.")] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds per node (total).")] = None,
+    workdir: WorkdirOpt = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
+    from flows.swarm import run_swarm, write_resolved
+
+    cfg = load(config, overrides, nodes, rounds, workdir)
+    check_ledger(cfg)
+    resolved = write_resolved(cfg)
+    print(
+        f"swarm {cfg.swarm_id}: {len(cfg.nodes)} nodes x {cfg.rounds} rounds; "
+        f"ledger {cfg.ledger.url}; MLflow {cfg.tracking_uri()}"
+    )
+    failed = run_swarm(cfg, resolved)
+    print(where(cfg))
+    if failed:
+        raise fail(f"{failed} node(s) failed")
+
+
+def node(
+    node_id: Annotated[str, typer.Option("--node-id", help="Which node of the swarm file.")],
+    config: SwarmFileOpt = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Run until this round total.")] = None,
+    more_rounds: Annotated[
+        int | None, typer.Option(min=1, help="Run this many rounds past the checkpoint.")
+    ] = None,
+    workdir: WorkdirOpt = None,
+    overrides: SetOpt = None,
+    parent_run_id: Annotated[
+        str | None, typer.Option(envvar="SAPO_PARENT_RUN_ID", help="MLflow parent run.")
+    ] = None,
+) -> None:
+    """Run one node against any ledger URL (a swarm can span machines sharing a bucket)."""
+    from flows.config import ConfigError
+    from flows.swarm import write_resolved
+
+    cfg = load(config, overrides, rounds=rounds, workdir=workdir)
+    try:
+        cfg.node(node_id)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    check_ledger(cfg)
+    if os.environ.get("PREFECT_HOME"):
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    # The flow gets the resolved file, so a Prefect run records exactly what it ran.
+    path = write_resolved(cfg, cfg.workdir / "nodes" / node_id / "swarm.yaml")
+    from flows.round import node_flow
+
+    node_flow(
+        node_id,
+        swarm_file=str(path),
+        until_round=cfg.rounds,
+        more_rounds=more_rounds,
+        parent_run_id=parent_run_id,
+    )
+
+
+def deploy(
+    config: SwarmFileOpt = None,
+    cron: Annotated[str | None, typer.Option(help="Cron schedule, e.g. '*/10 * * * *'.")] = None,
+    interval: Annotated[
+        float | None, typer.Option(min=1, help="Interval schedule in seconds.")
+    ] = None,
+    rounds_per_run: Annotated[int, typer.Option(min=1, help="Rounds each run adds.")] = 1,
+    work_pool: Annotated[
+        str | None, typer.Option(help="Register with this work pool (workers run them).")
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option(help="Run the schedules in this process until stopped.")
+    ] = False,
+    workdir: WorkdirOpt = None,
+    overrides: SetOpt = None,
+) -> None:
+    """One Prefect deployment per node, on a cron or interval schedule."""
+    from flows import deploy as deploying
+
+    cfg = load(config, overrides, workdir=workdir)
+    if (cron is None) == (interval is None):
+        raise fail("give exactly one of --cron or --interval")
+    if serve == (work_pool is not None):
+        raise fail("give exactly one of --serve or --work-pool NAME")
+    if work_pool is not None:
+        if not os.environ.get("PREFECT_API_URL"):
+            raise fail("--work-pool needs a Prefect server: set PREFECT_API_URL")
+        ids = deploying.register_with_pool(
+            cfg, work_pool=work_pool, cron=cron, interval_s=interval, rounds_per_run=rounds_per_run
+        )
+        print(
+            f"registered {len(ids)} deployments with work pool {work_pool!r}; run workers "
+            f"with: prefect worker start --pool {work_pool}"
+        )
+        return
+    from prefect import serve as prefect_serve
+
+    made = deploying.deployments(cfg, cron=cron, interval_s=interval, rounds_per_run=rounds_per_run)
+    print(f"serving {len(made)} deployments of swarm {cfg.swarm_id}; Ctrl-C stops")
+    prefect_serve(*made)
+
+
+def demo(
+    workdir: WorkdirOpt = None,
+    rounds: Annotated[int | None, typer.Option(min=1)] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, max=64)] = None,
+    synthetic: Annotated[
+        bool, typer.Option(help="Only exercise the ledger with synthetic nodes (no model).")
+    ] = False,
+) -> None:
+    """The embedded CPU swarm (3 nodes, bundled model), then the ledger's dashboards."""
+    if synthetic:
+        from flows.demo import run_ledger_demo
+
+        run_ledger_demo(
+            workdir or Path("sapo-work"), nodes=max(2, nodes or 4), rounds=rounds or 5, out=print
+        )
+        return
+    import polars as pl
+
+    import dashboards
+    from ledger import Ledger
+
+    swarm(config=None, nodes=nodes, rounds=rounds, workdir=workdir, overrides=None)
+    cfg = load(None, None, nodes=nodes, rounds=rounds, workdir=workdir)
+    with Ledger.from_config(cfg.ledger) as ledger:
+        print(f"\nreward per node and round ({cfg.swarm_id}, claimed by each publisher):")
+        frame = ledger.query(dashboards.query("reward_per_node_round"))
+        print_frame(frame.filter(pl.col("swarm_id") == cfg.swarm_id), "table")

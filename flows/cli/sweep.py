@@ -1,0 +1,84 @@
+"""`sapo experiment` and `sapo report`: sharing sweeps and the report of any ledger."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import SetOpt, StorageOpt, fail, guarded, parse_storage_options
+
+
+def experiment(
+    config: Annotated[Path, typer.Option("-c", "--config", help="Experiment YAML (a sweep).")],
+    dry_run: Annotated[
+        bool, typer.Option(help="Validate the sweep and print its plan; train nothing.")
+    ] = False,
+    report_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where the report goes (default <workdir>/reports/<experiment>)."),
+    ] = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Run a sweep of sharing configurations (same seeds, tasks, models), then its report."""
+    from flows.config import ConfigError
+    from flows.experiment import format_plan, load_experiment
+
+    try:
+        exp = load_experiment(config, overrides or [])
+    except ConfigError as exc:
+        raise fail(f"bad experiment configuration: {exc}") from exc
+    print(format_plan(exp))
+    if dry_run:
+        return
+    if not os.environ.get("PREFECT_API_URL"):
+        # The sweep's own ephemeral Prefect; each node process gets its own (flows/swarm.py).
+        home = exp.workdir_path() / "prefect" / "experiment"
+        home.mkdir(parents=True, exist_ok=True)
+        os.environ["PREFECT_HOME"] = str(home)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from flows.experiment_flow import experiment_flow
+
+    result = experiment_flow(
+        str(config.resolve()),
+        exp.experiment,
+        overrides or [],
+        str(report_dir.resolve()) if report_dir else None,
+    )
+    print(f"report: {result['report']}")
+    if result["failed"]:
+        raise fail(f"{result['failed']} node(s) failed")
+
+
+def report(
+    ledger: Annotated[str, typer.Option(help="Ledger root: a path, file:// or s3://bkt/p.")],
+    out: Annotated[Path, typer.Option(help="Folder for report.html, figures and report.json.")],
+    mlflow: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI to cross-check against.")
+    ] = None,
+    experiment_name: Annotated[
+        str | None, typer.Option("--experiment", help="Only this experiment's swarms.")
+    ] = None,
+    storage_option: StorageOpt = None,
+) -> None:
+    """Report every swarm in a ledger, and each sweep's comparison: HTML, PNGs, tables."""
+    from flows.reporting import report_ledger
+
+    made = guarded(
+        lambda: report_ledger(
+            ledger,
+            out,
+            tracking_uri=mlflow,
+            experiment=experiment_name,
+            storage_options=parse_storage_options(storage_option),
+        )
+    )
+    print(made.markdown)
+    if made.check is not None:
+        print(
+            f"MLflow cross-check: {'consistent' if made.check.consistent else 'INCONSISTENT'} "
+            f"({made.check.matched} node-rounds, max difference {made.check.max_abs_diff:.1e})"
+        )
+    print(f"report: {made.html}")

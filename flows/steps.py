@@ -1,0 +1,238 @@
+"""The steps of a node's round as plain functions: generate -> publish -> sample -> reward ->
+update, then checkpoint and track.
+
+Each step takes the node's runtime and the round's `RoundState` (what one step hands the
+next inside the node's process: the model's output is too large to pass between Prefect
+tasks) and returns something small: a count, keys, group ids. The Prefect tasks in
+flows/round.py are one-line calls of these; tests call them directly, without Prefect.
+A round's metrics are built in one place, `round_metrics`, from the state the steps left.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from flows import checkpoint as checkpoints
+from flows.runtime import NodeRuntime
+from sapo_core.assembly import TrainingSet
+from sapo_core.learner import Generated, RoundReport
+from sapo_core.rollouts import Group, Rollout, group_rollouts
+
+P = ParamSpec("P")
+R = TypeVar("R")
+PEER_POLL_S = 0.5
+
+
+@dataclass
+class RoundState:
+    """What one round carries from step to step."""
+
+    round: int
+    started: float = field(default_factory=time.perf_counter)
+    generated: Generated | None = None
+    external: list[Group] = field(default_factory=list)
+    chosen: TrainingSet | None = None
+    flagged: int = 0
+    report: RoundReport | None = None
+    checkpoint: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # per step
+
+
+def timed(
+    name: str,
+) -> Callable[
+    [Callable[Concatenate[NodeRuntime, RoundState, P], R]],
+    Callable[Concatenate[NodeRuntime, RoundState, P], R],
+]:
+    """A step: announced to the progress display and timed into the round's state."""
+
+    def wrap(
+        step: Callable[Concatenate[NodeRuntime, RoundState, P], R],
+    ) -> Callable[Concatenate[NodeRuntime, RoundState, P], R]:
+        @functools.wraps(step)
+        def run(node: NodeRuntime, state: RoundState, *args: P.args, **kwargs: P.kwargs) -> R:
+            node.progress.emit("step", round=state.round, step=name)
+            began = time.perf_counter()
+            try:
+                return step(node, state, *args, **kwargs)
+            finally:
+                state.seconds[name] = time.perf_counter() - began
+
+        return run
+
+    return wrap
+
+
+@timed("generate")
+def generate(node: NodeRuntime, state: RoundState) -> int:
+    """Sample this round's groups; returns the number of completions made."""
+    state.generated = node.learner.generate(state.round, node.progress.generation)
+    return sum(len(g.rollouts) for g in state.generated.groups)
+
+
+@timed("publish")
+def publish(node: NodeRuntime, state: RoundState) -> list[str]:
+    """Write the round's groups to the ledger (a retry writes nothing); returns keys."""
+    generated = _require(state.generated, state, "publish", "generate")
+    rows = [
+        r.to_record() | {"swarm_id": node.swarm.swarm_id}
+        for g in generated.groups
+        for r in g.rollouts
+    ]
+    return node.ledger.publish(rows)
+
+
+@timed("sample")
+def sample(node: NodeRuntime, state: RoundState) -> list[str]:
+    """Draw J peers' groups with the node's policy; returns their group ids."""
+    config = node.spec.node
+    state.external = []
+    if config.external_groups > 0:
+        seed = sample_seed(config.seed, state.round)
+        wait_for_peers(node, seed)
+        frame = node.ledger.sample(
+            node.node_id,
+            config.external_groups,
+            node.spec.sampling,
+            seed=seed,
+            swarm_id=node.swarm.swarm_id,
+            record_round=state.round,
+        )
+        rows = [Rollout.from_record(row) for row in frame.iter_rows(named=True)]
+        state.external = group_rollouts(rows, "external")
+    return [g.group_id for g in state.external]
+
+
+def sample_seed(node_seed: int, round_: int) -> int:
+    """The seed of a node's draw in a round: replayable, different per node and round."""
+    return node_seed * 1_000_003 + round_
+
+
+def wait_for_peers(node: NodeRuntime, seed: int) -> None:
+    """Up to peer_wait_s for J qualifying peer groups to exist (a bounded warm-up)."""
+    wanted = node.spec.node.external_groups
+    deadline = time.monotonic() + node.swarm.peer_wait_s
+    while time.monotonic() < deadline:
+        found = node.ledger.sample_group_ids(
+            node.node_id, wanted, node.spec.sampling, seed=seed, swarm_id=node.swarm.swarm_id
+        )
+        if len(found) >= wanted:
+            return
+        time.sleep(PEER_POLL_S)
+
+
+@timed("reward")
+def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    """Score own and peers' groups with this node's verifier; assemble I + J."""
+    generated = _require(state.generated, state, "reward", "generate")
+    state.chosen, state.flagged = node.learner.select(state.round, generated.groups, state.external)
+    return {"groups": float(len(state.chosen.selected)), "flagged_rows": float(state.flagged)}
+
+
+@timed("update")
+def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    """The GRPO step; adds the training set's rewards to the node's cumulative reward."""
+    chosen = _require(state.chosen, state, "update", "reward")
+    state.report = node.learner.update(state.round, chosen, state.flagged)
+    node.cumulative_reward += sum(chosen.rewards())
+    return {"reward_mean": state.report.reward_mean, "cumulative_reward": node.cumulative_reward}
+
+
+def checkpoint_due(done: int, every: int, *, force: bool) -> bool:
+    """Whether a node that finished `done` rounds checkpoints now (every K rounds, or forced
+    at the end of a run)."""
+    return force or done % every == 0
+
+
+@timed("checkpoint")
+def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> str | None:
+    """Checkpoint after the round every K rounds (or when forced); returns its path."""
+    done = state.round + 1
+    if not checkpoint_due(done, node.swarm.checkpoint_every, force=force):
+        return None
+    saved = checkpoints.save(node.workdir, node.node_id, node.learner, done, node.cumulative_reward)
+    node.next_round = done
+    state.checkpoint = str(saved.path)
+    return state.checkpoint
+
+
+def round_metrics(
+    node: NodeRuntime, state: RoundState, *, now: float | None = None
+) -> dict[str, float]:
+    """Every figure of a finished round, by its MLflow name: rewards, training, timings.
+
+    `seconds_<step>` for each step that ran and `seconds_orchestration` for the rest of
+    the round's wall time so far (Prefect's task bookkeeping, the flow's own work)."""
+    report = _require(state.report, state, "metrics", "update")
+    generated = _require(state.generated, state, "metrics", "generate")
+    metrics: dict[str, float] = {
+        # The mean over the training set (own and peers' groups, this node's verifier).
+        "reward_mean": report.reward_mean,
+        "cumulative_reward": node.cumulative_reward,
+        # The mean over everything the node generated (and published) this round: the
+        # policy's own accuracy, what the ledger's per-publisher SQL recomputes.
+        "generated_reward_mean": generated.reward_mean,
+        "zero_variance_fraction": report.zero_variance_fraction,
+        "external_groups_used": float(report.external_groups_used),
+        "groups_trained": float(report.groups_trained),
+        "flagged_rows": float(report.flagged_rows),
+        "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
+        "policy_version": float(node.learner.policy_version),
+    }
+    if report.local_reward_mean is not None:
+        metrics["local_reward_mean"] = report.local_reward_mean
+    if report.external_reward_mean is not None:
+        metrics["external_reward_mean"] = report.external_reward_mean
+    for key, name in UPDATE_METRICS.items():
+        if key in report.update:
+            metrics[name] = report.update[key]
+    for step, seconds in state.seconds.items():
+        metrics[f"seconds_{step}"] = seconds
+    wall = (time.perf_counter() if now is None else now) - state.started
+    metrics["seconds_orchestration"] = max(wall - sum(state.seconds.values()), 0.0)
+    return metrics
+
+
+# The update's figures under their MLflow names.
+UPDATE_METRICS = {
+    "loss": "loss",
+    "clip_fraction": "clip_fraction",
+    "ratio_mean": "ratio_mean",
+    "kl": "kl",
+    "grad_norm": "grad_norm",
+    "tokens_per_s": "update_tokens_per_s",
+}
+
+
+def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    """The round's metrics, logged to the node's MLflow run (when tracking is on)."""
+    metrics = round_metrics(node, state)
+    if node.run is not None:
+        node.run.tracker.log_metrics(node.run.run_id, metrics, step=state.round)
+    return metrics
+
+
+def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:
+    """The one-line summary printed after each round."""
+    ext = metrics.get("external_reward_mean")
+    return (
+        f"{node_id} round {round_}: reward {metrics['reward_mean']:.3f} "
+        f"(local {metrics.get('local_reward_mean', float('nan')):.3f}, "
+        f"external {'-' if ext is None else f'{ext:.3f}'}, "
+        f"{int(metrics['external_groups_used'])} peer groups), "
+        f"cumulative {metrics['cumulative_reward']:.1f}, "
+        f"{sum(v for k, v in metrics.items() if k.startswith('seconds_')):.1f}s"
+    )
+
+
+T = TypeVar("T")
+
+
+def _require(value: T | None, state: RoundState, step: str, before: str) -> T:
+    if value is None:
+        raise RuntimeError(f"round {state.round}: {step} before {before}")
+    return value

@@ -1,0 +1,150 @@
+"""A node's round, step by step, without Prefect: a local ledger, tiny models, no MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from flows import checkpoint as checkpoints
+from flows import steps
+from flows.config import SwarmConfig, load_swarm
+from flows.runtime import NodeRuntime, open_node
+from flows.steps import RoundState
+from tests.tiny_models import build_tiny_model
+
+
+def make_swarm(tmp_path: Path, grpo: dict | None = None, **changes: object) -> SwarmConfig:
+    model = tmp_path / "model"
+    if not model.exists():
+        build_tiny_model(model)
+    data = {
+        "swarm_id": "steps",
+        "workdir": str(tmp_path / "work"),
+        "rounds": 2,
+        "checkpoint_every": 2,
+        "sampling": {"kind": "reward_filtered", "require_variance": False},
+        "tracking": {"enabled": False},
+        "defaults": {
+            "model": str(model),
+            "local_groups": 2,
+            "external_groups": 1,
+            "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
+            "generation": {"completions_per_question": 2, "max_new_tokens": 3},
+            "grpo": {"drop_zero_variance": False, **(grpo or {})},
+        },
+        "nodes": [{"node_id": "a", "seed": 0}, {"node_id": "b", "seed": 1}],
+        **changes,
+    }
+    return load_swarm(text=yaml.safe_dump(data))
+
+
+def run_round(node: NodeRuntime, round_: int, *, force: bool = False) -> dict[str, float]:
+    state = RoundState(round_)
+    assert steps.generate(node, state) == node.spec.node.questions * 2
+    assert steps.publish(node, state)
+    steps.sample(node, state)
+    steps.reward(node, state)
+    steps.update(node, state)
+    steps.checkpoint(node, state, force=force)
+    return steps.track(node, state)
+
+
+def test_a_round_publishes_samples_peers_trains_and_reports(tmp_path: Path) -> None:
+    swarm = make_swarm(tmp_path)
+    a = open_node(swarm, "a")
+    b = open_node(swarm, "b")
+    try:
+        run_round(a, 0)  # a publishes 3 groups (I + J questions) of 2 completions
+        assert a.ledger.query("SELECT count(*) FROM rollouts").item() == 6
+
+        state = RoundState(0)
+        steps.generate(b, state)
+        keys = steps.publish(b, state)
+        assert keys == steps.publish(b, state)  # a retried publish writes the same keys
+        drawn = steps.sample(b, state)
+        assert len(drawn) == 1 and drawn[0].startswith("steps.a.r0.")  # a's, never b's own
+        assert steps.reward(b, state) == {"groups": 3.0, "flagged_rows": 0.0}
+        figures = steps.update(b, state)
+        assert steps.checkpoint(b, state) is None  # every 2 rounds: not after round 0
+        metrics = steps.track(b, state)
+
+        chosen = state.chosen
+        assert chosen is not None
+        assert figures["cumulative_reward"] == pytest.approx(sum(chosen.rewards()))
+        assert metrics["cumulative_reward"] == b.cumulative_reward == figures["cumulative_reward"]
+        assert metrics["external_groups_used"] == 1.0 and metrics["groups_trained"] == 3.0
+        assert metrics["policy_version"] == 1.0
+        assert set(state.seconds) == {
+            "generate", "publish", "sample", "reward", "update", "checkpoint",
+        }  # fmt: skip
+        for name in ("generate", "publish", "sample", "reward", "update", "orchestration"):
+            assert metrics[f"seconds_{name}"] >= 0.0
+        assert "seconds_track" not in metrics
+        assert "loss" in metrics and "update_tokens_per_s" in metrics  # the update ran
+        # The ledger's own mean over b's completions is what MLflow would get.
+        sql = "SELECT avg(reward) FROM rollouts WHERE node_id = 'b' AND node_round = 0"
+        assert metrics["generated_reward_mean"] == pytest.approx(b.ledger.query(sql).item())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_steps_out_of_order_fail_clearly(tmp_path: Path) -> None:
+    node = open_node(make_swarm(tmp_path), "a")
+    try:
+        with pytest.raises(RuntimeError, match="round 4: publish before generate"):
+            steps.publish(node, RoundState(4))
+        with pytest.raises(RuntimeError, match="update before reward"):
+            steps.update(node, RoundState(4))
+    finally:
+        node.close()
+
+
+def test_checkpoint_cadence_and_resume(tmp_path: Path) -> None:
+    swarm = make_swarm(tmp_path, checkpoint_every=2)
+    assert [steps.checkpoint_due(d, 2, force=False) for d in (1, 2, 3, 4)] == [
+        False, True, False, True,
+    ]  # fmt: skip
+    assert steps.checkpoint_due(1, 2, force=True)
+    node = open_node(swarm, "a")
+    try:
+        run_round(node, 0)
+        assert checkpoints.latest(swarm.workdir, "a") is None
+        run_round(node, 1)
+        saved = checkpoints.latest(swarm.workdir, "a")
+        assert saved is not None and saved.next_round == 2 == node.next_round
+        cumulative = node.cumulative_reward
+    finally:
+        node.close()
+    again = open_node(swarm, "a")
+    try:
+        assert again.next_round == 2 and again.cumulative_reward == pytest.approx(cumulative)
+        assert again.learner.policy_version == 2
+    finally:
+        again.close()
+
+
+def test_resume_keeps_the_kl_reference_at_the_initial_model(tmp_path: Path) -> None:
+    # A tiny random model earns no reward, so its advantages are zero: weight decay is what
+    # moves the policy away from the reference here.
+    grpo = {"beta": 0.04, "weight_decay": 0.1, "learning_rate": 1e-2}
+    swarm = make_swarm(tmp_path, grpo=grpo, checkpoint_every=1)
+    node = open_node(swarm, "a")
+    initial = [p.detach().clone() for p in node.learner.ref_model.parameters()]
+    try:
+        run_round(node, 0)
+        trained = [p.detach().clone() for p in node.learner.policy.model.parameters()]
+    finally:
+        node.close()
+    resumed = open_node(swarm, "a")
+    try:
+        ref = list(resumed.learner.ref_model.parameters())
+        policy = list(resumed.learner.policy.model.parameters())
+        assert all(torch.equal(x, y) for x, y in zip(initial, ref, strict=True))
+        assert all(torch.equal(x, y) for x, y in zip(trained, policy, strict=True))
+        assert any(not torch.equal(x, y) for x, y in zip(trained, ref, strict=True))
+    finally:
+        resumed.close()

@@ -1,0 +1,128 @@
+"""What `pip install sapo-swarm` gives: the ledger and `sapo ledger ...` without torch,
+Transformers, Prefect or MLflow; and every package the code imports is declared."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("ledger", "flows", "sapo_core", "dashboards")
+HEAVY = ("torch", "transformers", "prefect", "mlflow", "reasoning_gym", "matplotlib")
+NOT_IN_BASE = {"torch", "transformers", "prefect", "mlflow", "reasoning-gym", "gguf", "matplotlib"}
+# Import name -> distribution, where they differ (checked without the packages installed).
+DISTRIBUTION_OF = {
+    "yaml": "pyyaml",
+    "duckdb_extension_httpfs": "duckdb-extension-httpfs",
+    "reasoning_gym": "reasoning-gym",
+}
+
+LEDGER_ONLY = textwrap.dedent(
+    """
+    import contextlib, io, json, runpy, sys
+
+    BLOCKED = set(sys.argv[2].split(","))
+    for name in BLOCKED:
+        # What the import system (and importlib.util.find_spec) take for "not installed":
+        # `import torch` raises ImportError, find_spec("torch") answers None.
+        sys.modules[name] = None
+
+    import dashboards
+    import dashboards.report  # its figures import matplotlib only when they draw
+    from ledger import Ledger
+    from ledger.synthetic import synthetic_round
+
+    url = sys.argv[1]
+    with Ledger(url) as led:
+        for node in ("a", "b"):
+            led.publish(synthetic_round("sw", node, 0, n_groups=3, group_size=4))
+        direct = led.query("SELECT count(*) FROM rollouts").item()
+    shipped = dashboards.query("swarm_totals")
+
+    import flows.cli
+
+    out = io.StringIO()
+    sys.argv = ["sapo", "ledger", "query", url, "SELECT count(*) AS n FROM rollouts", "-f", "json"]
+    code = None
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_module("flows.cli", run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            code = exc.code
+    loaded = sorted(m for m in BLOCKED if sys.modules.get(m) is not None)
+    print(json.dumps({"direct": direct, "cli": out.getvalue(), "code": code,
+                      "dashboard": bool(shipped), "loaded": loaded}))
+    """
+)
+
+
+def test_the_ledger_and_its_commands_run_without_the_heavy_stacks(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LEDGER_ONLY, str(tmp_path / "ledger"), ",".join(HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["direct"] == 2 * 3 * 4
+    assert result["code"] in (None, 0), result
+    assert json.loads(result["cli"]) == [{"n": 2 * 3 * 4}]
+    assert result["dashboard"] and result["loaded"] == []
+
+
+def _declared() -> tuple[set[str], dict[str, set[str]]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {_normal(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in requirements}
+
+    extras = {k: names(v) for k, v in project["optional-dependencies"].items()}
+    return names(project["dependencies"]), extras
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level names imported by the packages, outside the standard library: name -> files."""
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules = [node.module]
+                else:
+                    continue
+                for module in modules:
+                    top = module.partition(".")[0]
+                    if top not in sys.stdlib_module_names and top not in PACKAGES:
+                        found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_the_base_install_is_the_ledger_and_every_import_is_declared() -> None:
+    base, extras = _declared()
+    assert not base & NOT_IN_BASE, base & NOT_IN_BASE
+    assert {"duckdb", "pyarrow", "polars", "s3fs", "pydantic", "pyyaml", "typer"} <= base
+    assert "sapo-swarm" in extras["dev"] and "sapo-swarm" in extras["all"]
+    declared = base.union(*extras.values())
+    installed = packages_distributions()
+    missing = {}
+    for name, files in _third_party_imports().items():
+        candidates = {_normal(DISTRIBUTION_OF.get(name, name))}
+        candidates |= {_normal(d) for d in installed.get(name, [])}
+        if not candidates & declared:
+            missing[name] = sorted(files)
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"

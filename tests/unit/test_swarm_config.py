@@ -1,0 +1,143 @@
+"""The swarm file: typed, resolved once, and every mistake one line naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.config import ConfigError, NodeSpec, SwarmConfig, load_swarm, swarm_yaml
+from ledger import LedgerConfig, RewardFilteredPolicy, VarianceWeightedPolicy
+from sapo_core.config import NodeConfig
+
+SWARM = {
+    "swarm_id": "typed",
+    "workdir": "/tmp/sapo-typed",
+    "sampling": {"kind": "reward_filtered", "max_per_peer": 2},
+    "defaults": {"local_groups": 3, "external_groups": 1, "grpo": {"learning_rate": 1e-5}},
+    "nodes": [
+        {"node_id": "a", "seed": 0},
+        {"node_id": "b", "seed": 1, "grpo": {"beta": 0.04}, "sampling": {"min_mean_reward": 0.2}},
+        {"node_id": "c", "seed": 2, "sampling": {"kind": "variance_weighted", "min_std": 0.1}},
+    ],
+}
+
+
+def test_nodes_ledger_and_policies_are_typed_and_merged_once() -> None:
+    cfg = load_swarm(text=yaml.safe_dump(SWARM))
+    assert isinstance(cfg.ledger, LedgerConfig)
+    assert all(isinstance(s, NodeSpec) and isinstance(s.node, NodeConfig) for s in cfg.nodes)
+    a, b, c = cfg.nodes
+    assert (a.node.local_groups, a.node.external_groups) == (3, 1)
+    assert a.node.grpo.learning_rate == b.node.grpo.learning_rate == 1e-5  # deep merge
+    assert (a.node.grpo.beta, b.node.grpo.beta) == (0.0, 0.04)
+    assert a.sampling == RewardFilteredPolicy(max_per_peer=2)
+    assert b.sampling == RewardFilteredPolicy(max_per_peer=2, min_mean_reward=0.2)
+    # Another kind does not inherit the swarm policy's parameters.
+    assert c.sampling == VarianceWeightedPolicy(min_std=0.1)
+    assert cfg.node("b") is b
+    with pytest.raises(ConfigError, match="no node 'z'"):
+        cfg.node("z")
+
+
+def test_defaults_live_in_one_place() -> None:
+    cfg = load_swarm(text="swarm_id: s\nworkdir: /tmp/sapo-one\n")
+    assert cfg.ledger.max_staleness_s == LedgerConfig().max_staleness_s
+    assert cfg.ledger.url == "/tmp/sapo-one/ledger"  # under the workdir unless set
+    assert [s.node_id for s in cfg.nodes] == ["node-0", "node-1", "node-2"]
+    assert cfg.workdir == Path("/tmp/sapo-one") and cfg.workdir.is_absolute()
+    relative = load_swarm(text="workdir: here\n")
+    assert relative.workdir == Path.cwd() / "here"  # node processes run from anywhere
+
+
+def test_resolved_yaml_round_trips(tmp_path: Path) -> None:
+    cfg = load_swarm(text=yaml.safe_dump(SWARM), rounds=7, nodes=2)
+    again = load_swarm(text=swarm_yaml(cfg))
+    assert again == cfg
+    assert again.rounds == 7 and [s.node_id for s in again.nodes] == ["a", "b"]
+    assert "defaults" not in yaml.safe_load(swarm_yaml(cfg))  # resolved: nothing left to merge
+
+
+def test_flags_beat_overrides_beat_the_file() -> None:
+    cfg = load_swarm(text=yaml.safe_dump(SWARM), overrides=["rounds=5", "nodes.1.seed=9"], rounds=6)
+    assert cfg.rounds == 6 and cfg.nodes[1].node.seed == 9
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"defaults": {"grpo": {"learning_rat": 1e-5}}}, "nodes.0.grpo.learning_rat"),
+        ({"rounds": "many"}, "rounds"),
+        ({"defaults": {"grpo": {"learning_rate": -1}}}, "nodes.0.grpo.learning_rate"),
+        ({"ledger": {"max_staleness_s": -1}}, "ledger.max_staleness_s"),
+        ({"sampling": {"kind": "reward_filtered", "max_per_peer": 0}}, "max_per_peer"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
+def test_a_bad_key_is_one_line_naming_it(change: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_swarm(text=yaml.safe_dump({**SWARM, **change}))
+    message = str(caught.value)
+    assert "\n" not in message and key in message, message
+
+
+def test_node_ids_must_not_repeat() -> None:
+    nodes = [{"node_id": "a"}, {"node_id": "a", "seed": 1}]
+    with pytest.raises(ConfigError, match="node ids repeat"):
+        load_swarm(text=yaml.safe_dump({"nodes": nodes}))
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(yaml.safe_dump({**SWARM, "defaults": {"grpo": {"learning_rat": 1}}}))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("swarm_id: [unclosed\n")
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                "experiment": "e",
+                "workdir": str(tmp_path / "e"),
+                "swarm": {"rounds": 0},
+                "configurations": [{"local_groups": 1, "external_groups": 0}],
+            }
+        )
+    )
+    return {"unknown": unknown, "broken": broken, "experiment": experiment}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["swarm"],
+        ["node", "--node-id", "a"],
+        ["deploy", "--serve", "--interval", "30"],
+    ],
+)
+def test_every_command_refuses_a_bad_swarm_file_in_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    files = _bad_files(tmp_path)
+    for name, expected in (("unknown", "learning_rat"), ("broken", "not valid YAML")):
+        result = CliRunner().invoke(app, [*command, "-c", str(files[name])])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0] and str(files[name]) in lines[0], lines
+    assert not (tmp_path / "sapo-typed").exists()  # nothing started
+
+
+def test_experiment_refuses_a_bad_swarm_in_one_line(tmp_path: Path) -> None:
+    path = _bad_files(tmp_path)["experiment"]
+    result = CliRunner().invoke(app, ["experiment", "-c", str(path), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "rounds" in lines[0], lines
+
+
+def test_swarm_config_needs_at_least_one_node() -> None:
+    with pytest.raises(ConfigError, match="node_count"):
+        load_swarm(text="node_count: 0\n")
+    assert len(SwarmConfig.model_validate({"node_count": 2}).nodes) == 2
