@@ -102,7 +102,8 @@ def reward_panels(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> P
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("reward (own completions)")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"Reward per node and round ({MOVING_AVERAGE}-round moving average bold)")
+    # Wrapped so that a single narrow panel shows the whole title.
+    fig.suptitle(f"Reward per node and round\n({MOVING_AVERAGE}-round moving average bold)")
     return _save(fig, path)
 
 

@@ -26,8 +26,10 @@ from typing import Any, Self
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from flows.tracking import TRACKING_RETRY
 from ledger.config import LedgerConfig
 from ledger.policies import PaperPolicy, SamplingPolicy
+from ledger.retrying import RetryPolicy
 from sapo_core.config import NodeConfig, Strict
 
 DEFAULT_SWARM = "cpu.yaml"
@@ -51,6 +53,10 @@ class TrackingConfig(Strict):
         "",
         description="Register the model of the node with the highest cumulative reward under "
         "this name when the swarm ends ('' : '<swarm_id>-policy'; null: register nothing).",
+    )
+    retry: RetryPolicy = Field(
+        default_factory=lambda: TRACKING_RETRY,
+        description="Retries of each MLflow call; after the last, a warning, never a failed round.",
     )
     enabled: bool = True
 

@@ -6,9 +6,9 @@ The node's runtime and the round's state live in this process (the model, the ro
 groups) and are handed to the tasks as arguments; flow runs record only the node id and
 the round, and find the runtime in the context `node_flow` opens (`running`).
 
-No task retries: storage failures are retried once, where they happen, by the ledger's
-retry policy (ledger/retrying.py); generation and updates are not I/O and a retry would
-not help them.
+No task retries: storage failures are retried in one layer, where they happen, by the
+ledger's retry policy (ledger/retrying.py says which layer owns which failure);
+generation and updates are not I/O and a retry would not help them.
 """
 
 from __future__ import annotations

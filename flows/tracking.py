@@ -34,10 +34,15 @@ def attempt(call: Callable[[], T], what: str, policy: RetryPolicy = TRACKING_RET
     """``call()`` retried under ``policy``; after the last attempt, a warning and None.
 
     MLflow raises many kinds of errors for a busy or absent store, so any Exception is
-    retried: logging never stops a node.
+    retried: logging never stops a node. An ImportError is not a busy store but a missing
+    install (MLflow comes with the `flows` extra): it is raised at once.
     """
     try:
-        return call_with_retry(policy, call, (Exception,), f"tracking: {what}", log)
+        return call_with_retry(
+            policy, call, (Exception,), f"tracking: {what}", log, never=(ImportError,)
+        )
+    except ImportError:
+        raise
     except Exception as exc:
         log.warning(
             "tracking: %s failed after %d attempts: %s", what, policy.attempts, first_line(exc)
@@ -201,6 +206,7 @@ def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:
         swarm.tracking_uri(),
         swarm.tracking.experiment or swarm.swarm_id,
         swarm.artifact_location(),
+        swarm.tracking.retry,
     )
 
 

@@ -17,6 +17,7 @@ from ledger.policies import (
     parse_policy,
 )
 from ledger.records import RecordError
+from ledger.retrying import RetryPolicy
 from ledger.schema import COLUMN_NAMES, SCHEMA_VERSION
 from ledger.storage import StorageError
 
@@ -30,6 +31,7 @@ __all__ = [
     "PaperPolicy",
     "RecordError",
     "RefreshStats",
+    "RetryPolicy",
     "RewardFilteredPolicy",
     "RowLimits",
     "SamplingPolicy",

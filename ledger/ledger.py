@@ -171,7 +171,7 @@ class Ledger:
             )
             if o.key != key
         ]
-        if self.store.put_new(key, manifests.encode(manifest)):
+        if self._put_new(key, manifests.encode(manifest)):
             log.debug("wrote manifest %s", key)
         else:
             log.info("%s already holds this manifest: nothing written", key)

@@ -71,9 +71,11 @@ def retrying(
     retry_on: tuple[type[BaseException], ...],
     what: str,
     logger: logging.Logger = log,
+    never: tuple[type[BaseException], ...] = (),
 ) -> tenacity.Retrying:
     """A tenacity ``Retrying`` that tries up to ``policy.attempts`` times while the call raises
-    one of ``retry_on``, logs each retry on ``logger`` and re-raises the last error."""
+    one of ``retry_on`` (and none of ``never``), logs each retry on ``logger`` and re-raises
+    the last error."""
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -92,7 +94,8 @@ def retrying(
         wait=tenacity.wait_exponential_jitter(
             multiplier=policy.initial_wait_s, max=policy.max_wait_s, jitter=policy.jitter_s
         ),
-        retry=tenacity.retry_if_exception_type(retry_on),
+        retry=tenacity.retry_if_exception_type(retry_on)
+        & tenacity.retry_if_not_exception_type(never),
         before_sleep=before_sleep,
         reraise=True,
     )
@@ -104,9 +107,10 @@ def call_with_retry(
     retry_on: tuple[type[BaseException], ...],
     what: str,
     logger: logging.Logger = log,
+    never: tuple[type[BaseException], ...] = (),
 ) -> T:
     """``call()``, retried under ``policy``; the last error propagates."""
-    return retrying(policy, retry_on, what, logger)(call)
+    return retrying(policy, retry_on, what, logger, never)(call)
 
 
 def first_line(exc: BaseException) -> str:

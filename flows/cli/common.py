@@ -43,6 +43,25 @@ WorkdirOpt = Annotated[
 ]
 
 
+# What each extra brings that commands beyond `sapo ledger` import (pyproject.toml).
+EXTRAS = {
+    "flows": ("torch", "transformers", "reasoning_gym", "prefect", "mlflow", "rich"),
+    "dashboards": ("matplotlib",),
+}
+
+
+def require(extra: str, *modules: str) -> None:
+    """Stop with one line naming the extra to install when its packages are missing."""
+    from importlib.util import find_spec
+
+    missing = [m for m in modules or EXTRAS[extra] if find_spec(m) is None]
+    if missing:
+        raise fail(
+            f"this command needs the {extra!r} extra ({', '.join(missing)} not installed): "
+            f"pip install 'sapo-swarm[{extra}]'"
+        )
+
+
 def fail(message: str) -> typer.Exit:
     """Print `error: <message>` (one line) and give the exit to raise (status 2)."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.cli.common import SetOpt, SwarmFileOpt, WorkdirOpt, fail, print_frame
+from flows.cli.common import SetOpt, SwarmFileOpt, WorkdirOpt, fail, print_frame, require
 
 if TYPE_CHECKING:
     from flows.config import SwarmConfig
@@ -58,6 +58,7 @@ def swarm(
     overrides: SetOpt = None,
 ) -> None:
     """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
+    require("flows")
     from flows.swarm import run_swarm, write_resolved
 
     cfg = load(config, overrides, nodes, rounds, workdir)
@@ -87,6 +88,7 @@ def node(
     ] = None,
 ) -> None:
     """Run one node against any ledger URL (a swarm can span machines sharing a bucket)."""
+    require("flows")
     from flows.config import ConfigError
     from flows.swarm import write_resolved
 
@@ -128,6 +130,7 @@ def deploy(
     overrides: SetOpt = None,
 ) -> None:
     """One Prefect deployment per node, on a cron or interval schedule."""
+    require("flows")
     from flows import deploy as deploying
 
     cfg = load(config, overrides, workdir=workdir)
@@ -162,13 +165,14 @@ def demo(
     ] = False,
 ) -> None:
     """The embedded CPU swarm (3 nodes, bundled model), then the ledger's dashboards."""
-    if synthetic:
+    if synthetic:  # the ledger alone: the base install runs it
         from flows.demo import run_ledger_demo
 
         run_ledger_demo(
             workdir or Path("sapo-work"), nodes=max(2, nodes or 4), rounds=rounds or 5, out=print
         )
         return
+    require("flows")
     import polars as pl
 
     import dashboards

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import SetOpt, StorageOpt, fail, guarded, parse_storage_options
+from flows.cli.common import SetOpt, StorageOpt, fail, guarded, parse_storage_options, require
 
 
 def experiment(
@@ -23,6 +23,8 @@ def experiment(
     overrides: SetOpt = None,
 ) -> None:
     """Run a sweep of sharing configurations (same seeds, tasks, models), then its report."""
+    require("flows")
+    require("dashboards")
     from flows.config import ConfigError
     from flows.experiment import format_plan, load_experiment
 
@@ -64,6 +66,9 @@ def report(
     storage_option: StorageOpt = None,
 ) -> None:
     """Report every swarm in a ledger, and each sweep's comparison: HTML, PNGs, tables."""
+    require("dashboards")
+    if mlflow is not None:
+        require("flows", "mlflow")
     from flows.reporting import report_ledger
 
     made = guarded(

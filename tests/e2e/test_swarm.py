@@ -151,6 +151,36 @@ def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) ->
     best = max(run["metrics"]["cumulative_reward"][1] for run in nodes.values())
     assert registered.data.metrics["cumulative_reward"] == best
     assert f"registered {registered.data.tags['sapo.node_id']}'s model" in out
+    check_report_of_a_plain_swarm(tmp_path)
+
+
+def check_report_of_a_plain_swarm(tmp_path: Path) -> None:
+    """`sapo report` on a plain swarm's ledger (no experiment): per-node curves and tables,
+    I/J and policy read from the nodes' manifests, numbers equal to plain DuckDB's."""
+    import duckdb
+
+    work, out_dir = tmp_path / "work", tmp_path / "report"
+    printed = sapo(
+        "report", "--ledger", str(work / "ledger"), "--mlflow", f"sqlite:///{work / 'mlflow.db'}",
+        "--out", str(out_dir),
+    )  # fmt: skip
+    assert "MLflow cross-check: consistent (6 node-rounds" in printed
+    html = (out_dir / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 3 and "e2e-swarm" in html
+    assert (out_dir / "reward_per_round.png").stat().st_size > 1000
+    report = json.loads((out_dir / "report.json").read_text())
+    (swarm,) = report["summary"]
+    assert (swarm["swarm_id"], swarm["local_groups"], swarm["external_groups"]) == (
+        "e2e-swarm", 2, 2,
+    )  # fmt: skip
+    assert swarm["policy"] == "reward_filtered" and swarm["experiment"] is None
+    expected = duckdb.sql(
+        "SELECT sum(r) FROM (SELECT avg(reward) AS r FROM read_parquet("
+        f"'{work / 'ledger'}/swarm_id=*/**/*.parquet', hive_partitioning = true) "
+        "GROUP BY node_id, node_round)"
+    ).fetchone()
+    assert expected is not None
+    assert swarm["cumulative_reward"] == pytest.approx(expected[0], abs=1e-9)
 
 
 @pytest.mark.s3

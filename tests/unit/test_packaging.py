@@ -4,6 +4,7 @@ Transformers, Prefect or MLflow; and every package the code imports is declared.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 import re
 import subprocess
@@ -126,3 +127,59 @@ def test_the_base_install_is_the_ledger_and_every_import_is_declared() -> None:
         if not candidates & declared:
             missing[name] = sorted(files)
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_package_data_ships_every_file_the_packages_read() -> None:
+    """A non-editable install holds only .py files and what package-data names."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    unshipped = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*")):
+            if path.is_dir() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
+                continue
+            relative = path.relative_to(ROOT)
+            shipped = any(
+                relative.parts[: len(owner.split("."))] == tuple(owner.split("."))
+                and fnmatch.fnmatch("/".join(relative.parts[len(owner.split(".")) :]), glob)
+                for owner, globs in patterns.items()
+                for glob in globs
+            )
+            if not shipped:
+                unshipped.append(str(relative))
+    assert not unshipped, f"not in [tool.setuptools.package-data]: {unshipped}"
+
+
+NEEDS_AN_EXTRA = textwrap.dedent(
+    """
+    import contextlib, io, runpy, sys
+
+    for name in sys.argv[2].split(","):
+        sys.modules[name] = None  # not installed
+    sys.argv = ["sapo", *sys.argv[1].split(" ")]
+    try:
+        runpy.run_module("flows.cli", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        print("exit", exc.code)
+    """
+)
+
+
+def test_commands_beyond_the_ledger_name_the_extra_they_need(tmp_path: Path) -> None:
+    for command, extra in (
+        ("swarm --rounds 1", "flows"),
+        ("node --node-id node-0", "flows"),
+        (f"report --ledger {tmp_path} --out {tmp_path / 'r'}", "dashboards"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", NEEDS_AN_EXTRA, command, ",".join(HEAVY)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert done.stdout.strip().endswith("exit 2"), (command, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pip install 'sapo-swarm[{extra}]'" in lines[0], lines
+        assert not (tmp_path / "sapo-work").exists()  # nothing started

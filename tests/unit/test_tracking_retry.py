@@ -67,3 +67,15 @@ def test_a_dead_store_costs_attempts_calls_and_one_warning(
 def test_attempt_returns_the_value_or_none() -> None:
     assert attempt(lambda: 7, "seven", FAST) == 7
     assert attempt(lambda: 1 / 0, "divide", FAST) is None
+
+
+def test_a_missing_mlflow_is_an_install_problem_raised_at_once() -> None:
+    calls = []
+
+    def open_store() -> None:
+        calls.append(1)
+        raise ModuleNotFoundError("No module named 'mlflow'")
+
+    with pytest.raises(ModuleNotFoundError):
+        attempt(open_store, "open tracking", FAST)
+    assert len(calls) == 1
