@@ -209,7 +209,7 @@ def node_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     body = [
         [
             r["node_id"],
-            sharing(r),
+            sharing(r) + _revised(r),
             _fmt(r["policy"], ""),
             _fmt(r["model_id"], ""),
             str(r["rounds"]),
@@ -221,6 +221,12 @@ def node_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         for r in rows
     ]
     return head, body
+
+
+def _revised(row: dict[str, Any]) -> str:
+    """A mark on a node resumed with another configuration (its first one is shown)."""
+    revisions = row.get("manifest_revisions") or 1
+    return f" (first of {revisions} configurations)" if revisions > 1 else ""
 
 
 def markdown_table(rows: list[dict[str, Any]], *, sweep: bool) -> str:

@@ -135,6 +135,11 @@ class SwarmConfig(Strict):
         for name, value in (("defaults", defaults), ("sampling", sampling)):
             if not isinstance(value, dict):
                 raise ValueError(f"{name} must be a mapping, got {value!r}")
+        if "sampling" in defaults:
+            raise ValueError("defaults.sampling: set the policy of every node as the top-level "
+                             "`sampling`, or per node")  # fmt: skip
+        if count is not None and data.get("nodes"):
+            raise ValueError("node_count: give either node_count or a list of nodes, not both")
         entries = data.get("nodes") or [
             {"node_id": f"node-{i}", "seed": i} for i in range(_count(count))
         ]
@@ -278,11 +283,12 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     # Node entries are written flat in the file; their resolved form nests them under `node`.
     if len(loc) >= 3 and loc[0] == "nodes" and loc[2] == "node":
         del loc[2]
-    key = ".".join(loc) or "(top level)"
+    message = str(error["msg"]).removeprefix("Value error, ")  # our validators name the key
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     value = error.get("input")
     shown = f"; got {value!r}" if error["type"] != "missing" and _short(value) else ""
-    return f"{source}: {key}: {error['msg']}{shown}{more}"
+    where = f"{'.'.join(loc)}: " if loc else ""
+    return f"{source}: {where}{message}{shown}{more}"
 
 
 def _short(value: Any) -> bool:

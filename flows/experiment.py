@@ -81,7 +81,10 @@ class ExperimentConfig(Strict):
         for key in FIXED_KEYS:
             if key in self.swarm:
                 raise ValueError(f"swarm.{key} is set per configuration; leave it out")
-        for entry in self.swarm.get("nodes") or []:
+        nodes = self.swarm.get("nodes") or []
+        if not isinstance(nodes, list) or not all(isinstance(e, dict) for e in nodes):
+            raise ValueError("swarm.nodes must be a list of node entries (mappings)")
+        for entry in nodes:
             varied = [k for k in VARIED_NODE_KEYS if k in entry]
             if varied:
                 raise ValueError(

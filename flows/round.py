@@ -13,6 +13,7 @@ generation and updates are not I/O and a retry would not help them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,6 +21,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
+from prefect.utilities.annotations import quote
 
 from flows import steps
 from flows.progress import NodeProgress
@@ -83,17 +85,25 @@ def track_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
 
 
 @flow(name="sapo-round", flow_run_name="{node_id}-round-{round_}")
-def round_flow(node_id: str, round_: int, last: bool = False) -> dict[str, float]:
-    """One round of one node, the paper's steps in order."""
+def round_flow(
+    node_id: str, round_: int, last: bool = False, started_at: float | None = None
+) -> dict[str, float]:
+    """One round of one node, the paper's steps in order. `started_at` (perf_counter
+    seconds) is when the caller began the round, so that the time Prefect takes to create
+    this flow run counts as the round's orchestration."""
     runtime = running_node(node_id)
-    state = RoundState(round_)
-    generate_task(runtime, state)
-    publish_task(runtime, state)
-    sample_task(runtime, state)
-    reward_task(runtime, state)
-    update_task(runtime, state)
-    checkpoint_task(runtime, state, force=last)
-    return track_task(runtime, state)
+    state = RoundState(round_, started=time.perf_counter() if started_at is None else started_at)
+    # quote(): Prefect would otherwise walk every object inside (the round's rollouts) on
+    # each task call, looking for futures; there are none, and the tasks get the objects.
+    node: Any = quote(runtime)
+    this: Any = quote(state)
+    generate_task(node, this)
+    publish_task(node, this)
+    sample_task(node, this)
+    reward_task(node, this)
+    update_task(node, this)
+    checkpoint_task(node, this, force=last)
+    return track_task(node, this)
 
 
 @flow(name="sapo-node", flow_run_name="{node_id}")
@@ -122,7 +132,8 @@ def node_flow(
         with running(node):
             for round_ in range(start, stop):
                 progress.emit("round", round=round_, stop=stop)
-                metrics = round_flow(node_id, round_, last=round_ == stop - 1)
+                last = round_ == stop - 1
+                metrics = round_flow(node_id, round_, last, started_at=time.perf_counter())
                 progress.emit("done", round=round_)
                 print(steps.describe(metrics, node_id, round_), flush=True)
                 history.append(metrics)

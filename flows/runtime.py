@@ -81,21 +81,25 @@ def open_node(
     """A node ready for its next round: restored from its newest checkpoint if it has one."""
     spec = swarm.node(node_id)
     ledger = Ledger.from_config(swarm.ledger)
-    ledger.write_manifest(manifest(swarm, spec))  # a restart with the same config: no-op
-    learner, saved = restore_learner(swarm, spec)
-    runtime = NodeRuntime(
-        swarm=swarm,
-        spec=spec,
-        learner=learner,
-        ledger=ledger,
-        progress=progress or NodeProgress(node_id, None),
-    )
-    if saved is not None:
-        runtime.next_round = saved.next_round
-        runtime.cumulative_reward = saved.cumulative_reward
-        log.info("%s resumes at round %d from %s", node_id, saved.next_round, saved.path)
-    if swarm.tracking.enabled:
-        runtime.run = open_node_run(swarm, spec, parent_run_id)
+    try:
+        ledger.write_manifest(manifest(swarm, spec))  # a restart with the same config: no-op
+        learner, saved = restore_learner(swarm, spec)
+        runtime = NodeRuntime(
+            swarm=swarm,
+            spec=spec,
+            learner=learner,
+            ledger=ledger,
+            progress=progress or NodeProgress(node_id, None),
+        )
+        if saved is not None:
+            runtime.next_round = saved.next_round
+            runtime.cumulative_reward = saved.cumulative_reward
+            log.info("%s resumes at round %d from %s", node_id, saved.next_round, saved.path)
+        if swarm.tracking.enabled:
+            runtime.run = open_node_run(swarm, spec, parent_run_id)
+    except BaseException:
+        ledger.close()
+        raise
     return runtime
 
 
@@ -128,17 +132,28 @@ def restore_learner(
     return learner, saved
 
 
-def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None) -> NodeRun:
-    """The node's MLflow run (found again on a resume), with its config as params."""
-    from flows.tracking import open_swarm_tracker
+def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None) -> NodeRun | None:
+    """The node's MLflow run (found again on a resume), with its config as params; None,
+    with a warning, when the tracking store stays unreachable: tracking never stops a node."""
+    from flows.tracking import attempt, open_swarm_tracker
 
-    tracker = open_swarm_tracker(swarm)
+    try:
+        tracker = open_swarm_tracker(swarm)
+    except RuntimeError as exc:
+        log.warning("%s runs untracked: %s", spec.node_id, exc)
+        return None
     node = spec.node
     tags = {"sapo.swarm_id": swarm.swarm_id, "sapo.node_id": node.node_id}
     params = flatten("", node.model_dump(mode="json"))
     params.update(flatten("sampling", spec.sampling.model_dump(mode="json")))
     params["ledger.url"] = swarm.ledger.url
-    run_id = tracker.run(node.node_id, tags, params, parent_id=parent_run_id)
+    run_id = attempt(
+        lambda: tracker.run(node.node_id, tags, params, parent_id=parent_run_id),
+        "open the node's run",
+        tracker.retry,
+    )
+    if run_id is None:
+        return None
     extra = sharing_tags(node.local_groups, node.external_groups, spec.sampling.kind)
     tracker.set_tags(run_id, {**extra, "sapo.model": node.model})
     return NodeRun(tracker, run_id)

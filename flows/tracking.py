@@ -21,9 +21,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-PUBLIC_METRICS = ("reward_mean", "cumulative_reward")
-
-
 TRACKING_RETRY = RetryPolicy(attempts=5, initial_wait_s=0.2, max_wait_s=5.0, jitter_s=0.2)
 """MLflow calls: a busy SQLite file or a restarting server usually answers within seconds."""
 HEAVY_ATTEMPTS = 2
@@ -185,7 +182,8 @@ def register_best(
 
     Returns (node id, run id, version), or None when no child logged a model."""
     best: tuple[float, Any] | None = None
-    for run in tracker.children(parent_id):
+    children = attempt(lambda: tracker.children(parent_id), "read the node runs", tracker.retry)
+    for run in children or []:
         value = run.data.metrics.get(metric)
         if value is not None and (best is None or value > best[0]):
             best = (value, run)
@@ -229,7 +227,6 @@ def open_tracker(
 
 
 __all__ = [
-    "PUBLIC_METRICS",
     "TRACKING_RETRY",
     "Tracker",
     "attempt",

@@ -83,15 +83,21 @@ class Ledger:
         *,
         limits: RowLimits | None = None,
         retry: RetryPolicy | None = None,
-        max_staleness_s: float = 0.0,
+        max_staleness_s: float | None = None,
         threads: int | None = None,
     ) -> None:
-        self.config = LedgerConfig(
-            url=url,
-            storage_options=dict(storage_options or {}),
-            limits=limits or RowLimits(),  # type: ignore[call-arg]
-            retry=retry or RetryPolicy(),
-            max_staleness_s=max_staleness_s,
+        # What is not given takes LedgerConfig's default: one default per setting.
+        given: dict[str, Any] = {
+            "limits": limits,
+            "retry": retry,
+            "max_staleness_s": max_staleness_s,
+        }
+        self.config = LedgerConfig.model_validate(
+            {
+                "url": url,
+                "storage_options": dict(storage_options or {}),
+                **{name: value for name, value in given.items() if value is not None},
+            }
         )
         self.store = open_store(url, storage_options)
         self.con = connect(threads)
@@ -164,13 +170,15 @@ class Ledger:
         configuration) is written beside it; readers keep the earliest (ledger/manifests.py).
         """
         key = manifests.manifest_key(manifest)
-        others = [
-            o.key
-            for o in self.store.list(
-                manifests.node_manifest_prefix(manifest.swarm_id, manifest.node_id)
+        prefix = manifests.node_manifest_prefix(manifest.swarm_id, manifest.node_id)
+        try:  # only for a warning: a store that will not list costs the warning, not the start
+            listed = retrying(self.config.retry, WRITE_ERRORS, f"listing {prefix}", log)(
+                self.store.list, prefix
             )
-            if o.key != key
-        ]
+        except WRITE_ERRORS as exc:
+            log.warning("could not list %s: %s", prefix, first_line(exc))
+            listed = []
+        others = [o.key for o in listed if o.key != key]
         if self._put_new(key, manifests.encode(manifest)):
             log.debug("wrote manifest %s", key)
         else:

@@ -30,7 +30,8 @@ In plain DuckDB (no sapo), with the column types spelled out (a column that is N
 every file would otherwise be typed JSON)::
 
     CREATE VIEW manifests AS
-    SELECT * FROM read_json('<root>/_manifests/*/*/*.jsonl', format = 'newline_delimited',
+    SELECT *, count(*) OVER (PARTITION BY swarm_id, node_id) AS revisions
+    FROM read_json('<root>/_manifests/*/*/*.jsonl', format = 'newline_delimited',
         columns = {swarm_id: 'VARCHAR', node_id: 'VARCHAR', experiment: 'VARCHAR',
                    local_groups: 'INTEGER', external_groups: 'INTEGER', policy: 'VARCHAR',
                    policy_params: 'VARCHAR', model_id: 'VARCHAR', seed: 'BIGINT',
@@ -38,7 +39,7 @@ every file would otherwise be typed JSON)::
     QUALIFY row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at) = 1;
 
 That view trusts every file; the ``manifests`` view of ``Ledger.query`` holds only the
-manifests that passed the checks above, and adds ``revisions``. Policy parameters are JSON
+manifests that passed the checks above. Policy parameters are JSON
 text: ``json_extract(policy_params, '$.max_per_peer')``.
 """
 
@@ -216,6 +217,13 @@ def is_manifest_key(key: str) -> bool:
 
 def parse(key: str, data: bytes) -> NodeManifest:
     """The manifest stored at ``key``, or ManifestError saying why a reader skips it."""
+    try:
+        return _parse(key, data)
+    except RecursionError:  # JSON nested thousands deep: refused, never a crashed reader
+        raise ManifestError(UNREADABLE, "JSON nested too deeply") from None
+
+
+def _parse(key: str, data: bytes) -> NodeManifest:
     match = _KEY.match(key)
     if match is None:
         raise ManifestError(MISPLACED, "not at _manifests/swarm_id=/node_id=/manifest-<digest>")
@@ -324,7 +332,8 @@ class ManifestIndex:
 
     def _judge(self, obj: ObjectInfo) -> tuple[str, NodeManifest | Skipped] | None:
         """The manifest at ``obj``, why it is skipped, or None if it vanished (not remembered:
-        looked at again on the next refresh, as is one the store failed to serve)."""
+        looked at again on the next refresh). A store that fails to serve it raises
+        StorageError, which the ledger's retry policy handles."""
         key = obj.key
         if not is_manifest_key(key):
             return key, Skipped(key, MISPLACED, "not at swarm_id=/node_id=/manifest-<digest>")
@@ -335,13 +344,14 @@ class ManifestIndex:
             data = self.store.read(key)
         except FileNotFoundError:
             return None
-        except (OSError, StorageError) as exc:
-            log.warning("could not read manifest %s (%s); trying again on the next read", key, exc)
-            return None
+        except OSError as exc:  # the ledger's retry policy owns storage failures
+            raise StorageError(f"reading manifest {key} failed: {exc}") from exc
         try:
             return key, parse(key, data)
         except ManifestError as exc:
             return key, Skipped(key, exc.reason, exc.detail)
+        except Exception as exc:  # whatever else a peer's bytes provoke: skip, never crash
+            return key, Skipped(key, INVALID, f"{type(exc).__name__}: {exc}"[:300])
 
     def _rebuild(self) -> None:
         rows = sorted(self.valid.items())

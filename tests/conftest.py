@@ -215,7 +215,9 @@ def _stop_prefect_servers() -> None:
     harness) would stop at interpreter exit: stop them now, before the check."""
     module = sys.modules.get("prefect.server.api.server")
     if module is not None:
-        for server in list(module.SubprocessASGIServer._instances.values()):
+        # A private registry of Prefect's: read defensively, it may change between versions.
+        instances = getattr(module.SubprocessASGIServer, "_instances", {})
+        for server in list(instances.values()):
             server.stop()
 
 

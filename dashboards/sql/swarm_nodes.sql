@@ -2,6 +2,8 @@
 -- policy, model; NULL for a node without a manifest), the rounds it published, its
 -- cumulative reward (the sum of its mean reward per round), the share of its groups whose
 -- rewards all agree, and how many groups it drew from how many peers (sample log).
+-- `manifest_revisions` > 1: the node was resumed with another configuration (the first
+-- one is shown).
 -- Relations: `rollouts`, `manifests` (see sweep_reward_per_round.sql), `groups` (see
 -- zero_variance_groups.sql) and `samples` (see most_sampled_peers.sql).
 WITH per_round AS (
@@ -34,6 +36,7 @@ SELECT
     m.external_groups,
     m.policy,
     m.model_id,
+    m.revisions                  AS manifest_revisions,
     p.rounds,
     p.cumulative_reward,
     p.mean_reward,

@@ -7,7 +7,9 @@
 -- plain DuckDB session define them as
 --   CREATE VIEW rollouts AS SELECT * FROM read_parquet('<ledger>/**/*.parquet',
 --       hive_partitioning = true, union_by_name = true);
---   CREATE VIEW manifests AS SELECT * FROM read_json('<ledger>/_manifests/*/*/*.jsonl',
+--   CREATE VIEW manifests AS SELECT *,
+--       count(*) OVER (PARTITION BY swarm_id, node_id) AS revisions
+--     FROM read_json('<ledger>/_manifests/*/*/*.jsonl',
 --       format = 'newline_delimited',
 --       columns = {swarm_id: 'VARCHAR', node_id: 'VARCHAR', experiment: 'VARCHAR',
 --                  local_groups: 'INTEGER', external_groups: 'INTEGER', policy: 'VARCHAR',
@@ -16,7 +18,7 @@
 --   QUALIFY row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at) = 1;
 -- (on a ledger without any manifest: CREATE TABLE manifests (swarm_id VARCHAR,
 --  node_id VARCHAR, experiment VARCHAR, local_groups INTEGER, external_groups INTEGER,
---  policy VARCHAR, model_id VARCHAR)).
+--  policy VARCHAR, model_id VARCHAR, revisions BIGINT)).
 WITH per_round AS (
     SELECT swarm_id, node_id, node_round, avg(reward) AS reward_mean, count(*) AS completions
     FROM rollouts

@@ -96,6 +96,8 @@ def hostile_objects() -> dict[str, tuple[bytes, str]]:
         mf.manifest_key(manifest("node-4")): (json.dumps(tampered).encode(), mf.DIGEST_MISMATCH),
         mf.manifest_key(manifest("node-5")): (json.dumps(extra).encode(), mf.INVALID),
         "_manifests/swarm_id=alpha/stray.jsonl": (mf.encode(good), mf.MISPLACED),
+        # JSON nested past Python's recursion limit, under a manifest's name
+        mf.manifest_key(manifest("node-6")): (b"[" * 16_000, mf.UNREADABLE),
     }
 
 
@@ -134,4 +136,4 @@ def test_plain_duckdb_reads_manifests_as_the_docstring_says(local_site: LedgerSi
     con = duckdb.connect()
     con.execute(recipe.replace("<root>", local_site.url))
     rows = con.execute("SELECT * FROM manifests ORDER BY node_id").pl().to_dicts()
-    assert rows == [m.model_dump() for m in written]
+    assert rows == [{**m.model_dump(), "revisions": 1} for m in written]

@@ -96,6 +96,7 @@ def test_bad_values_are_refused_when_writing(changes: dict[str, Any], match: str
         ({"node_id": "node-1"}, mf.FOREIGN),  # another node's manifest in node-0's prefix
         ({"seed": 8}, mf.DIGEST_MISMATCH),  # content that is not what the name says
         ({"schema_version": 99}, mf.NEWER_VERSION),
+        ({"policy_params": "[" * 4_000}, mf.UNREADABLE),  # deep JSON inside a field
     ],
 )
 def test_a_reader_refuses_what_does_not_validate(changes: dict[str, Any], reason: str) -> None:
@@ -115,6 +116,7 @@ def test_a_reader_refuses_what_does_not_validate(changes: dict[str, Any], reason
         (None, b"", mf.UNREADABLE),
         (None, b"{}\n{}\n", mf.UNREADABLE),
         (None, b" " * (mf.MAX_MANIFEST_BYTES + 1), mf.OVERSIZED),
+        (None, b"[" * 16_000, mf.UNREADABLE),  # nested past Python's recursion limit
     ],
 )
 def test_a_reader_refuses_malformed_bytes(key: str | None, data: bytes, reason: str) -> None:

@@ -133,3 +133,16 @@ def test_sweeps_and_lone_swarms_get_their_own_tables() -> None:
     text = report_markdown(rows)
     assert "**Sweep exp**" in text and "| 1/1 | paper | 2 x 4 | 4.25 |" in text
     assert "| solo | unknown |" in text
+
+
+def test_node_table_marks_a_node_resumed_with_another_configuration() -> None:
+    from dashboards.report import node_cells
+
+    base = {
+        "node_id": "n", "local_groups": 2, "external_groups": 2, "policy": "paper",
+        "model_id": "m", "rounds": 3, "cumulative_reward": 1.5, "mean_reward": 0.5,
+        "zero_variance_fraction": 0.25, "groups_drawn": 4, "peers_drawn_from": 2,
+    }  # fmt: skip
+    _, body = node_cells([{**base, "manifest_revisions": 1}, {**base, "manifest_revisions": 3}])
+    assert body[0][1] == "2/2" and body[1][1] == "2/2 (first of 3 configurations)"
+    assert body[0][4:] == ["3", "1.50", "0.500", "25%", "4 (2)"]

@@ -75,6 +75,8 @@ def test_flags_beat_overrides_beat_the_file() -> None:
         ({"ledger": {"max_staleness_s": -1}}, "ledger.max_staleness_s"),
         ({"sampling": {"kind": "reward_filtered", "max_per_peer": 0}}, "max_per_peer"),
         ({"colour": "blue"}, "colour"),
+        ({"defaults": {"sampling": {"kind": "paper"}}}, "defaults.sampling"),
+        ({"node_count": 2}, "node_count"),  # and a list of nodes: which one?
     ],
 )
 def test_a_bad_key_is_one_line_naming_it(change: dict, key: str) -> None:
@@ -141,3 +143,21 @@ def test_swarm_config_needs_at_least_one_node() -> None:
     with pytest.raises(ConfigError, match="node_count"):
         load_swarm(text="node_count: 0\n")
     assert len(SwarmConfig.model_validate({"node_count": 2}).nodes) == 2
+
+
+def test_experiment_with_malformed_nodes_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad-nodes.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "experiment": "e",
+                "workdir": str(tmp_path / "e"),
+                "swarm": {"nodes": [1]},
+                "configurations": [{"local_groups": 1, "external_groups": 0}],
+            }
+        )
+    )
+    result = CliRunner().invoke(app, ["experiment", "-c", str(path), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "swarm.nodes" in lines[0], lines
