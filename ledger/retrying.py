@@ -14,9 +14,12 @@ sample, around four ledger re-reads, around six catalog re-lists, once listed a 
 - Prefect tasks: no retries. The flow records each step once; the layer inside has already
   retried, and what still fails after that needs a person, not a fourth loop.
 
-Below these, the client libraries retry single HTTP requests on their own (botocore and
-s3fs for listings and writes, DuckDB's httpfs for reads); their settings pass through the
-ledger's ``storage_options``. They cannot re-list, which is why the ledger's layer exists.
+Below these, the client libraries retry a single HTTP request on their own: botocore (for
+s3fs's listings and writes; its ``max_attempts``, settable with ``storage_options``
+``config_kwargs``) and DuckDB's httpfs for reads. s3fs's own retry loop is set to one try
+(``retries: 1`` in ledger/s3.py) so it does not multiply the ledger's. They cannot re-list,
+which is why the ledger's layer exists. Worst case on a dead S3 endpoint: ``attempts`` x
+botocore's attempts requests per read.
 """
 
 from __future__ import annotations

@@ -86,6 +86,9 @@ class S3Settings:
             # Peers add files all the time: a cached listing would hide them.
             "use_listings_cache": False,
             "skip_instance_cache": True,
+            # The ledger's RetryPolicy retries (and re-lists); s3fs's own loop of 5 would
+            # multiply it. botocore still retries a single request (its max_attempts).
+            "retries": 1,
         }
         if self.key is not None:
             kwargs["key"] = self.key

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-Family = Literal["llama", "qwen2"]
+Family = Literal["llama", "qwen2", "qwen3", "mistral", "smollm3"]
 
 
 def build_tiny_model(
@@ -17,8 +17,14 @@ def build_tiny_model(
         AutoTokenizer,
         LlamaConfig,
         LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
     )
 
     from sapo_core.policy import bundled
@@ -27,6 +33,9 @@ def build_tiny_model(
     config_class, model_class = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+        "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
     }[family]
     config = config_class(
         vocab_size=len(tokenizer),

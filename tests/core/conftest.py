@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import build_tiny_model
+from tests.tiny_models import Family, build_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -21,8 +21,27 @@ def tiny_policy(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     return load_policy(str(tiny_model_dir))
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen2_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def _tiny_family(tmp_path_factory: pytest.TempPathFactory, family: Family):  # type: ignore[no-untyped-def]
     from sapo_core.policy.loading import load_policy
 
-    return load_policy(str(build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), family="qwen2")))
+    return load_policy(str(build_tiny_model(tmp_path_factory.mktemp(family), family=family)))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return _tiny_family(tmp_path_factory, "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return _tiny_family(tmp_path_factory, "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return _tiny_family(tmp_path_factory, "mistral")
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm3_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return _tiny_family(tmp_path_factory, "smollm3")

@@ -19,7 +19,14 @@ from sapo_core.grpo.update import (
 )
 
 PAD = 2  # any id works as padding: it is masked
-FAMILIES = ["tiny_policy", "tiny_qwen2_policy"]  # the tiny Llama and the tiny Qwen2
+# One tiny model of every family on the shared-prompt allow-list (SHARED_PROMPT_MODEL_TYPES).
+FAMILIES = [
+    "tiny_policy",  # Llama (SmolLM2's family)
+    "tiny_qwen2_policy",
+    "tiny_qwen3_policy",
+    "tiny_mistral_policy",
+    "tiny_smollm3_policy",
+]
 
 
 def _segments(tokenizer: Any) -> list[Segment]:
@@ -128,3 +135,10 @@ def test_a_soft_capped_family_takes_the_plain_path_everywhere() -> None:
     assert [len(r) for r in rows] == [3, 1, 2]
     for i, row in enumerate(rows):
         assert row == pytest.approx(plain[i, : len(row)].tolist(), abs=1e-6)
+
+
+def test_every_allow_listed_family_is_tested(request: pytest.FixtureRequest) -> None:
+    from sapo_core.grpo.update import SHARED_PROMPT_MODEL_TYPES
+
+    tested = {request.getfixturevalue(f).model.config.model_type for f in FAMILIES}
+    assert tested == set(SHARED_PROMPT_MODEL_TYPES)

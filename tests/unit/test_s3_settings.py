@@ -39,6 +39,8 @@ def test_s3fs_kwargs_and_duckdb_secret_agree():
     assert "SECRET 'it''s'" in sql and "URL_STYLE 'path'" in sql and "SCOPE 's3://bkt'" in sql
     https = S3Settings.resolve({"endpoint_url": "https://minio.example:9000"}, {})
     assert "USE_SSL true" in https.duckdb_secret_sql()
+    # By default s3fs tries once: the ledger's RetryPolicy is the retry layer.
+    assert https.s3fs_kwargs()["retries"] == 1
 
 
 def test_bad_url_style_is_refused():
