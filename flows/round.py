@@ -24,6 +24,7 @@ from prefect.cache_policies import NONE
 from prefect.utilities.annotations import quote
 
 from flows import steps
+from flows.config import SwarmConfig, load_swarm
 from flows.progress import NodeProgress
 from flows.runtime import NodeRuntime, open_node
 from flows.steps import RoundState
@@ -115,14 +116,16 @@ def node_flow(
     until_round: int | None = None,
     more_rounds: int | None = None,
     parent_run_id: str | None = None,
+    swarm: SwarmConfig | None = None,
 ) -> dict[str, Any]:
     """Run a node's rounds: up to `until_round` in total (default: the swarm's rounds), or
     `more_rounds` past its checkpoint (what a scheduled deployment runs each time).
-    A deployment passes the resolved swarm file as `swarm_text`, so workers on other
-    machines need no copy of it."""
-    from flows.config import load_swarm
 
-    swarm = load_swarm(swarm_file, overrides or [], text=swarm_text)
+    The swarm comes resolved (`swarm`, what `sapo node` passes: Prefect records it as the
+    run's parameter), or as a file or its text (`swarm_text`: what a deployment passes, so
+    workers on other machines need no copy of the file)."""
+    if swarm is None:
+        swarm = load_swarm(swarm_file, overrides or [], text=swarm_text)
     progress = NodeProgress.for_process(node_id)
     node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
     try:

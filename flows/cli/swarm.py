@@ -100,13 +100,14 @@ def node(
     check_ledger(cfg)
     if os.environ.get("PREFECT_HOME"):
         Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    # The flow gets the resolved file, so a Prefect run records exactly what it ran.
-    path = write_resolved(cfg, cfg.workdir / "nodes" / node_id / "swarm.yaml")
+    # What the node ran, beside its checkpoints; the flow gets the config itself (parsed
+    # once), and Prefect records it as the run's parameter.
+    write_resolved(cfg, cfg.workdir / "nodes" / node_id / "swarm.yaml")
     from flows.round import node_flow
 
     node_flow(
         node_id,
-        swarm_file=str(path),
+        swarm=cfg,
         until_round=cfg.rounds,
         more_rounds=more_rounds,
         parent_run_id=parent_run_id,

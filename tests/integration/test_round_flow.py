@@ -47,12 +47,15 @@ def test_rounds_are_flows_of_the_papers_steps(tmp_path: Path, prefect_harness: N
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
+    from flows.config import load_swarm
     from flows.round import node_flow
 
     model = build_tiny_model(tmp_path / "model")
     text = swarm_text(tmp_path, model)
-    node_flow("a", swarm_text=text, until_round=1)  # a publishes first; b then samples it
-    result = node_flow("b", swarm_text=text)
+    # a publishes first (its swarm as text, as deployments pass it); b then samples it (its
+    # swarm resolved, as `sapo node` passes it)
+    node_flow("a", swarm_text=text, until_round=1)
+    result = node_flow("b", swarm=load_swarm(text=text))
     assert result["rounds"] == [0, 1]
     assert [m["external_groups_used"] for m in result["metrics"]] == [1.0, 1.0]
 
