@@ -86,9 +86,6 @@ class S3Settings:
             # Peers add files all the time: a cached listing would hide them.
             "use_listings_cache": False,
             "skip_instance_cache": True,
-            # The ledger's RetryPolicy retries (and re-lists); s3fs's own loop of 5 would
-            # multiply it. botocore still retries a single request (its max_attempts).
-            "retries": 1,
         }
         if self.key is not None:
             kwargs["key"] = self.key
@@ -100,8 +97,17 @@ class S3Settings:
         client_kwargs = dict(self.extra.get("client_kwargs", {}))
         client_kwargs.setdefault("region_name", self.region)
         kwargs["client_kwargs"] = client_kwargs
-        kwargs.update({k: v for k, v in self.extra.items() if k != "client_kwargs"})
+        kwargs.update(
+            {k: v for k, v in self.extra.items() if k not in ("client_kwargs", "retries")}
+        )
         return kwargs
+
+    @property
+    def s3fs_retries(self) -> int:
+        """Tries of s3fs's own loop around each call (an attribute, not a constructor
+        argument). One by default: the ledger's RetryPolicy retries (and re-lists), and a
+        second loop would multiply it; botocore still retries a single request."""
+        return int(self.extra.get("retries", 1))
 
     def duckdb_secret_sql(self, scope: str | None = None, name: str = "sapo_ledger") -> str:
         """A ``CREATE SECRET`` statement that gives DuckDB's httpfs the same access."""

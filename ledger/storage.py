@@ -177,6 +177,7 @@ class S3Store:
         self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.settings = settings
         self.fs = s3fs.S3FileSystem(**settings.s3fs_kwargs())
+        self.fs.retries = settings.s3fs_retries
 
     def _path(self, key: str) -> str:
         if ".." in key.split("/"):
