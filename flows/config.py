@@ -21,18 +21,20 @@ from __future__ import annotations
 import copy
 from importlib import resources
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, get_args
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from flows.tracking import TRACKING_RETRY
 from ledger.config import LedgerConfig
-from ledger.policies import PaperPolicy, SamplingPolicy
+from ledger.policies import AnyPolicy, PaperPolicy, SamplingPolicy
 from ledger.retrying import RetryPolicy
 from sapo_core.config import NodeConfig, Strict
 
 DEFAULT_SWARM = "cpu.yaml"
+# The sampling policy kinds (the `kind` default of each policy model).
+KINDS = frozenset(str(m.model_fields["kind"].default) for m in get_args(AnyPolicy))
 DEFAULT_NODE_COUNT = 3
 
 
@@ -276,19 +278,52 @@ def read_yaml_mapping(path: str | Path | None, *, what: str = "swarm file") -> d
     return data
 
 
-def describe_validation_error(exc: ValidationError, source: str) -> str:
-    """The first problem of a validation error as one line that names the key."""
-    error = exc.errors()[0]
+def describe_validation_error(
+    exc: ValidationError, source: str, data: dict[str, Any] | None = None
+) -> str:
+    """The first problem of a validation error as one line that names the key, as the file
+    (`data`, when given) spells it: a node's setting that came from `defaults` or from the
+    swarm's `sampling` is named there, not under each node it was merged into."""
+    problems = list(dict.fromkeys(_problem(error, data) for error in exc.errors()))
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{source}: {problems[0]}{more}"
+
+
+def _problem(error: Any, data: dict[str, Any] | None) -> str:
+    """One validation error as `key: message; got value`."""
     loc = [str(part) for part in error["loc"]]
     # Node entries are written flat in the file; their resolved form nests them under `node`.
     if len(loc) >= 3 and loc[0] == "nodes" and loc[2] == "node":
         del loc[2]
+    # pydantic names the policy kind it tried (sampling.<kind>.<field>); the file has none.
+    loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "sampling" and p in KINDS)]
+    if data is not None and len(loc) >= 3 and loc[0] == "nodes" and loc[1].isdigit():
+        loc = _where_in_file(data, int(loc[1]), loc[2:]) or loc
     message = str(error["msg"]).removeprefix("Value error, ")  # our validators name the key
-    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     value = error.get("input")
     shown = f"; got {value!r}" if error["type"] != "missing" and _short(value) else ""
     where = f"{'.'.join(loc)}: " if loc else ""
-    return f"{source}: {where}{message}{shown}{more}"
+    return f"{where}{message}{shown}"
+
+
+def _where_in_file(data: dict[str, Any], index: int, path: list[str]) -> list[str] | None:
+    """`defaults.<path>` or `sampling.<path>` when node `index`'s own entry does not set
+    `path` but the swarm-wide section does; None to keep `nodes.<index>.<path>`."""
+    nodes = data.get("nodes") or []
+    entry = nodes[index] if isinstance(nodes, list) and index < len(nodes) else {}
+    section, rest = ("sampling", path[1:]) if path[0] == "sampling" else ("defaults", path)
+    own = entry.get("sampling", {}) if section == "sampling" and isinstance(entry, dict) else entry
+    if _has(own, rest) or not _has(data.get(section), rest):
+        return None
+    return [section, *rest]
+
+
+def _has(tree: Any, path: list[str]) -> bool:
+    for part in path:
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
 
 
 def _short(value: Any) -> bool:
@@ -340,7 +375,7 @@ def validate_swarm(data: dict[str, Any], source: str = "swarm") -> SwarmConfig:
     try:
         return SwarmConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, source)) from exc
+        raise ConfigError(describe_validation_error(exc, source, data)) from exc
 
 
 def _first_nodes(data: dict[str, Any], count: int) -> list[Any]:

@@ -69,11 +69,18 @@ def test_flags_beat_overrides_beat_the_file() -> None:
 @pytest.mark.parametrize(
     ("change", "key"),
     [
-        ({"defaults": {"grpo": {"learning_rat": 1e-5}}}, "nodes.0.grpo.learning_rat"),
+        ({"defaults": {"grpo": {"learning_rat": 1e-5}}}, ": defaults.grpo.learning_rat:"),
         ({"rounds": "many"}, "rounds"),
-        ({"defaults": {"grpo": {"learning_rate": -1}}}, "nodes.0.grpo.learning_rate"),
+        ({"defaults": {"grpo": {"learning_rate": -1}}}, ": defaults.grpo.learning_rate:"),
+        (
+            {"nodes": [{"node_id": "a", "grpo": {"beta": -1}}]},
+            ": nodes.0.grpo.beta:",  # set in the node's own entry: named there
+        ),
         ({"ledger": {"max_staleness_s": -1}}, "ledger.max_staleness_s"),
-        ({"sampling": {"kind": "reward_filtered", "max_per_peer": 0}}, "max_per_peer"),
+        (
+            {"sampling": {"kind": "reward_filtered", "max_per_peer": 0}},
+            ": sampling.max_per_peer:",
+        ),
         ({"colour": "blue"}, "colour"),
         ({"defaults": {"sampling": {"kind": "paper"}}}, "defaults.sampling"),
         ({"node_count": 2}, "node_count"),  # and a list of nodes: which one?
