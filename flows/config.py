@@ -266,9 +266,15 @@ def read_yaml_mapping(path: str | Path | None, *, what: str = "swarm file") -> d
     name = str(path) if path else f"embedded {DEFAULT_SWARM}"
     try:
         text = Path(path).read_text() if path else default_swarm_text()
-        data = yaml.safe_load(text)
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read the {what}: {exc.strerror or exc}") from exc
+    return parse_yaml_mapping(text, name, what=what)
+
+
+def parse_yaml_mapping(text: str, name: str, *, what: str = "swarm file") -> dict[str, Any]:
+    """YAML text's top-level mapping (empty text: none); errors name its source."""
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{name}: not valid YAML: {_first_line(exc)}") from exc
     if data is None:
@@ -352,15 +358,7 @@ def load_swarm(
     Flags win over `--set` overrides, which win over the file. Any problem raises
     ConfigError with one line naming the file and the key."""
     source = str(path) if path else ("swarm text" if text is not None else DEFAULT_SWARM)
-    if text is not None:
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {_first_line(exc)}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: a swarm file is a mapping of keys")
-    else:
-        data = read_yaml_mapping(path)
+    data = parse_yaml_mapping(text, source) if text is not None else read_yaml_mapping(path)
     data = apply_overrides(data, overrides or [])
     if rounds is not None:
         data["rounds"] = rounds

@@ -61,7 +61,8 @@ def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
         "configurations": ",".join(exp.swarm_id(c) for c in exp.configurations),
         "ledger.url": exp.ledger_url(),
     }
-    return tracker, tracker.run(exp.experiment, tags, params)
+    run_id = tracker.run(exp.experiment, tags, params)
+    return None if run_id is None else (tracker, run_id)
 
 
 @flow(name="sapo-experiment", flow_run_name="{experiment_name}")

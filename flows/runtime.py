@@ -135,7 +135,7 @@ def restore_learner(
 def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None) -> NodeRun | None:
     """The node's MLflow run (found again on a resume), with its config as params; None,
     with a warning, when the tracking store stays unreachable: tracking never stops a node."""
-    from flows.tracking import attempt, open_swarm_tracker
+    from flows.tracking import open_swarm_tracker
 
     try:
         tracker = open_swarm_tracker(swarm)
@@ -147,11 +147,7 @@ def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None)
     params = flatten("", node.model_dump(mode="json"))
     params.update(flatten("sampling", spec.sampling.model_dump(mode="json")))
     params["ledger.url"] = swarm.ledger.url
-    run_id = attempt(
-        lambda: tracker.run(node.node_id, tags, params, parent_id=parent_run_id),
-        "open the node's run",
-        tracker.retry,
-    )
+    run_id = tracker.run(node.node_id, tags, params, parent_id=parent_run_id)
     if run_id is None:
         return None
     extra = sharing_tags(node.local_groups, node.external_groups, spec.sampling.kind)

@@ -19,7 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from flows import checkpoint as checkpoints
 from flows.runtime import NodeRuntime
 from sapo_core.assembly import TrainingSet
-from sapo_core.learner import Generated, RoundReport
+from sapo_core.learner import Generated, RoundReport, round_seed
 from sapo_core.rollouts import Group, Rollout, group_rollouts
 
 P = ParamSpec("P")
@@ -92,7 +92,7 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
     config = node.spec.node
     state.external = []
     if config.external_groups > 0:
-        seed = sample_seed(config.seed, state.round)
+        seed = round_seed(config.seed, state.round)
         wait_for_peers(node, seed)
         frame = node.ledger.sample(
             node.node_id,
@@ -105,11 +105,6 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
         rows = [Rollout.from_record(row) for row in frame.iter_rows(named=True)]
         state.external = group_rollouts(rows, "external")
     return [g.group_id for g in state.external]
-
-
-def sample_seed(node_seed: int, round_: int) -> int:
-    """The seed of a node's draw in a round: replayable, different per node and round."""
-    return node_seed * 1_000_003 + round_
 
 
 def wait_for_peers(node: NodeRuntime, seed: int) -> None:

@@ -42,7 +42,7 @@ def open_parent_run(
     nested under `parent_run_id` (an experiment's run) when given."""
     if not config.tracking.enabled:
         return None
-    from flows.tracking import attempt, open_swarm_tracker
+    from flows.tracking import open_swarm_tracker
 
     tracker = open_swarm_tracker(config)
     params = {
@@ -53,11 +53,7 @@ def open_parent_run(
     }
     sharing = sorted({f"{s.node.local_groups}/{s.node.external_groups}" for s in config.nodes})
     tags = {"sapo.swarm_id": config.swarm_id, "sapo.role": "swarm"}
-    run_id = attempt(
-        lambda: tracker.run(config.swarm_id, tags, params, parent_id=parent_run_id),
-        "open the swarm's run",
-        tracker.retry,
-    )
+    run_id = tracker.run(config.swarm_id, tags, params, parent_id=parent_run_id)
     if run_id is None:
         return None  # a warning was logged; the nodes still run (and track what they can)
     tracker.set_tags(run_id, {"sapo.sharing": ",".join(sharing)})

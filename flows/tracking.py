@@ -101,8 +101,22 @@ class Tracker:
         tags: Mapping[str, str],
         params: Mapping[str, str] | None = None,
         parent_id: str | None = None,
+    ) -> str | None:
+        """The run with these identifying tags, created (with params) if new; None, with a
+        warning, when the store stays unreachable (the caller goes on untracked)."""
+        return attempt(
+            lambda: self._find_or_create(name, tags, params, parent_id),
+            f"open run {name}",
+            self.retry,
+        )
+
+    def _find_or_create(
+        self,
+        name: str,
+        tags: Mapping[str, str],
+        params: Mapping[str, str] | None,
+        parent_id: str | None,
     ) -> str:
-        """The run with these identifying tags, created (with params) if new."""
         existing = self._find(tags)
         if existing is not None:
             self.client.update_run(existing, status="RUNNING")

@@ -172,11 +172,9 @@ class Ledger:
         key = manifests.manifest_key(manifest)
         prefix = manifests.node_manifest_prefix(manifest.swarm_id, manifest.node_id)
         try:  # only for a warning: a store that will not list costs the warning, not the start
-            listed = retrying(self.config.retry, WRITE_ERRORS, f"listing {prefix}", log)(
-                self.store.list, prefix
-            )
-        except WRITE_ERRORS as exc:
-            log.warning("could not list %s: %s", prefix, first_line(exc))
+            listed = self._store_call(f"listing {prefix}", self.store.list, prefix)
+        except StorageError as exc:
+            log.warning("%s", exc)
             listed = []
         others = [o.key for o in listed if o.key != key]
         if self._put_new(key, manifests.encode(manifest)):
@@ -355,17 +353,19 @@ class Ledger:
 
     def _put_new(self, key: str, data: bytes) -> bool:
         """``store.put_new`` under the retry policy: write-once, so a retry is a no-op."""
+        return self._store_call(f"writing {key}", self.store.put_new, key, data)
+
+    def _store_call(self, what: str, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)``, a single store request, under the retry policy; then a one-line
+        StorageError."""
         policy = self.config.retry
         try:
-            written: bool = retrying(policy, WRITE_ERRORS, f"writing {key}", log)(
-                self.store.put_new, key, data
-            )
+            result: T = retrying(policy, WRITE_ERRORS, what, log)(call, *args)
         except WRITE_ERRORS as exc:
             raise StorageError(
-                f"writing {key} to {self.url} failed after {policy.attempts} attempts: "
-                f"{first_line(exc)}"
+                f"{what} ({self.url}) failed after {policy.attempts} attempts: {first_line(exc)}"
             ) from exc
-        return written
+        return result
 
     def _empty(self) -> pl.DataFrame:
         return self.con.execute(EMPTY_ROLLOUTS_SQL).pl()

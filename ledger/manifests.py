@@ -370,14 +370,3 @@ class ManifestIndex:
             self.con.execute("INSERT INTO node_manifests SELECT * FROM _manifests_arrow")
         finally:
             self.con.unregister("_manifests_arrow")
-        changed: dict[tuple[str, str], list[NodeManifest]] = {}
-        for _, manifest in rows:
-            changed.setdefault((manifest.swarm_id, manifest.node_id), []).append(manifest)
-        for (swarm_id, node_id), found in changed.items():
-            if len(found) > 1:
-                log.info(
-                    "%s/%s wrote %d different manifests; the earliest counts",
-                    swarm_id,
-                    node_id,
-                    len(found),
-                )

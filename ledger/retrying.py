@@ -18,9 +18,8 @@ Below these, the client libraries retry a single HTTP request on their own: boto
 s3fs's listings and writes; its ``max_attempts``, settable with ``storage_options``
 ``config_kwargs``) and DuckDB's httpfs for reads. s3fs's own retry loop is set to one try
 (``S3Settings.s3fs_retries``; ``retries`` in ``storage_options`` changes it) so it does not
-multiply the ledger's. They cannot re-list,
-which is why the ledger's layer exists. Worst case on a dead S3 endpoint: ``attempts`` x
-botocore's attempts requests per read.
+multiply the ledger's. They cannot re-list, which is why the ledger's layer exists. Worst
+case on a dead S3 endpoint: ``attempts`` x botocore's attempts requests per read.
 """
 
 from __future__ import annotations

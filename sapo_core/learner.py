@@ -81,6 +81,12 @@ class RoundReport:
     update: dict[str, float] = field(default_factory=dict)
 
 
+def round_seed(node_seed: int, round_: int) -> int:
+    """A node's seed for one round (its sampling, and its draw of peers' groups): replayable,
+    different per node and round."""
+    return node_seed * 1_000_003 + round_
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -149,7 +155,7 @@ class Learner:
         started = time.perf_counter()
         questions = self.tasks.draw(round_, cfg.questions)
         prompts = [render_prompt(self.policy.tokenizer, q.question, cfg.prompt) for q in questions]
-        seed = cfg.seed * 1_000_003 + round_
+        seed = round_seed(cfg.seed, round_)
         sampled = self.backend.generate(prompts, cfg.generation, seed, on_progress)
         groups = []
         for k, (question, completions) in enumerate(zip(questions, sampled, strict=True)):

@@ -21,27 +21,17 @@ def tiny_policy(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     return load_policy(str(tiny_model_dir))
 
 
-def _tiny_family(tmp_path_factory: pytest.TempPathFactory, family: Family):  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="session")
+def tiny_family_policy(tmp_path_factory: pytest.TempPathFactory, tiny_policy):  # type: ignore[no-untyped-def]
+    """A tiny policy of a model family, built once per family and session."""
     from sapo_core.policy.loading import load_policy
 
-    return load_policy(str(build_tiny_model(tmp_path_factory.mktemp(family), family=family)))
+    built = {"llama": tiny_policy}
 
+    def policy(family: Family):  # type: ignore[no-untyped-def]
+        if family not in built:
+            folder = tmp_path_factory.mktemp(family)
+            built[family] = load_policy(str(build_tiny_model(folder, family=family)))
+        return built[family]
 
-@pytest.fixture(scope="session")
-def tiny_qwen2_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    return _tiny_family(tmp_path_factory, "qwen2")
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    return _tiny_family(tmp_path_factory, "qwen3")
-
-
-@pytest.fixture(scope="session")
-def tiny_mistral_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    return _tiny_family(tmp_path_factory, "mistral")
-
-
-@pytest.fixture(scope="session")
-def tiny_smollm3_policy(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    return _tiny_family(tmp_path_factory, "smollm3")
+    return policy

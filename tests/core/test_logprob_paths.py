@@ -20,13 +20,7 @@ from sapo_core.grpo.update import (
 
 PAD = 2  # any id works as padding: it is masked
 # One tiny model of every family on the shared-prompt allow-list (SHARED_PROMPT_MODEL_TYPES).
-FAMILIES = [
-    "tiny_policy",  # Llama (SmolLM2's family)
-    "tiny_qwen2_policy",
-    "tiny_qwen3_policy",
-    "tiny_mistral_policy",
-    "tiny_smollm3_policy",
-]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "smollm3"]  # llama: SmolLM2's family
 
 
 def _segments(tokenizer: Any) -> list[Segment]:
@@ -42,8 +36,8 @@ def _segments(tokenizer: Any) -> list[Segment]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_plain_and_shared_prompt_paths_agree(family: str, request: pytest.FixtureRequest) -> None:
-    policy = request.getfixturevalue(family)
+def test_plain_and_shared_prompt_paths_agree(family: str, tiny_family_policy: Any) -> None:
+    policy = tiny_family_policy(family)
     model = policy.model.eval()
     segments = _segments(policy.tokenizer)
     assert supports_shared_prompt(model)
@@ -61,10 +55,8 @@ def test_plain_and_shared_prompt_paths_agree(family: str, request: pytest.Fixtur
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_plain_and_shared_prompt_gradients_agree(
-    family: str, request: pytest.FixtureRequest
-) -> None:
-    policy = request.getfixturevalue(family)
+def test_plain_and_shared_prompt_gradients_agree(family: str, tiny_family_policy: Any) -> None:
+    policy = tiny_family_policy(family)
     model = policy.model.eval()
     segments = _segments(policy.tokenizer)
     weights = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))  # [B, T]
@@ -96,10 +88,10 @@ def _tiny_config(config_class: Any, **extra: Any) -> Any:
 
 
 def test_only_allow_listed_families_without_logit_post_processing_share_prompts(
-    tiny_policy: Any, tiny_qwen2_policy: Any
+    tiny_policy: Any, tiny_family_policy: Any
 ) -> None:
     assert supports_shared_prompt(tiny_policy.model)
-    assert supports_shared_prompt(tiny_qwen2_policy.model)
+    assert supports_shared_prompt(tiny_family_policy("qwen2").model)
     gemma = Gemma2ForCausalLM(_tiny_config(Gemma2Config))
     assert gemma.config.final_logit_softcapping == 30.0  # Gemma2's default soft-cap
     assert not supports_shared_prompt(gemma)
@@ -137,8 +129,8 @@ def test_a_soft_capped_family_takes_the_plain_path_everywhere() -> None:
         assert row == pytest.approx(plain[i, : len(row)].tolist(), abs=1e-6)
 
 
-def test_every_allow_listed_family_is_tested(request: pytest.FixtureRequest) -> None:
+def test_every_allow_listed_family_is_tested(tiny_family_policy: Any) -> None:
     from sapo_core.grpo.update import SHARED_PROMPT_MODEL_TYPES
 
-    tested = {request.getfixturevalue(f).model.config.model_type for f in FAMILIES}
+    tested = {tiny_family_policy(f).model.config.model_type for f in FAMILIES}
     assert tested == set(SHARED_PROMPT_MODEL_TYPES)
