@@ -169,3 +169,44 @@ def peer_matrices(peers: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Pat
         ax.set_title(label(swarm), fontsize=9)
     fig.suptitle("Who sampled whom: peer groups drawn")
     return _save(fig, path)
+
+
+def configuration_curves(node_rounds: pl.DataFrame, path: Path) -> Path:
+    """An experiment's replicates, one line per configuration (mean over seeds and nodes,
+    each seed's line faint): held-out accuracy over rounds, and cumulative own reward."""
+    plt = _pyplot()
+    fig, (acc, cum) = plt.subplots(1, 2, figsize=(11.5, 4.2))
+    colours = {}
+    for (conf,), part in node_rounds.sort("configuration").group_by(
+        "configuration", maintain_order=True
+    ):
+        evaluated = part.filter(pl.col("accuracy").is_not_null())
+        per_seed = (
+            part.filter(pl.col("reward_mean").is_not_null())
+            .group_by("seed", "node_round")
+            .agg(pl.col("reward_mean").mean())
+            .sort("node_round")
+            .with_columns(pl.col("reward_mean").cum_sum().over("seed").alias("cumulative"))
+        )
+        mean_acc = (
+            evaluated.group_by("node_round").agg(pl.col("accuracy").mean()).sort("node_round")
+        )
+        line = acc.plot(mean_acc["node_round"], mean_acc["accuracy"], marker="o", label=conf)[0]
+        colours[conf] = line.get_color()
+        for (_,), seed_part in per_seed.group_by("seed"):
+            cum.plot(
+                seed_part["node_round"], seed_part["cumulative"], color=colours[conf], alpha=0.25
+            )
+        mean_cum = (
+            per_seed.group_by("node_round").agg(pl.col("cumulative").mean()).sort("node_round")
+        )
+        cum.plot(
+            mean_cum["node_round"],
+            mean_cum["cumulative"],
+            color=colours[conf],
+            label=conf,
+            linewidth=2,
+        )
+    _round_axes(acc, "held-out accuracy (mean of nodes and seeds)", "Held-out accuracy")
+    _round_axes(cum, "cumulative reward (mean node)", "Cumulative reward (seeds faint)")
+    return _save(fig, path)

@@ -27,6 +27,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from flows import checkpoint
 from flows.config import (
+    DEFAULT_NODE_COUNT,
     ConfigError,
     SwarmConfig,
     apply_overrides,
@@ -36,7 +37,10 @@ from flows.config import (
 )
 from sapo_core.config import Strict
 
-FIXED_KEYS = ("swarm_id", "experiment", "workdir")  # set per configuration, never by the swarm
+FIXED_KEYS = ("swarm_id", "experiment", "workdir")
+# Replicate `s` shifts every node's seed by s * SEED_STRIDE: other questions, other samples,
+# the same in every configuration (paired), and far from the nodes' own seeds 0, 1, 2, ...
+SEED_STRIDE = 1000  # set per configuration, never by the swarm
 VARIED_NODE_KEYS = ("local_groups", "external_groups", "sampling")
 
 
@@ -75,6 +79,15 @@ class ExperimentConfig(Strict):
         default_factory=dict, description="The swarm every configuration runs (no swarm_id)."
     )
     configurations: list[Configuration] = Field(min_length=1)
+    seeds: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="Replicates: each configuration runs once per seed s, every node's seed "
+        f"shifted by s * {SEED_STRIDE} (paired across configurations); none: one run.",
+    )
+    baseline: str | None = Field(
+        None, description="The configuration gains are measured against; default: the J = 0 one."
+    )
 
     @model_validator(mode="after")
     def _only_sharing_varies(self) -> Self:
@@ -100,21 +113,46 @@ class ExperimentConfig(Strict):
         ids = [self.swarm_id(c) for c in self.configurations]
         if len(set(ids)) != len(ids):
             raise ValueError(f"two configurations are the same: {ids}")
-        for conf in self.configurations:
-            self.swarm_config(conf)  # every swarm must validate on its own
+        if self.seeds is not None and (
+            len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0
+        ):
+            raise ValueError(f"seeds must be distinct and >= 0: {self.seeds}")
+        labels = [self.label(c) for c in self.configurations]
+        if self.baseline is not None and self.baseline not in labels:
+            raise ValueError(f"baseline {self.baseline!r} is none of the configurations {labels}")
+        for conf, seed in self.runs():
+            self.swarm_config(conf, seed)  # every swarm must validate on its own
         return self
+
+    def runs(self) -> list[tuple[Configuration, int | None]]:
+        """Every (configuration, replicate seed) to run, seed by seed: a stopped experiment
+        has whole replicates of every configuration rather than all seeds of a few."""
+        if self.seeds is None:
+            return [(c, None) for c in self.configurations]
+        return [(c, s) for s in self.seeds for c in self.configurations]
+
+    def label(self, conf: Configuration) -> str:
+        """The configuration's name in reports: `I/J` and the policy when one acts."""
+        return conf.suffix(self.swarm).replace("x", "/", 1)
+
+    def baseline_label(self) -> str | None:
+        if self.baseline is not None:
+            return self.baseline
+        plain = [self.label(c) for c in self.configurations if c.external_groups == 0]
+        return plain[0] if plain else None
 
     def workdir_path(self) -> Path:
         return Path(self.workdir).expanduser().resolve()
 
-    def swarm_id(self, conf: Configuration) -> str:
-        return f"{self.experiment}-{conf.suffix(self.swarm)}"
+    def swarm_id(self, conf: Configuration, seed: int | None = None) -> str:
+        replicate = "" if seed is None else f"-s{seed}"
+        return f"{self.experiment}-{conf.suffix(self.swarm)}{replicate}"
 
-    def swarm_data(self, conf: Configuration) -> dict[str, Any]:
-        """The swarm file of one configuration: shared ledger and MLflow, own checkpoints."""
+    def swarm_data(self, conf: Configuration, seed: int | None = None) -> dict[str, Any]:
+        """The swarm file of one run: shared ledger and MLflow, own checkpoints."""
         data = copy.deepcopy(self.swarm)
         root = self.workdir_path()
-        swarm_id = self.swarm_id(conf)
+        swarm_id = self.swarm_id(conf, seed)
         data["swarm_id"] = swarm_id
         data["experiment"] = self.experiment
         data["workdir"] = str(root / "swarms" / swarm_id)
@@ -128,10 +166,27 @@ class ExperimentConfig(Strict):
         defaults["external_groups"] = conf.external_groups
         if conf.sampling is not None:
             data["sampling"] = copy.deepcopy(conf.sampling)
+        if seed:
+            data["nodes"] = self._shifted_nodes(data, seed)
         return data
 
-    def swarm_config(self, conf: Configuration) -> SwarmConfig:
-        return validate_swarm(self.swarm_data(conf), f"configuration {conf.label}")
+    @staticmethod
+    def _shifted_nodes(data: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+        """The swarm's node entries with every seed moved by seed * SEED_STRIDE."""
+        count = data.pop("node_count", None)
+        base = data.get("defaults", {}).get("seed", 0)
+        nodes = data.get("nodes") or [
+            {"node_id": f"node-{i}", "seed": i} for i in range(int(count or DEFAULT_NODE_COUNT))
+        ]
+        return [{**n, "seed": int(n.get("seed", base)) + seed * SEED_STRIDE} for n in nodes]
+
+    def swarm_config(self, conf: Configuration, seed: int | None = None) -> SwarmConfig:
+        where = f"configuration {conf.label}" + ("" if seed is None else f", seed {seed}")
+        return validate_swarm(self.swarm_data(conf, seed), where)
+
+    def replicates(self) -> dict[str, tuple[str, int]]:
+        """swarm_id -> (configuration label, seed): how the statistics pair the runs."""
+        return {self.swarm_id(c, s): (self.label(c), 0 if s is None else s) for c, s in self.runs()}
 
     def ledger_url(self) -> str:
         return self.swarm_config(self.configurations[0]).ledger.url
@@ -161,14 +216,15 @@ def is_complete(swarm: SwarmConfig) -> bool:
 def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:
     """One row per configuration: what would run (for --dry-run and the report)."""
     rows = []
-    for conf in exp.configurations:
-        swarm = exp.swarm_config(conf)
+    for conf, seed in exp.runs():
+        swarm = exp.swarm_config(conf, seed)
         specs = swarm.nodes
         node = specs[0].node
         tasks = sorted({t.name for s in specs for t in s.node.tasks.specs})
         rows.append(
             {
                 "configuration": conf.label,
+                "seed": "-" if seed is None else seed,
                 "swarm_id": swarm.swarm_id,
                 "policy": conf.policy_kind(exp.swarm),
                 "nodes": len(specs),
@@ -191,10 +247,12 @@ def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:
 def format_plan(exp: ExperimentConfig) -> str:
     rows = plan(exp)
     head = (
-        f"experiment {exp.experiment}: {len(rows)} configurations; "
+        f"experiment {exp.experiment}: {len(exp.configurations)} configurations"
+        + ("" if exp.seeds is None else f" x {len(exp.seeds)} seeds = {len(rows)} runs")
+        + "; "
         f"ledger {exp.ledger_url()}; MLflow {exp.tracking_uri()}"
     )
-    cols = ["configuration", "swarm_id", "policy", "nodes", "rounds", "questions",
+    cols = ["configuration", "seed", "swarm_id", "policy", "nodes", "rounds", "questions",
             "completions", "max_new_tokens", "rollouts", "done"]  # fmt: skip
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
     lines = [head, "  ".join(c.ljust(widths[c]) for c in cols)]

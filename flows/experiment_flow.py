@@ -24,8 +24,8 @@ def run_configuration(
     experiment_file: str, overrides: list[str], index: int, parent_run_id: str | None
 ) -> dict[str, Any]:
     exp = load_experiment(experiment_file, overrides)
-    conf = exp.configurations[index]
-    swarm = exp.swarm_config(conf)
+    conf, seed = exp.runs()[index]
+    swarm = exp.swarm_config(conf, seed)
     if is_complete(swarm):
         print(f"{swarm.swarm_id}: every node finished {swarm.rounds} rounds; skipped")
         return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
@@ -36,7 +36,7 @@ def run_configuration(
 
 @task(name="report", cache_policy=NONE)
 def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dict[str, Any]:
-    from flows.reporting import report_ledger
+    from flows.reporting import report_ledger, report_replicates
 
     exp = load_experiment(experiment_file, overrides)
     report = report_ledger(
@@ -45,7 +45,11 @@ def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dic
         tracking_uri=exp.tracking_uri(),
         experiment=exp.experiment,
     )
-    return {"html": str(report.html), "markdown": report.markdown, "figures": report.figures}
+    markdown = report.markdown
+    statistics = report_replicates(exp, Path(out_dir))
+    if statistics is not None:
+        markdown += "\n\n## Paired seeds\n\n" + statistics.read_text()
+    return {"html": str(report.html), "markdown": markdown, "figures": report.figures}
 
 
 def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
@@ -58,7 +62,7 @@ def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
     tracker = open_swarm_tracker(first)
     tags = {"sapo.experiment": exp.experiment, "sapo.role": "experiment"}
     params = {
-        "configurations": ",".join(exp.swarm_id(c) for c in exp.configurations),
+        "configurations": ",".join(exp.swarm_id(c, s) for c, s in exp.runs()),
         "ledger.url": exp.ledger_url(),
     }
     run_id = tracker.run(exp.experiment, tags, params)
@@ -78,8 +82,7 @@ def experiment_flow(
     opened = _experiment_run(exp)
     parent = opened[1] if opened else None
     results = [
-        run_configuration(experiment_file, overrides, i, parent)
-        for i in range(len(exp.configurations))
+        run_configuration(experiment_file, overrides, i, parent) for i in range(len(exp.runs()))
     ]
     failed = sum(r["failed"] for r in results)
     # Per experiment: sweeps that share a working directory (and a ledger) keep their own.

@@ -11,7 +11,10 @@ from typing import Any
 
 import polars as pl
 
+from dashboards.figures import configuration_curves
+from dashboards.replicates import replicate_tables, write_replicate_report
 from dashboards.report import Report, cross_check, render_report, report_tables
+from flows.experiment import ExperimentConfig
 from ledger import Ledger
 
 CHECKED_METRICS = ("generated_reward_mean", "reward_mean")
@@ -66,3 +69,17 @@ def report_ledger(
     if tracking_uri is not None:
         check = cross_check(tables.rewards, tracked_metrics(tracking_uri, experiment))
     return render_report(tables, out_dir, check=check, source=ledger_url)
+
+
+def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:
+    """The experiment's paired-seed statistics and diagnostics (statistics.md, CSVs and the
+    held-out figure) under ``out_dir``; None when the experiment has no J = 0 baseline."""
+    baseline = exp.baseline_label()
+    if baseline is None:
+        return None
+    rounds = exp.swarm_config(*exp.runs()[0]).rounds
+    with Ledger(exp.ledger_url()) as ledger:
+        tables = replicate_tables(ledger.query, exp.replicates(), baseline=baseline, rounds=rounds)
+    path = write_replicate_report(tables, out_dir, baseline=baseline)
+    configuration_curves(tables.node_rounds, out_dir / "heldout.png")
+    return path

@@ -1,5 +1,5 @@
-"""Prefect flows: one node's round (generate -> publish -> sample -> reward -> update, then
-checkpoint and track), and a node that runs rounds until its budget is spent.
+"""Prefect flows: one node's round ([evaluate ->] generate -> publish -> sample -> reward ->
+update, then checkpoint and track), and a node that runs rounds until its budget is spent.
 
 Each task is a one-line call of a step in flows/steps.py (tested there without Prefect).
 The node's runtime and the round's state live in this process (the model, the round's
@@ -50,6 +50,16 @@ def running_node(node_id: str) -> NodeRuntime:
     return node
 
 
+@task(name="evaluate", cache_policy=NONE)
+def evaluate_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    return steps.evaluate(node, state)
+
+
+@task(name="final-evaluation", cache_policy=NONE)
+def final_evaluation_task(node: NodeRuntime) -> dict[str, float]:
+    return steps.final_evaluation(node)
+
+
 @task(name="generate", cache_policy=NONE)
 def generate_task(node: NodeRuntime, state: RoundState) -> int:
     return steps.generate(node, state)
@@ -98,11 +108,16 @@ def round_flow(
     # each task call, looking for futures; there are none, and the tasks get the objects.
     node: Any = quote(runtime)
     this: Any = quote(state)
+    if runtime.spec.node.evaluation.due(round_, runtime.swarm.rounds):
+        evaluate_task(node, this)
     generate_task(node, this)
     publish_task(node, this)
     sample_task(node, this)
     reward_task(node, this)
     update_task(node, this)
+    if round_ + 1 == runtime.swarm.rounds:
+        # Before the last checkpoint: a node whose final checkpoint exists has been evaluated.
+        final_evaluation_task(node)
     checkpoint_task(node, this, force=last)
     return track_task(node, this)
 

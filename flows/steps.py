@@ -19,6 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from flows import checkpoint as checkpoints
 from flows.runtime import NodeRuntime
 from sapo_core.assembly import TrainingSet
+from sapo_core.evaluation import overall_accuracy
 from sapo_core.learner import Generated, RoundReport, round_seed
 from sapo_core.rollouts import Group, Rollout, group_rollouts
 
@@ -39,6 +40,7 @@ class RoundState:
     flagged: int = 0
     report: RoundReport | None = None
     checkpoint: str | None = None
+    evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
     seconds: dict[str, float] = field(default_factory=dict)  # per step
 
 
@@ -65,6 +67,46 @@ def timed(
         return run
 
     return wrap
+
+
+@timed("evaluate")
+def evaluate(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    """Score the policy at the start of the round on the held-out set, when due."""
+    state.evaluation = evaluation_metrics(node, state.round)
+    return state.evaluation
+
+
+def evaluation_metrics(node: NodeRuntime, round_: int) -> dict[str, float]:
+    """Evaluate (if due at `round_`), record the scores in the ledger; the metrics to log."""
+    config = node.spec.node.evaluation
+    if not config.due(round_, node.swarm.rounds):
+        return {}
+    scores = node.learner.evaluate()
+    rows = [
+        {
+            "task": s.task,
+            "questions": s.questions,
+            "completions": s.completions,
+            "correct": s.correct,
+            "accuracy": s.accuracy,
+            "policy_version": node.learner.policy_version,
+            "eval_seed": config.seed,
+        }
+        for s in scores
+    ]
+    node.ledger.write_evaluation(node.swarm.swarm_id, node.node_id, round_, rows)
+    metrics = {f"eval_accuracy/{s.task}": s.accuracy for s in scores}
+    metrics["eval_accuracy"] = overall_accuracy(scores)
+    return metrics
+
+
+def final_evaluation(node: NodeRuntime) -> dict[str, float]:
+    """The policy after the last round's update (logged at step = rounds), when evaluation
+    is on; run before the last checkpoint, so a finished node has always been evaluated."""
+    metrics = evaluation_metrics(node, node.swarm.rounds)
+    if metrics and node.run is not None:
+        node.run.tracker.log_metrics(node.run.run_id, metrics, step=node.swarm.rounds)
+    return metrics
 
 
 @timed("generate")
@@ -130,9 +172,11 @@ def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
 
 @timed("update")
 def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    """The GRPO step; adds the training set's rewards to the node's cumulative reward."""
+    """The GRPO step; adds the training set's rewards to the node's cumulative reward and
+    records in the ledger which groups it trained on (for the sharing diagnostics)."""
     chosen = _require(state.chosen, state, "update", "reward")
     state.report = node.learner.update(state.round, chosen, state.flagged)
+    node.ledger.write_training(node.swarm.swarm_id, node.node_id, state.round, chosen.records())
     node.cumulative_reward += sum(chosen.rewards())
     return {"reward_mean": state.report.reward_mean, "cumulative_reward": node.cumulative_reward}
 
@@ -185,6 +229,7 @@ def round_metrics(
     for key, name in UPDATE_METRICS.items():
         if key in report.update:
             metrics[name] = report.update[key]
+    metrics.update(state.evaluation)
     for step, seconds in state.seconds.items():
         metrics[f"seconds_{step}"] = seconds
     wall = (time.perf_counter() if now is None else now) - state.started

@@ -8,7 +8,9 @@ live in the same connection:
 - ``groups``: one row per group (deduplicated across files), what sampling policies query;
 - ``rollouts``: one row per valid completion, a view over the valid files;
 - ``ledger_files``: every object seen, with its status;
-- ``manifests``: one row per node, what it declared when it started (ledger/manifests.py).
+- ``manifests``: one row per node, what it declared when it started (ledger/manifests.py);
+- ``samples``, ``evaluations``, ``trainings``: the nodes' self-reports, one table per node
+  log (ledger/node_logs.py), kept in sync file by file like the rest.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
-from ledger import manifests, samples
+from ledger import manifests, node_logs
 from ledger import validation as v
 from ledger.config import RowLimits
 from ledger.keys import parse_key
@@ -83,7 +85,11 @@ class Catalog:
         self.limits = limits
         self.files: dict[str, FileState] = {}
         self._by_path: dict[str, FileState] = {}
-        self.sample_files: dict[str, int | None] = {}
+        self.log_files: dict[str, dict[str, int | None]] = {log.name: {} for log in node_logs.ALL}
+        """Per node log (by name): key -> size of every file of it seen (read or skipped)."""
+        self.sample_files = self.log_files[node_logs.SAMPLES.name]
+        self.log_problems: dict[str, node_logs.Problem] = {}
+        """Node-log files skipped whole, or in part (malformed lines), by key."""
         self._reason_sql = v.reject_reason_sql(limits)
         self._group_problem_sql = v.group_problem_sql(limits)
         con.execute(f"CREATE TABLE group_index ({GROUP_COLUMNS})")
@@ -94,7 +100,8 @@ class Catalog:
             "CREATE TABLE ledger_files (key VARCHAR, size BIGINT, status VARCHAR, "
             "detail VARCHAR, rows BIGINT, rejected_rows BIGINT)"
         )
-        con.execute(f"CREATE TABLE samples ({samples.TABLE_COLUMNS})")
+        for node_log in node_logs.ALL:
+            con.execute(f"CREATE TABLE {node_log.name} ({node_log.table_columns})")
         self.manifests = manifests.ManifestIndex(store, con)
         self._views_stale = True
         self.ensure_views()
@@ -113,12 +120,13 @@ class Catalog:
 
     def _refresh_once(self) -> RefreshStats:
         listing = self.store.list()
-        self._refresh_sample_log([o for o in listing if o.key.startswith(samples.PREFIX)])
+        for node_log in node_logs.ALL:
+            self._refresh_node_log(node_log, [o for o in listing if node_log.is_key(o.key)])
         self.manifests.refresh(listing)
         current = {
             o.key: o.size
             for o in listing
-            if o.key.endswith(".parquet") and not o.key.startswith(samples.PREFIX)
+            if o.key.endswith(".parquet") and not o.key.startswith(node_logs.PREFIXES)
         }
         # Objects are immutable: a known key is unchanged unless the listing shows a new size.
         removed = [
@@ -156,18 +164,44 @@ class Catalog:
         self._views_stale = True
         return stats
 
-    def _refresh_sample_log(self, listing: list[ObjectInfo]) -> None:
-        current = {o.key: o.size for o in listing if samples.is_sample_log(o.key)}
-        gone = [k for k in self.sample_files if k not in current]
-        new = [k for k in current if k not in self.sample_files]
+    def _refresh_node_log(self, node_log: node_logs.NodeLog, listing: list[ObjectInfo]) -> None:
+        """Keep ``node_log``'s table = the sound lines of its files now in the store."""
+        known = self.log_files[node_log.name]
+        current = {o.key: o.size for o in listing}
+        gone = [k for k in known if k not in current]
         if gone:
-            paths = sql_list([self.store.reader_path(k) for k in gone])
-            self.con.execute(f"DELETE FROM samples WHERE list_contains({paths}, source_file)")
-        for path, error in samples.ingest(self.con, [self.store.reader_path(k) for k in new]):
-            log.warning("skipping sample log %s: %s", path, error)
-        for key in gone:
-            self.sample_files.pop(key, None)
-        self.sample_files.update({k: current[k] for k in new})
+            gone_paths = sql_list([self.store.reader_path(k) for k in gone])
+            self.con.execute(
+                f"DELETE FROM {node_log.name} WHERE list_contains({gone_paths}, source_file)"
+            )
+            for key in gone:
+                known.pop(key, None)
+                self.log_problems.pop(key, None)
+        readable: dict[str, str] = {}  # path -> key
+        for key, size in current.items():
+            if key in known:
+                continue
+            if size is None:
+                try:
+                    size = self.store.size(key)
+                except FileNotFoundError:
+                    continue  # deleted since the listing: not remembered
+            known[key] = size
+            if size > node_log.max_bytes:
+                detail = f"{size} bytes > {node_log.max_bytes}"
+                self._log_problem(key, node_logs.Problem(node_logs.OVERSIZED, detail))
+            else:
+                readable[self.store.reader_path(key)] = key
+        paths = list(readable)
+        for start in range(0, len(paths), INGEST_BATCH_FILES):
+            problems = node_log.ingest(self.con, paths[start : start + INGEST_BATCH_FILES])
+            for path, problem in problems.items():
+                self._log_problem(readable.get(path, path), problem)
+
+    def _log_problem(self, key: str, problem: node_logs.Problem) -> None:
+        self.log_problems[key] = problem
+        what = "lines of" if problem.lines else "node log"
+        log.warning("skipping %s %s: %s (%s)", what, key, problem.reason, problem.detail)
 
     def _examine_all(self, objects: list[ObjectInfo]) -> list[FileState]:
         """Judge new files by their place, size and Parquet footer, chunks in parallel."""

@@ -4,7 +4,9 @@ Safe beside running readers: the merged object is written (atomically, write-onc
 any input is deleted, readers deduplicate groups and rollout ids across files, and a reader
 whose file vanished between listing and reading re-lists and retries. A crash between the
 two steps leaves both copies, which the next run merges again. Only the named nodes'
-partitions are touched unless the operator asks for all.
+partitions are touched unless the operator asks for all. The JSON-lines logs beside the
+rollouts (``_samples/``, ``_evaluations/``, ``_trainings/``, ``_manifests/``) are never
+compacted: only the catalog's rollout files are planned.
 """
 
 from __future__ import annotations

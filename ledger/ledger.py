@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger import compaction, manifests, samples, validation
+from ledger import compaction, manifests, node_logs, samples, validation
 from ledger.catalog import Catalog, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
@@ -190,6 +190,79 @@ class Ledger:
             )
         return key
 
+    def write_evaluation(
+        self,
+        swarm_id: str,
+        node_id: str,
+        node_round: int,
+        rows: list[dict[str, Any]],
+        *,
+        now: datetime | None = None,
+    ) -> str:
+        """Write a node's held-out evaluation at ``node_round``; return its key.
+
+        One row per task: ``task``, ``questions``, ``completions``, ``correct`` (sum of
+        rewards), ``accuracy`` (correct / completions, in [0, 1]), ``policy_version`` and
+        ``eval_seed`` (``node_round`` may be given, and must then match); ``evaluated_at`` is
+        stamped here. The policy evaluated is the one at the start of ``node_round``.
+        Rows a reader would skip raise ValueError before anything is written. Write-once
+        per (swarm, node, round): a retried round writes nothing and returns the first key.
+        No rows: nothing written, "" returned. Read back as the ``evaluations`` view.
+        """
+        return self._write_node_log(node_logs.EVALUATIONS, swarm_id, node_id, node_round, rows, now)
+
+    def write_training(
+        self,
+        swarm_id: str,
+        node_id: str,
+        node_round: int,
+        rows: list[dict[str, Any]],
+        *,
+        now: datetime | None = None,
+    ) -> str:
+        """Write what a node trained on in ``node_round``; return its key.
+
+        One row per group considered for the training set: ``group_id``, ``origin``
+        ('local' or 'external'), ``peer_node_id`` (the publisher; the node itself for local
+        groups), ``task``, ``completions``, ``reward_mean`` (under this node's verifier, in
+        [0, 1]), ``informative`` (rewards not all equal) and ``trained`` (false when dropped
+        as zero-variance); ``recorded_at`` is stamped here. Checked, write-once and empty
+        as ``write_evaluation``. Read back as the ``trainings`` view.
+        """
+        return self._write_node_log(node_logs.TRAININGS, swarm_id, node_id, node_round, rows, now)
+
+    def _write_node_log(
+        self,
+        node_log: node_logs.NodeLog,
+        swarm_id: str,
+        node_id: str,
+        node_round: int,
+        rows: list[dict[str, Any]],
+        now: datetime | None,
+    ) -> str:
+        prefix = node_log.node_prefix(swarm_id, node_id)  # checks both ids
+        checked = node_log.validate(list(rows), node_round)
+        if not checked:
+            return ""
+        when = now or datetime.now(UTC)
+        key = node_log.key(swarm_id, node_id, node_round, when)
+        # A round retried on a later day has the same file name under another day.
+        name = key.rsplit("/", 1)[1]
+        try:  # only to find such a retry: a store that will not list costs the check
+            listed = self._store_call(f"listing {prefix}", self.store.list, prefix)
+        except StorageError as exc:
+            log.warning("%s", exc)
+            listed = []
+        earlier = sorted(o.key for o in listed if o.key.rsplit("/", 1)[1] == name)
+        if earlier:
+            log.info("%s already holds this round: nothing written", earlier[0])
+            return earlier[0]
+        if self._put_new(key, node_log.lines(checked, when)):
+            log.debug("wrote %d %s rows to %s", len(checked), node_log.name, key)
+        else:
+            log.info("%s already holds this round: nothing written", key)
+        return key
+
     @staticmethod
     def _publisher(table: pa.Table) -> tuple[str, str]:
         ids = []
@@ -312,8 +385,12 @@ class Ledger:
         return chosen, draw
 
     def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
-        """Run SQL over the views ``rollouts``, ``groups``, ``samples``, ``manifests`` and
-        ``ledger_files``."""
+        """Run SQL over the views ``rollouts``, ``groups``, ``samples``, ``evaluations``,
+        ``trainings``, ``manifests`` and ``ledger_files``.
+
+        ``samples``, ``evaluations`` and ``trainings`` are the nodes' self-reports
+        (ledger/node_logs.py): each row carries ``swarm_id``, ``node_id`` (from the file's
+        place) and ``source_file``."""
 
         def attempt() -> pl.DataFrame:
             self.catalog.ensure_views()
@@ -387,6 +464,12 @@ class Ledger:
         for bad in self.catalog.manifests.skipped.values():
             report.bad_files.append((bad.key, bad.reason, bad.detail))
             report.skipped[bad.reason] += 1
+        for key, problem in sorted(self.catalog.log_problems.items()):
+            if problem.lines:
+                report.skipped[problem.reason] += problem.lines
+            else:
+                report.bad_files.append((key, problem.reason, problem.detail))
+                report.skipped[problem.reason] += 1
         row = self.con.execute("SELECT count(*), coalesce(sum(size), 0) FROM groups").fetchone()
         assert row is not None
         report.groups, report.valid_rows = int(row[0]), int(row[1])

@@ -33,6 +33,24 @@ class TrainingSet:
     def external_used(self) -> int:
         return sum(g.group.source == "external" for g in self.selected)
 
+    def records(self) -> list[dict[str, object]]:
+        """One row per selected group, for the ledger's training log: where it came from,
+        whether it carried a gradient, whether it was trained on."""
+        trained = {id(g) for g in self.trained}
+        return [
+            {
+                "group_id": g.group.group_id,
+                "origin": g.group.source,
+                "peer_node_id": g.rollouts[0].node_id,
+                "task": g.group.question.task,
+                "completions": len(g.rewards),
+                "reward_mean": g.mean_reward,
+                "informative": not g.zero_variance,
+                "trained": id(g) in trained,
+            }
+            for g in self.selected
+        ]
+
 
 def choose_local(groups: Sequence[Group], count: int, seed: str) -> list[Group]:
     """I of the node's own groups, drawn without replacement (seeded, order kept)."""

@@ -76,6 +76,13 @@ class TaskConfig(Strict):
         return self
 
 
+class Example(Strict):
+    """A worked example shown before the question, as a user turn and the assistant's reply."""
+
+    question: str = Field(min_length=1, max_length=2000)
+    completion: str = Field(min_length=1, max_length=2000)
+
+
 class PromptConfig(Strict):
     """How a question becomes the model's input."""
 
@@ -85,6 +92,12 @@ class PromptConfig(Strict):
         max_length=64,
         description="Text that opens the assistant turn (e.g. '<answer>'); it is part of the "
         "prompt, never trained on. Small models rarely emit answer tags unless prefilled.",
+    )
+    examples: tuple[Example, ...] = Field(
+        (),
+        max_length=8,
+        description="Few-shot turns before the question: how an answer looks, without giving "
+        "away the format in the assistant's own turn (as a prefill would).",
     )
 
 
@@ -151,6 +164,31 @@ class GRPOConfig(Strict):
     )
 
 
+class EvaluationConfig(Strict):
+    """Held-out evaluation: fixed questions, never trained on, scored every `every` rounds.
+
+    Questions come from `seed`, a task seed no node trains with (nodes train on their own
+    seed), so the set is the same for every node and every configuration of an experiment.
+    Completions are sampled at the node's temperature with a fixed seed: the score is the
+    policy's expected accuracy, comparable with the training reward, and replayable.
+    """
+
+    every: int = Field(0, ge=0, description="Evaluate every K rounds (and after the last); 0: off.")
+    questions_per_task: int = Field(8, ge=1, le=1024)
+    completions: int = Field(2, ge=1, le=64, description="Sampled answers per question.")
+    seed: int = Field(
+        1_000_003, ge=0, description="Task and sampling seed of the held-out set (no node's)."
+    )
+    tasks: TaskConfig | None = Field(
+        None, description="Tasks evaluated; default: the node's own (specialists: set all)."
+    )
+
+    def due(self, round_: int, rounds: int) -> bool:
+        """Whether the policy at the start of `round_` is evaluated (round == rounds: the
+        final policy, after the last update)."""
+        return self.every > 0 and (round_ % self.every == 0 or round_ == rounds)
+
+
 class NodeConfig(Strict):
     """Everything one node needs to run its rounds, apart from storage and tracking."""
 
@@ -175,9 +213,15 @@ class NodeConfig(Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)  # type: ignore[arg-type]
     generation: GenerationConfig = Field(default_factory=GenerationConfig)  # type: ignore[arg-type]
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)  # type: ignore[arg-type]
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)  # type: ignore[arg-type]
 
     @model_validator(mode="after")
     def _batch_is_consistent(self) -> Self:
+        if self.evaluation.every and self.seed == self.evaluation.seed:
+            raise ValueError(
+                f"seed {self.seed} is the evaluation's seed: the node would train on its "
+                "held-out questions"
+            )
         if self.local_groups + self.external_groups == 0:
             raise ValueError("local_groups + external_groups (I + J) must be at least 1")
         if self.questions_per_round is not None and self.questions_per_round < self.local_groups:

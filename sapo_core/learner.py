@@ -21,6 +21,7 @@ import torch
 
 from sapo_core.assembly import TrainingSet, assemble, choose_local
 from sapo_core.config import NodeConfig
+from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
 from sapo_core.grpo.update import (
     Segment,
@@ -180,6 +181,20 @@ class Learner:
             groups.append(Group(group_id, "local", tuple(rollouts)))
         tokens = sum(len(c.token_ids) for cs in sampled for c in cs)
         return Generated(groups, time.perf_counter() - started, tokens)
+
+    def evaluate(self) -> list[TaskScore]:
+        """Score the current policy on the held-out set (same questions and seed each time)."""
+        cfg = self.config
+        questions = heldout_questions(cfg.evaluation, cfg.tasks)
+        prompts = [render_prompt(self.policy.tokenizer, q.question, cfg.prompt) for q in questions]
+        # completions_per_question >= 2 holds for training groups only; one answer per
+        # question is a valid evaluation, so the copy skips validation on purpose.
+        sampling = cfg.generation.model_copy(
+            update={"completions_per_question": cfg.evaluation.completions}
+        )
+        sampled = self.backend.generate(prompts, sampling, cfg.evaluation.seed)
+        texts = [[cfg.prompt.prefill + c.text for c in cs] for cs in sampled]
+        return score_by_task(questions, texts, cfg.reward)
 
     # -- train ------------------------------------------------------------------------------
 

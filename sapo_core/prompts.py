@@ -15,6 +15,9 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 def messages(question: str, config: PromptConfig) -> list[dict[str, str]]:
     """Chat turns for one question."""
     turns = [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+    for example in config.examples:
+        turns.append({"role": "user", "content": example.question})
+        turns.append({"role": "assistant", "content": example.completion})
     return [*turns, {"role": "user", "content": question}]
 
 

@@ -52,7 +52,8 @@ def query(
     fmt: FormatOpt = "table",
     storage_option: StorageOpt = None,
 ) -> None:
-    """Run SQL over the ledger's views: rollouts, groups, samples, manifests, ledger_files."""
+    """Run SQL over the ledger's views: rollouts, groups, samples, manifests, evaluations,
+    trainings, ledger_files."""
     import dashboards
 
     if (sql is None) == (dashboard is None):

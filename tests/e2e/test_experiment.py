@@ -1,6 +1,7 @@
-"""A miniature sharing sweep end to end: `sapo experiment` (two configurations, two rounds,
-tiny models, real node processes, Prefect, MLflow) then `sapo report`, whose numbers are
-checked against plain DuckDB over the ledger's Parquet files."""
+"""A miniature sharing experiment end to end: `sapo experiment` (two configurations x two
+replicate seeds, two rounds, held-out evaluation, tiny models, real node processes, Prefect,
+MLflow) then `sapo report`, whose numbers are checked against plain DuckDB over the
+ledger's Parquet and JSON files."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def experiment_file(tmp_path: Path, model: Path) -> Path:
     data = {
         "experiment": "mini",
         "workdir": str(tmp_path / "work"),
+        "seeds": [0, 1],
         "swarm": {
             "rounds": 2,
             "peer_wait_s": 120,
@@ -50,6 +52,7 @@ def experiment_file(tmp_path: Path, model: Path) -> Path:
                 "reward": {"extraction": "last_number"},
                 "generation": {"completions_per_question": 3, "max_new_tokens": 4},
                 "grpo": {"drop_zero_variance": False},
+                "evaluation": {"every": 1, "questions_per_task": 2, "completions": 1},
             },
             "node_count": 2,
         },
@@ -75,15 +78,49 @@ def direct_sql(ledger: Path) -> dict[str, float]:
     return {swarm: float(total) for swarm, total in rows}
 
 
+def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
+    """The experiment's paired-seed files agree with plain DuckDB over the ledger."""
+    out = work / "reports" / "mini"
+    runs = {
+        (r["configuration"], r["seed"]): r
+        for r in duckdb.sql(f"SELECT * FROM read_csv('{out}/runs.csv')").pl().to_dicts()
+    }
+    assert set(runs) == {(c, s) for c in ("2/0", "1/1-reward-filtered") for s in (0, 1)}
+    for (conf, seed), row in runs.items():
+        swarm = f"mini-{conf.replace('/', 'x', 1)}-s{seed}"
+        assert row["cumulative_reward"] == pytest.approx(cumulative[swarm] / 2)  # mean node
+    final = dict(
+        duckdb.sql(
+            f"""SELECT swarm_id, avg(accuracy) FROM read_json(
+                  '{work}/ledger/_evaluations/*/*/*/*.jsonl', format = 'newline_delimited',
+                  hive_partitioning = true)
+                WHERE node_round = 2 GROUP BY ALL"""
+        ).fetchall()
+    )
+    assert len(final) == 4  # every node evaluated its final policy
+    for (conf, seed), row in runs.items():
+        swarm = f"mini-{conf.replace('/', 'x', 1)}-s{seed}"
+        assert row["final_accuracy"] == pytest.approx(final[swarm])
+    evaluated = duckdb.sql(
+        f"SELECT DISTINCT node_round FROM read_csv('{out}/node_rounds.csv') "
+        "WHERE accuracy IS NOT NULL ORDER BY 1"
+    ).fetchall()
+    assert evaluated == [(0,), (1,), (2,)]
+    text = (out / "statistics.md").read_text()
+    assert "vs 2/0" in text and "1/1-reward-filtered" in text
+    assert (out / "heldout.png").stat().st_size > 1000
+
+
 def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "model")
     path = experiment_file(tmp_path, model)
     work = tmp_path / "work"
-    out = sapo("experiment", "-c", str(path), timeout=900)
-    assert "mini-2x0: 2/0" in out and "mini-1x1-reward-filtered: 1/1" in out
+    out = sapo("experiment", "-c", str(path), timeout=1200)
+    assert "mini-2x0-s0: 2/0" in out and "mini-1x1-reward-filtered-s1: 1/1" in out
 
     expected = direct_sql(work / "ledger")
-    assert set(expected) == {"mini-2x0", "mini-1x1-reward-filtered"}
+    swarms = {f"mini-{c}-s{s}" for c in ("2x0", "1x1-reward-filtered") for s in (0, 1)}
+    assert set(expected) == swarms
     assert sum(expected.values()) > 0  # the check below compares real numbers, not zeros
     rows = duckdb.sql(
         f"SELECT swarm_id, count(*) FROM read_parquet('{work}/ledger/**/*.parquet', "
@@ -97,9 +134,12 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
         "ORDER BY ALL"
     ).fetchall()
     assert manifests == [
-        ("mini-1x1-reward-filtered", node, "mini", 1, 1, "reward_filtered")
+        (f"mini-{c}-s{s}", node, "mini", i, j, "reward_filtered")
+        for c, i, j in (("1x1-reward-filtered", 1, 1), ("2x0", 2, 0))
+        for s in (0, 1)
         for node in ("node-0", "node-1")
-    ] + [("mini-2x0", node, "mini", 2, 0, "reward_filtered") for node in ("node-0", "node-1")]
+    ]
+    check_statistics(work, expected)
 
     # The flow's report and a separate `sapo report` agree with the direct SQL.
     for folder in (work / "reports" / "mini", tmp_path / "again"):
@@ -109,14 +149,8 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
         report = json.loads((folder / "report.json").read_text())
         got = {r["swarm_id"]: r["cumulative_reward"] for r in report["summary"]}
         assert got == pytest.approx(expected, abs=1e-9)
-        base = expected["mini-2x0"]
-        shared = next(r for r in report["summary"] if r["external_groups"] == 1)
-        if base:
-            assert shared["gain_over_baseline"] == pytest.approx(
-                expected["mini-1x1-reward-filtered"] / base - 1
-            )
         assert report["cross_check"]["consistent"] is True
-        assert report["cross_check"]["matched"] == 2 * 2 * 2
+        assert report["cross_check"]["matched"] == 4 * 2 * 2  # runs x nodes x rounds
         page = (folder / "report.html").read_text()
         assert page.count("data:image/png;base64,") == len(report["figures"]) == 4
         for name in report["figures"]:
@@ -130,7 +164,7 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     swarms = [r for r in runs if r.data.tags.get("sapo.role") == "swarm"]
     assert {r.data.tags["mlflow.parentRunId"] for r in swarms} == {top.info.run_id}
     artifacts = {a.path for a in client.list_artifacts(top.info.run_id, "report")}
-    assert {"report/report.html", "report/cumulative.png"} <= artifacts
+    assert {"report/report.html", "report/cumulative.png", "report/statistics.md"} <= artifacts
     assert {r.data.tags["sapo.sharing"] for r in runs if "sapo.node_id" in r.data.tags} == {
         "2/0", "1/1"
     }  # fmt: skip
@@ -142,7 +176,8 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     ).fetchone()
     db.close()
     assert kind == "markdown" and "cumulative reward" in data and "| 2/0 |" in data
+    assert "## Paired seeds" in data and "final held-out accuracy" in data
 
     # Running it again resumes: both configurations are complete, so nothing trains.
     again = sapo("experiment", "-c", str(path), timeout=600)
-    assert again.count("skipped") == 2 and "round 0:" not in again
+    assert again.count("skipped") == 4 and "round 0:" not in again

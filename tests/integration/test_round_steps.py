@@ -148,3 +148,54 @@ def test_resume_keeps_the_kl_reference_at_the_initial_model(tmp_path: Path) -> N
         assert any(not torch.equal(x, y) for x, y in zip(trained, ref, strict=True))
     finally:
         resumed.close()
+
+
+def test_evaluation_and_training_logs_land_in_the_ledger(tmp_path: Path) -> None:
+    swarm = make_swarm(tmp_path)
+    data = swarm.model_dump(mode="json")
+    for node in data["nodes"]:
+        node["node"]["evaluation"] = {"every": 2, "questions_per_task": 3, "completions": 1}
+    swarm = SwarmConfig.model_validate(data)
+    a, b = open_node(swarm, "a"), open_node(swarm, "b")
+    try:
+        run_round(a, 0)
+        state = RoundState(0)
+        assert steps.evaluate(b, state)["eval_accuracy"] == pytest.approx(
+            state.evaluation["eval_accuracy/chain_sum"]
+        )
+        for step in (steps.generate, steps.publish, steps.sample, steps.reward, steps.update):
+            step(b, state)
+        metrics = steps.track(b, state)
+        assert metrics["eval_accuracy"] == state.evaluation["eval_accuracy"]
+        assert "seconds_evaluate" in metrics
+        assert steps.evaluate(b, RoundState(1)) == {}  # every 2 rounds: not due at round 1
+        assert steps.final_evaluation(b)  # the policy after the last round (2)
+
+        evals = b.ledger.query(
+            "SELECT node_id, node_round, task, questions, completions, accuracy, policy_version "
+            "FROM evaluations ORDER BY node_round"
+        ).rows()
+        assert [(e[0], e[1], e[2], e[3], e[4]) for e in evals] == [
+            ("b", 0, "chain_sum", 3, 3),
+            ("b", 2, "chain_sum", 3, 3),
+        ]
+        assert evals[0][6] == 0 and evals[1][6] == 1  # before and after b's one update
+        trained = b.ledger.query(
+            "SELECT origin, peer_node_id, task, completions, trained FROM trainings "
+            "WHERE node_id = 'b' ORDER BY origin"
+        ).rows()
+        # I = 2 own groups and J = 1 of a's; zero-variance groups kept (drop_zero_variance off)
+        assert trained == [
+            ("external", "a", "chain_sum", 2, True),
+            ("local", "b", "chain_sum", 2, True),
+            ("local", "b", "chain_sum", 2, True),
+        ]
+        chosen = state.chosen
+        assert chosen is not None
+        informative = b.ledger.query(
+            "SELECT count(*) FROM trainings WHERE node_id = 'b' AND informative"
+        ).item()
+        assert informative == sum(not g.zero_variance for g in chosen.selected)
+    finally:
+        a.close()
+        b.close()

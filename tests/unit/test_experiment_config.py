@@ -137,3 +137,39 @@ def test_bad_sweep_is_a_clear_error() -> None:
         ],
     )
     assert result.exit_code == 0 and "paper-cpu-3x1-variance-weighted" in result.output
+
+
+def test_seeds_run_every_configuration_once_per_replicate_with_paired_node_seeds() -> None:
+    exp = make(seeds=[0, 2])
+    runs = exp.runs()
+    # Seed by seed, so a stopped experiment holds whole replicates.
+    assert [(exp.label(c), s) for c, s in runs] == [
+        ("4/0", 0), ("2/2", 0), ("2/2-variance-weighted", 0),
+        ("4/0", 2), ("2/2", 2), ("2/2-variance-weighted", 2),
+    ]  # fmt: skip
+    ids = [exp.swarm_id(c, s) for c, s in runs]
+    assert ids[0] == "sweep-4x0-s0" and ids[-1] == "sweep-2x2-variance-weighted-s2"
+    assert len(set(ids)) == 6
+    seeds = {
+        i: [n.node.seed for n in exp.swarm_config(c, s).nodes]
+        for i, (c, s) in zip(ids, runs, strict=True)
+    }
+    assert seeds["sweep-4x0-s0"] == seeds["sweep-2x2-s0"] == [0, 1]
+    assert seeds["sweep-4x0-s2"] == seeds["sweep-2x2-variance-weighted-s2"] == [2000, 2001]
+    assert exp.replicates()["sweep-2x2-s2"] == ("2/2", 2)
+    assert exp.baseline_label() == "4/0"
+    assert [r["seed"] for r in plan(exp)] == [0, 0, 0, 2, 2, 2]
+
+
+def test_listed_nodes_keep_their_own_seeds_shifted_and_bad_seed_lists_are_refused() -> None:
+    swarm = copy.deepcopy(BASE["swarm"])
+    del swarm["node_count"]
+    swarm["nodes"] = [{"node_id": "a", "seed": 7}, {"node_id": "b"}]
+    exp = make(swarm=swarm, seeds=[1])
+    nodes = exp.swarm_config(exp.configurations[0], 1).nodes
+    assert [(n.node_id, n.node.seed) for n in nodes] == [("a", 1007), ("b", 1000)]
+    with pytest.raises(ValidationError, match="distinct"):
+        make(seeds=[1, 1])
+    with pytest.raises(ValidationError, match="baseline"):
+        make(baseline="9/9")
+    assert make(baseline="2/2").baseline_label() == "2/2"

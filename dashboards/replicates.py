@@ -1,0 +1,205 @@
+"""Does sharing pay? An experiment's paired replicates: per-run metrics, gains over J = 0
+with 95% intervals over seeds, and the diagnostics of the mechanism.
+
+The experiment file fixes, before anything runs, the configurations, the seeds, the rounds
+and the baseline; this module only reads what the ledger holds for those runs (a run is one
+configuration with one replicate seed: one swarm). Two metrics, both decided up front:
+
+- cumulative reward: the paper's measure, here the mean reward of each node's own
+  completions summed over its rounds, averaged over the swarm's nodes (the policy's skill
+  on fresh questions, the same measure whatever the configuration);
+- final held-out accuracy: the mean over nodes of the last evaluation (the policy after
+  the last round) on the fixed evaluation set.
+
+The unit of replication is the swarm seed; nodes of one swarm train on each other's groups,
+so they are not independent samples (dashboards/statistics.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+import dashboards
+from dashboards.statistics import paired_gains, per_configuration
+
+Query = Callable[[str], pl.DataFrame]
+METRICS = ("cumulative_reward", "final_accuracy")
+
+
+@dataclass
+class ReplicateTables:
+    node_rounds: pl.DataFrame  # per run, node and round: reward, accuracy, informative groups
+    runs: pl.DataFrame  # per run: configuration, seed, the two metrics
+    configurations: dict[str, pl.DataFrame]  # metric -> per-configuration mean and interval
+    gains: dict[str, pl.DataFrame]  # metric -> paired gain over the baseline
+    mechanism: pl.DataFrame  # per configuration: informative groups, discoveries, spread
+    discoveries: pl.DataFrame  # per run, node and task
+
+
+def _runs_frame(replicates: dict[str, tuple[str, int]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [(s, c, seed) for s, (c, seed) in replicates.items()],
+        schema={"swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64},
+        orient="row",
+    )
+
+
+def node_rounds(query: Query, runs: pl.DataFrame) -> pl.DataFrame:
+    """Per run, node and round: own reward, held-out accuracy where evaluated, and the
+    informative groups trained (own and from peers)."""
+    keys = ["swarm_id", "node_id", "node_round"]
+    rewards = query(dashboards.query("reward_per_node_round")).select(*keys, "reward_mean")
+    accuracy = query(dashboards.query("heldout_accuracy")).select(*keys, "accuracy")
+    informative = query(dashboards.query("informative_groups")).select(
+        *keys, "informative_trained", "informative_local", "informative_external"
+    )
+    frame = (
+        runs.join(rewards, on="swarm_id")
+        .join(informative, on=keys, how="left")
+        # evaluations may sit one round past the last training round (the final policy)
+        .join(accuracy, on=keys, how="full", coalesce=True)
+    )
+    frame = frame.with_columns(
+        pl.col("configuration").fill_null(pl.first("configuration").over("swarm_id")),
+        pl.col("seed").fill_null(pl.first("seed").over("swarm_id")),
+    ).filter(pl.col("swarm_id").is_in(runs["swarm_id"].implode()))
+    return frame.sort(["configuration", "seed", "node_id", "node_round"])
+
+
+def run_metrics(rows: pl.DataFrame, rounds: int) -> pl.DataFrame:
+    """One row per run: cumulative reward (mean over nodes of each node's sum over rounds
+    0..rounds-1) and final held-out accuracy (mean over nodes, evaluation at `rounds`)."""
+    trained = rows.filter(pl.col("node_round") < rounds, pl.col("reward_mean").is_not_null())
+    per_node = trained.group_by("configuration", "seed", "swarm_id", "node_id").agg(
+        pl.col("reward_mean").sum().alias("cumulative_reward"),
+        pl.len().alias("rounds_done"),
+    )
+    final = rows.filter(pl.col("node_round") == rounds, pl.col("accuracy").is_not_null())
+    final = final.group_by("swarm_id").agg(pl.col("accuracy").mean().alias("final_accuracy"))
+    first = rows.filter(pl.col("node_round") == 0, pl.col("accuracy").is_not_null())
+    first = first.group_by("swarm_id").agg(pl.col("accuracy").mean().alias("initial_accuracy"))
+    return (
+        per_node.group_by("configuration", "seed", "swarm_id")
+        .agg(
+            pl.col("cumulative_reward").mean(),
+            pl.len().alias("nodes"),
+            pl.col("rounds_done").min(),
+        )
+        .join(first, on="swarm_id", how="left")
+        .join(final, on="swarm_id", how="left")
+        .sort("configuration", "seed")
+    )
+
+
+def mechanism(rows: pl.DataFrame, discoveries: pl.DataFrame) -> pl.DataFrame:
+    """Per configuration: informative groups trained per node-round (and from peers), how
+    many (node, task) pairs earned a first reward after round 0 (discoveries), and how many
+    of those followed informative peer groups of the same task (spread)."""
+    groups = rows.filter(pl.col("informative_trained").is_not_null()).group_by("configuration")
+    groups_frame = groups.agg(
+        pl.col("informative_trained").mean().alias("informative_per_round"),
+        pl.col("informative_external").mean().alias("from_peers_per_round"),
+        (pl.col("informative_trained") == 0).mean().alias("rounds_without_gradient"),
+    )
+    found = discoveries.with_columns(
+        (pl.col("first_round") > 0).alias("discovered"),
+        ((pl.col("first_round") > 0) & (pl.col("peer_groups_before") > 0)).alias("after_peers"),
+    ).group_by("configuration")
+    found_frame = found.agg(
+        pl.len().alias("node_tasks"),
+        (pl.col("first_round") == 0).sum().alias("reward_at_round_0"),
+        pl.col("discovered").sum().alias("discovered_later"),
+        pl.col("after_peers").sum().alias("discovered_after_peer_groups"),
+        pl.col("first_round").is_null().sum().alias("never_rewarded"),
+    )
+    return groups_frame.join(found_frame, on="configuration", how="full", coalesce=True).sort(
+        "configuration"
+    )
+
+
+def replicate_tables(
+    query: Query, replicates: dict[str, tuple[str, int]], *, baseline: str, rounds: int
+) -> ReplicateTables:
+    """Everything the experiment's statistics need, from ledger SQL (`Ledger.query`)."""
+    runs = _runs_frame(replicates)
+    rows = node_rounds(query, runs)
+    if rows.is_empty():
+        raise ValueError("none of the experiment's runs has rounds in this ledger")
+    metrics = run_metrics(rows, rounds)
+    found = runs.join(query(dashboards.query("discoveries")), on="swarm_id")
+    return ReplicateTables(
+        node_rounds=rows,
+        runs=metrics,
+        configurations={m: per_configuration(metrics, metric=m) for m in METRICS},
+        gains={
+            m: paired_gains(metrics, baseline=baseline, metric=m)
+            for m in METRICS
+            if metrics[m].is_not_null().any()
+        },
+        mechanism=mechanism(rows, found),
+        discoveries=found.sort("configuration", "seed", "node_id", "task"),
+    )
+
+
+def _num(value: object, spec: str = ".3f") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return format(value, spec) if isinstance(value, int | float) else str(value)
+
+
+def _table(frame: pl.DataFrame, columns: dict[str, str]) -> list[str]:
+    head = "| " + " | ".join(columns.values()) + " |"
+    rule = "|" + "---|" * len(columns)
+    body = [
+        "| " + " | ".join(_num(row[c]) for c in columns) + " |"
+        for row in frame.iter_rows(named=True)
+    ]
+    return [head, rule, *body]
+
+
+def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
+    """The statistics as markdown: per configuration with intervals, gains per seed."""
+    lines = [f"Baseline: {baseline}. Intervals: 95% t intervals over replicate seeds."]
+    names = {"cumulative_reward": "cumulative reward", "final_accuracy": "final held-out accuracy"}
+    for metric, name in names.items():
+        if metric not in tables.gains:
+            continue
+        lines += ["", f"### {name}", ""]
+        lines += _table(
+            tables.configurations[metric],
+            {"configuration": "configuration", "n_seeds": "seeds", "mean": "mean",
+             "low": "95% low", "high": "95% high"},
+        )  # fmt: skip
+        lines += [""]
+        lines += _table(
+            tables.gains[metric],
+            {"configuration": "vs " + baseline, "diff_mean": "gain", "diff_low": "95% low",
+             "diff_high": "95% high", "rel_gain": "relative", "per_seed": "gain per seed",
+             "excludes_zero": "interval excludes 0"},
+        )  # fmt: skip
+    lines += ["", "### mechanism (per configuration, pooled over seeds and nodes)", ""]
+    lines += _table(
+        tables.mechanism,
+        {"configuration": "configuration", "informative_per_round": "informative groups/round",
+         "from_peers_per_round": "of them from peers", "rounds_without_gradient":
+         "rounds with no gradient", "node_tasks": "node x task", "reward_at_round_0":
+         "rewarded at round 0", "discovered_later": "first reward later",
+         "discovered_after_peer_groups": "...after peers' groups of the task",
+         "never_rewarded": "never rewarded"},
+    )  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write_replicate_report(tables: ReplicateTables, out_dir: Path, *, baseline: str) -> Path:
+    """statistics.md, the per-node-round CSV, the per-run CSV and the discoveries CSV."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables.node_rounds.write_csv(out_dir / "node_rounds.csv")
+    tables.runs.write_csv(out_dir / "runs.csv")
+    tables.discoveries.write_csv(out_dir / "discoveries.csv")
+    path = out_dir / "statistics.md"
+    path.write_text(replicate_markdown(tables, baseline=baseline))
+    return path

@@ -1,0 +1,423 @@
+"""Node self-reports: small logs a node writes about its own rounds, beside the rollouts.
+
+Each log is newline-delimited JSON under its own top-level prefix, one file per (swarm, node,
+round), in the rollouts' Hive layout::
+
+    <root>/_samples/swarm_id=<S>/node_id=<N>/day=<D>/s<round>-<digest>.jsonl      drawn groups
+    <root>/_evaluations/swarm_id=<S>/node_id=<N>/day=<D>/e<round>-<digest>.jsonl  held-out scores
+    <root>/_trainings/swarm_id=<S>/node_id=<N>/day=<D>/t<round>-<digest>.jsonl    trained groups
+
+JSON lines rather than Parquet, and a leading underscore, so that a plain
+``read_parquet('<root>/**/*.parquet')`` over the ledger sees rollouts only. The digest is of
+(swarm, node, round) alone, so a retried round lands on the same name and writes nothing.
+
+**Readers.** ``Catalog`` keeps one DuckDB table per log (named as the log) in sync with the
+store: new files are ingested once, the rows of vanished files deleted. ``swarm_id`` and
+``node_id`` come from the path (a node may write only under its own prefix), never from a
+line, and ``source_file`` names the file a row came from.
+
+**Hostile input.** Every byte is a peer's. A file over ``max_bytes`` is not read. Each line
+is parsed with every field kept as JSON, then checked field by field: a field must be
+absent, ``null``, or of its column's JSON type (an integer for BIGINT, a number for DOUBLE,
+a string for VARCHAR at most ``MAX_TEXT_CHARS`` long, ``true``/``false`` for BOOLEAN, a
+timestamp string for TIMESTAMPTZ), finite, and within the column's bounds. A line that is
+not a JSON object, breaks any of those rules, or lacks a required column is skipped whole
+and counted; a file DuckDB cannot read at all is skipped and reported. Nesting depth and
+value sizes cannot crash or hang the reader: DuckDB's JSON parser is iterative, and the file
+size bounds the work.
+
+In plain DuckDB (no sapo), trusting every file::
+
+    SELECT * FROM read_json('<root>/_evaluations/*/*/*/*.jsonl', format = 'newline_delimited',
+                            hive_partitioning = true, ignore_errors = true)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import duckdb
+
+from ledger.keys import digest, parse_key, partition_prefix
+from ledger.schema import check_id
+from ledger.sqltext import sql_list, sql_str
+
+MAX_TEXT_CHARS: Final = 1024
+"""Longest string a reader keeps in a log's VARCHAR column (ids, task names, policy kinds)."""
+MAX_TIMESTAMP_CHARS: Final = 64
+
+# Why a reader skipped part of a log (ValidationReport reasons).
+UNREADABLE: Final = "unreadable_node_log"
+OVERSIZED: Final = "oversized_node_log"
+INVALID_LINE: Final = "invalid_node_log_line"
+
+_INT64 = (-(2**63), 2**63 - 1)
+_HIVE_TYPES = "{'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'}"
+_TYPES = ("BIGINT", "DOUBLE", "VARCHAR", "BOOLEAN", "TIMESTAMPTZ")
+
+
+@dataclass(frozen=True)
+class LogColumn:
+    """One field of a log line and the column it fills."""
+
+    name: str
+    type: str
+    """DuckDB type: one of BIGINT, DOUBLE, VARCHAR, BOOLEAN, TIMESTAMPTZ."""
+    required: bool = False
+    """A line without it (or with it null) is skipped by readers."""
+    low: float | None = None
+    high: float | None = None
+    """Inclusive bounds of a number; readers skip lines outside, writers refuse them."""
+    choices: tuple[str, ...] = ()
+    """The values a string may take; empty: any."""
+    node_id: bool = False
+    """Writers check the value as a node id."""
+
+    def __post_init__(self) -> None:
+        if self.type not in _TYPES:
+            raise ValueError(f"{self.name}: unsupported log column type {self.type}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a reader skipped of one log file."""
+
+    reason: str
+    detail: str
+    lines: int = 0
+    """Lines skipped (INVALID_LINE); 0 when the whole file was skipped."""
+
+
+@dataclass(frozen=True)
+class NodeLog:
+    """A per-(swarm, node, round) JSON-lines log kept beside the rollouts.
+
+    ``name`` is also the reader's table; ``letter`` starts file names; ``stamp`` is the
+    timestamp column a writer fills; ``check`` is an extra SQL predicate over the typed
+    columns (NULL counts as true) that a kept line must satisfy.
+    """
+
+    name: str
+    prefix: str
+    letter: str
+    columns: tuple[LogColumn, ...]
+    stamp: str
+    max_bytes: int
+    unique: tuple[str, ...] = ()
+    """Columns whose values a writer may not repeat within one file."""
+    check: str = ""
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        if not self.prefix.startswith("_") or not self.prefix.endswith("/"):
+            raise ValueError(f"a node log prefix starts with '_' and ends with '/': {self.prefix}")
+        if self.stamp not in names or len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: bad columns {names} (stamp {self.stamp})")
+
+    # -- layout ------------------------------------------------------------------------
+
+    def file_name(self, swarm_id: str, node_id: str, node_round: int) -> str:
+        """The name (without day) of the one file of (swarm, node, round)."""
+        name_digest = digest([swarm_id, node_id, str(node_round)], 12)
+        return f"{self.letter}{node_round:08d}-{name_digest}.jsonl"
+
+    def key(self, swarm_id: str, node_id: str, node_round: int, when: datetime) -> str:
+        day = when.astimezone(UTC).date()
+        name = self.file_name(swarm_id, node_id, node_round)
+        return f"{self.prefix}{partition_prefix(swarm_id, node_id, day)}/{name}"
+
+    def node_prefix(self, swarm_id: str, node_id: str) -> str:
+        """Where all of one node's files of this log lie (every day)."""
+        return (
+            f"{self.prefix}swarm_id={check_id('swarm_id', swarm_id)}/"
+            f"node_id={check_id('node_id', node_id)}/"
+        )
+
+    def is_key(self, key: str) -> bool:
+        """Whether ``key`` is a file of this log placed as ``key`` places them."""
+        rel = key.removeprefix(self.prefix)
+        return (
+            key.startswith(self.prefix)
+            and key.endswith(".jsonl")
+            and parse_key(rel.removesuffix(".jsonl") + ".parquet") is not None
+        )
+
+    # -- write -------------------------------------------------------------------------
+
+    def lines(self, rows: Iterable[Mapping[str, Any]], when: datetime | None = None) -> bytes:
+        """One JSON line per row, fields in column order; ``when`` fills the stamp column."""
+        stamp = when.astimezone(UTC).isoformat() if when is not None else None
+        out = []
+        for row in rows:
+            line: dict[str, Any] = {}
+            for col in self.columns:
+                value = stamp if col.name == self.stamp and stamp is not None else row.get(col.name)
+                if isinstance(value, datetime):
+                    value = value.astimezone(UTC).isoformat()
+                line[col.name] = value
+            out.append(json.dumps(line, allow_nan=False))
+        return ("\n".join(out) + "\n").encode() if out else b""
+
+    def validate(self, rows: list[Mapping[str, Any]], node_round: int) -> list[dict[str, Any]]:
+        """``rows`` checked as strictly as a reader checks them (ValueError saying which and
+        why otherwise), ``node_round`` filled in where a row omits it."""
+        if isinstance(node_round, bool) or not isinstance(node_round, int) or node_round < 0:
+            raise ValueError(f"{self.name}: node_round must be an int >= 0, got {node_round!r}")
+        known = {c.name for c in self.columns}
+        checked = []
+        for i, given in enumerate(rows):
+            if not isinstance(given, Mapping):
+                raise ValueError(f"{self.name} row {i}: not a dict: {type(given).__name__}")
+            row = dict(given)
+            row.setdefault("node_round", node_round)
+            unknown = sorted(set(row) - known)
+            if unknown:
+                raise ValueError(f"{self.name} row {i}: unknown fields {unknown}")
+            if row.get(self.stamp) is not None:
+                raise ValueError(f"{self.name} row {i}: {self.stamp} is stamped by the writer")
+            for col in self.columns:
+                if col.name != self.stamp:
+                    row[col.name] = _checked(self.name, i, col, row.get(col.name))
+            if row["node_round"] != node_round:
+                raise ValueError(
+                    f"{self.name} row {i}: node_round {row['node_round']} is not {node_round}"
+                )
+            checked.append(row)
+        for name in self.unique:
+            counts = Counter(row[name] for row in checked)
+            repeated = sorted(v for v, n in counts.items() if n > 1)
+            if repeated:
+                raise ValueError(f"{self.name}: {name} repeated within one round: {repeated[:5]}")
+        return checked
+
+    # -- read --------------------------------------------------------------------------
+
+    @property
+    def table_columns(self) -> str:
+        """The reader table's columns, as SQL."""
+        cols = ", ".join(f"{c.name} {c.type}" for c in self.columns)
+        return f"swarm_id VARCHAR, node_id VARCHAR, {cols}, source_file VARCHAR"
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return ("swarm_id", "node_id", *(c.name for c in self.columns), "source_file")
+
+    def judged_sql(self, paths: list[str]) -> str:
+        """Every line of ``paths``: its typed columns and ``_keep``, whether it is sound."""
+        raw_columns = "{" + ", ".join(f"{sql_str(c.name)}: 'JSON'" for c in self.columns) + "}"
+        typed = []
+        for i, col in enumerate(self.columns):
+            ok, value = _typed_sql(col)
+            absent = f"({col.name} IS NULL OR json_type({col.name}) = 'NULL')"
+            typed.append(f"({absent} OR coalesce({ok}, false)) AS _ok{i}")
+            typed.append(f"CASE WHEN NOT {absent} AND {ok} THEN {value} END AS {col.name}")
+        keep = [f"_ok{i}" for i in range(len(self.columns))]
+        keep += [f"{c.name} IS NOT NULL" for c in self.columns if c.required]
+        keep += [_bounds_sql(c) for c in self.columns if _bounds_sql(c)]
+        if self.check:
+            keep.append(f"coalesce({self.check}, true)")
+        return f"""WITH raw AS (
+            SELECT * FROM read_json({sql_list(paths)}, format = 'newline_delimited',
+                columns = {raw_columns}, hive_partitioning = true, filename = true,
+                ignore_errors = true, hive_types = {_HIVE_TYPES})),
+        typed AS (SELECT swarm_id, node_id, filename, {", ".join(typed)} FROM raw)
+        SELECT swarm_id, node_id, {", ".join(c.name for c in self.columns)},
+            filename AS source_file, ({" AND ".join(keep)}) AS _keep
+        FROM typed"""
+
+    def ingest_sql(self, paths: list[str]) -> str:
+        """Add the sound lines of ``paths`` to the log's table."""
+        return f"""INSERT INTO {self.name}
+            SELECT * EXCLUDE (_keep) FROM ({self.judged_sql(paths)}) WHERE _keep"""
+
+    def ingest(self, con: duckdb.DuckDBPyConnection, paths: list[str]) -> dict[str, Problem]:
+        """Add the files ``paths`` to the log's table; return what was skipped, by path.
+
+        One query for the batch; file by file when one file spoils it, so that a file DuckDB
+        cannot read at all is skipped alone (UNREADABLE).
+        """
+        if not paths:
+            return {}
+        try:
+            return self._ingest_batch(con, paths)
+        except duckdb.Error:
+            pass  # one bad file spoils the batch: isolate it below
+        problems: dict[str, Problem] = {}
+        for path in paths:
+            try:
+                problems.update(self._ingest_batch(con, [path]))
+            except duckdb.Error as exc:
+                problems[path] = Problem(UNREADABLE, _first_line(exc))
+        return problems
+
+    def _ingest_batch(self, con: duckdb.DuckDBPyConnection, paths: list[str]) -> dict[str, Problem]:
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _node_log AS {self.judged_sql(paths)}")
+            con.execute(
+                f"INSERT INTO {self.name} SELECT * EXCLUDE (_keep) FROM _node_log WHERE _keep"
+            )
+            skipped = con.execute(
+                "SELECT source_file, count(*) FROM _node_log WHERE NOT _keep GROUP BY 1"
+            ).fetchall()
+        finally:
+            con.execute("DROP TABLE IF EXISTS _node_log")
+        return {
+            str(path): Problem(INVALID_LINE, f"{int(n)} malformed lines skipped", int(n))
+            for path, n in skipped
+        }
+
+
+def _checked(log: str, i: int, col: LogColumn, value: Any) -> Any:
+    """``value`` as a writer may write it in ``col``; ValueError otherwise."""
+    where = f"{log} row {i}: {col.name}"
+    if value is None:
+        raise ValueError(f"{where} is missing")
+    if col.type == "BIGINT":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where} must be an int, got {type(value).__name__}")
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise ValueError(f"{where} {value} does not fit in 64 bits")
+    elif col.type == "DOUBLE":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{where} must be a number, got {type(value).__name__}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{where} must be finite, got {value}")
+    elif col.type == "BOOLEAN":
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be a bool, got {type(value).__name__}")
+    elif col.type == "VARCHAR":
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a str, got {type(value).__name__}")
+        if not 0 < len(value) <= MAX_TEXT_CHARS:
+            raise ValueError(f"{where} must hold 1 to {MAX_TEXT_CHARS} characters")
+        if col.choices and value not in col.choices:
+            raise ValueError(f"{where} must be one of {list(col.choices)}, got {value!r}")
+        if col.node_id:
+            check_id(col.name, value)
+    if col.low is not None and value < col.low:
+        raise ValueError(f"{where} must be >= {col.low}, got {value}")
+    if col.high is not None and value > col.high:
+        raise ValueError(f"{where} must be <= {col.high}, got {value}")
+    return value
+
+
+def _typed_sql(col: LogColumn) -> tuple[str, str]:
+    """(whether the JSON field ``col.name`` has the column's type, its typed value)."""
+    c = col.name
+    if col.type == "BIGINT":
+        value = f"TRY_CAST({c} AS BIGINT)"
+        return f"(json_type({c}) IN ('BIGINT', 'UBIGINT') AND {value} IS NOT NULL)", value
+    if col.type == "DOUBLE":
+        value = f"TRY_CAST({c} AS DOUBLE)"
+        return f"(json_type({c}) IN ('DOUBLE', 'BIGINT', 'UBIGINT') AND isfinite({value}))", value
+    if col.type == "BOOLEAN":
+        return f"json_type({c}) = 'BOOLEAN'", f"TRY_CAST({c} AS BOOLEAN)"
+    text = f"({c} ->> '$')"
+    if col.type == "VARCHAR":
+        return f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {MAX_TEXT_CHARS})", text
+    value = f"TRY_CAST({text} AS TIMESTAMPTZ)"  # TIMESTAMPTZ
+    return (
+        f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {MAX_TIMESTAMP_CHARS} "
+        f"AND isfinite({value}))",
+        value,
+    )
+
+
+def _bounds_sql(col: LogColumn) -> str:
+    """A predicate over the typed column (true when NULL): its bounds and choices."""
+    rules = []
+    if col.low is not None:
+        rules.append(f"{col.name} >= {col.low!r}")
+    if col.high is not None:
+        rules.append(f"{col.name} <= {col.high!r}")
+    if col.choices:
+        rules.append(f"{col.name} IN ({', '.join(sql_str(v) for v in col.choices)})")
+    return f"coalesce({' AND '.join(rules)}, true)" if rules else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+# -- the logs ----------------------------------------------------------------------------
+
+SAMPLES: Final = NodeLog(
+    name="samples",
+    prefix="_samples/",
+    letter="s",
+    columns=(
+        LogColumn("node_round", "BIGINT", required=True),
+        LogColumn("group_id", "VARCHAR", required=True),
+        LogColumn("peer_node_id", "VARCHAR"),
+        LogColumn("policy", "VARCHAR"),
+        LogColumn("seed", "BIGINT"),
+        LogColumn("sampled_at", "TIMESTAMPTZ"),
+    ),
+    stamp="sampled_at",
+    max_bytes=64 * 2**20,  # up to MAX_GROUPS_PER_SAMPLE lines of a few hundred bytes
+)
+"""Which peer groups a node drew, one line per group (ledger/samples.py)."""
+
+EVALUATIONS: Final = NodeLog(
+    name="evaluations",
+    prefix="_evaluations/",
+    letter="e",
+    columns=(
+        LogColumn("node_round", "BIGINT", required=True, low=0),
+        LogColumn("task", "VARCHAR", required=True),
+        LogColumn("questions", "BIGINT", low=0),
+        LogColumn("completions", "BIGINT", low=0),
+        LogColumn("correct", "DOUBLE", low=0),
+        LogColumn("accuracy", "DOUBLE", low=0, high=1),
+        LogColumn("policy_version", "BIGINT", low=0),
+        LogColumn("eval_seed", "BIGINT"),
+        LogColumn("evaluated_at", "TIMESTAMPTZ"),
+    ),
+    stamp="evaluated_at",
+    max_bytes=4 * 2**20,
+    unique=("task",),
+)
+"""A node's held-out evaluation, one line per task per evaluation. ``node_round``: the policy
+evaluated is the one at the start of that round (after ``node_round`` updates); ``correct``
+is the sum of rewards, ``accuracy`` = correct / completions."""
+
+TRAININGS: Final = NodeLog(
+    name="trainings",
+    prefix="_trainings/",
+    letter="t",
+    columns=(
+        LogColumn("node_round", "BIGINT", required=True, low=0),
+        LogColumn("group_id", "VARCHAR", required=True),
+        LogColumn("origin", "VARCHAR", choices=("local", "external")),
+        LogColumn("peer_node_id", "VARCHAR", node_id=True),
+        LogColumn("task", "VARCHAR"),
+        LogColumn("completions", "BIGINT", low=0),
+        LogColumn("reward_mean", "DOUBLE", low=0, high=1),
+        LogColumn("informative", "BOOLEAN"),
+        LogColumn("trained", "BOOLEAN"),
+        LogColumn("recorded_at", "TIMESTAMPTZ"),
+    ),
+    stamp="recorded_at",
+    max_bytes=64 * 2**20,
+    unique=("group_id",),
+)
+"""What a node trained on in a round, one line per group considered for its training set:
+``origin`` 'local' or 'external', ``peer_node_id`` the publisher (the node itself for local
+groups), ``reward_mean`` under this node's verifier, ``informative`` whether its rewards
+differ, ``trained`` false when it was dropped as zero-variance."""
+
+ALL: Final = (SAMPLES, EVALUATIONS, TRAININGS)
+PREFIXES: Final = tuple(log.prefix for log in ALL)
+
+
+def log_of(key: str) -> NodeLog | None:
+    """The log whose prefix ``key`` lies under, if any."""
+    return next((log for log in ALL if key.startswith(log.prefix)), None)

@@ -1,0 +1,73 @@
+"""Held-out evaluation: the same fixed questions for every node, scored by the node's verifier.
+
+Training reward mixes skill with luck of the draw (each round's questions differ, and with
+sharing a node trains on peers' questions too). A fixed set, rebuilt from a seed no node
+trains with, measures every node's policy on identical questions at every evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sapo_core.config import EvaluationConfig, RewardConfig, TaskConfig
+from sapo_core.rewards import verify
+from sapo_core.rollouts import Rollout
+from sapo_core.tasks import Question, canonical_config, regenerate
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One task's result in one evaluation."""
+
+    task: str
+    questions: int
+    completions: int
+    correct: float  # sum of rewards
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.completions if self.completions else 0.0
+
+
+def heldout_questions(config: EvaluationConfig, node_tasks: TaskConfig) -> list[Question]:
+    """Question i of each evaluated task is index i under the evaluation's seed."""
+    specs = (config.tasks or node_tasks).specs
+    return [
+        regenerate(spec.name, canonical_config(spec.config), config.seed, i)
+        for spec in specs
+        for i in range(config.questions_per_task)
+    ]
+
+
+def score_by_task(
+    questions: Sequence[Question],
+    completions: Sequence[Sequence[str]],
+    reward: RewardConfig,
+) -> list[TaskScore]:
+    """Score each question's completions with the node's verifier; sum them per task."""
+    totals: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    for question, texts in zip(questions, completions, strict=True):
+        counts[question.task] = counts.get(question.task, 0) + 1
+        for text in texts:
+            rollout = Rollout(
+                rollout_id="eval",
+                group_id="eval",
+                node_id="eval",
+                model_id="eval",
+                node_round=0,
+                policy_version=0,
+                question=question,
+                completion=text,
+                completion_tokens=0,
+            )
+            totals.setdefault(question.task, []).append(verify(rollout, reward).reward or 0.0)
+    return [
+        TaskScore(task, counts[task], len(scores), sum(scores)) for task, scores in totals.items()
+    ]
+
+
+def overall_accuracy(scores: Sequence[TaskScore]) -> float:
+    """Mean over tasks (each task weighs the same, whatever its question count)."""
+    return sum(s.accuracy for s in scores) / len(scores) if scores else 0.0

@@ -1,0 +1,134 @@
+"""An experiment's paired-seed statistics and diagnostics on a hand-made ledger whose
+answers are worked out by hand: rollouts, held-out evaluations and training logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dashboards.replicates import replicate_markdown, replicate_tables, write_replicate_report
+from ledger import Ledger
+from tests.factories import round_rows
+
+BASE, SHARED = "2/0", "1/1"
+SEEDS = (0, 1, 2)
+NODES = ("n0", "n1")
+# Own-completion group rewards per (configuration, seed, node): one group per round, two
+# rounds. Baseline: 0.25 each round -> each node's cumulative 0.5. Shared: 0.5 + 0.5
+# (seeds 0, 1) and 0.25 + 0.25 (seed 2) -> 1.0, 1.0, 0.5; node n0 of seed 0 earns nothing in
+# round 0 and everything in round 1 (0 + 1 = 1.0 too): a discovery after a peer's group.
+QUARTER, HALF = [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]
+
+
+def own(conf: str, seed: int, node: str, round_: int) -> list[float]:
+    if conf == BASE:
+        return QUARTER
+    if seed == 0 and node == "n0":
+        return [0.0] * 4 if round_ == 0 else [1.0] * 4
+    return HALF if seed < 2 else QUARTER
+
+
+def swarm(conf: str, seed: int) -> str:
+    return f"x-{conf.replace('/', 'x')}-s{seed}"
+
+
+def eval_rows(accuracy: float) -> list[dict[str, object]]:
+    return [
+        {"task": task, "questions": 4, "completions": 4, "correct": 4 * accuracy,
+         "accuracy": accuracy, "policy_version": 0, "eval_seed": 99}
+        for task in ("basic_arithmetic", "gcd")
+    ]  # fmt: skip
+
+
+def training_row(group_id: str, origin: str, peer: str, informative: bool) -> dict[str, object]:
+    return {"group_id": group_id, "origin": origin, "peer_node_id": peer,
+            "task": "basic_arithmetic", "completions": 4,
+            "reward_mean": 0.5 if informative else 0.0,
+            "informative": informative, "trained": informative}  # fmt: skip
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(str(tmp_path / "ledger"))
+    for conf in (BASE, SHARED):
+        for seed in SEEDS:
+            sid = swarm(conf, seed)
+            for node in NODES:
+                for r in (0, 1):
+                    led.publish(round_rows(node, r, [own(conf, seed, node, r)], swarm_id=sid))
+                    peer = "n1" if node == "n0" else "n0"
+                    rows = [
+                        training_row(
+                            f"{sid}.{node}.r{r}.g0",
+                            "local",
+                            node,
+                            not (conf == SHARED and seed == 0 and node == "n0" and r == 0),
+                        )
+                    ]
+                    if conf == SHARED:
+                        rows.append(training_row(f"{sid}.{peer}.r{r}.g0", "external", peer, True))
+                    led.write_training(sid, node, r, rows)
+                led.write_evaluation(sid, node, 0, eval_rows(0.125))
+                led.write_evaluation(sid, node, 2, eval_rows(0.25 if conf == BASE else 0.5))
+    return led
+
+
+def test_paired_gains_intervals_and_mechanism_from_the_ledger(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2)
+
+    runs = {(r["configuration"], r["seed"]): r for r in tables.runs.iter_rows(named=True)}
+    assert {k: v["cumulative_reward"] for k, v in runs.items()} == pytest.approx(
+        {
+            (BASE, 0): 0.5,
+            (BASE, 1): 0.5,
+            (BASE, 2): 0.5,
+            (SHARED, 0): 1.0,
+            (SHARED, 1): 1.0,
+            (SHARED, 2): 0.5,
+        }
+    )
+    assert {v["final_accuracy"] for k, v in runs.items() if k[0] == BASE} == {0.25}
+    assert {v["final_accuracy"] for k, v in runs.items() if k[0] == SHARED} == {0.5}
+    assert {v["initial_accuracy"] for v in runs.values()} == {0.125}
+    assert {v["nodes"] for v in runs.values()} == {2}
+
+    (gain,) = tables.gains["cumulative_reward"].to_dicts()
+    # Differences 0.5, 0.5, 0: mean 1/3, sd sqrt(1/12), half width 4.303 * sqrt(1/12) / sqrt(3)
+    half = 4.302653 * (1 / 12) ** 0.5 / 3**0.5
+    assert gain["configuration"] == SHARED and gain["n_seeds"] == 3
+    assert gain["diff_mean"] == pytest.approx(1 / 3)
+    assert (gain["diff_low"], gain["diff_high"]) == pytest.approx((1 / 3 - half, 1 / 3 + half))
+    assert gain["rel_gain"] == pytest.approx(2 / 3)
+    assert gain["excludes_zero"] is False
+    (acc,) = tables.gains["final_accuracy"].to_dicts()
+    assert acc["diff_mean"] == pytest.approx(0.25) and acc["excludes_zero"] is True
+    assert (acc["diff_low"], acc["diff_high"]) == pytest.approx((0.25, 0.25))
+
+    mech = {r["configuration"]: r for r in tables.mechanism.iter_rows(named=True)}
+    assert mech[BASE]["informative_per_round"] == 1.0
+    assert mech[BASE]["from_peers_per_round"] == 0.0
+    # Shared: every node-round trains a peer's group; n0 of seed 0 has no own gradient in r0.
+    assert mech[SHARED]["informative_per_round"] == pytest.approx((12 * 2 - 1) / 12)
+    assert mech[SHARED]["from_peers_per_round"] == 1.0
+    assert mech[SHARED]["node_tasks"] == 6 and mech[SHARED]["discovered_later"] == 1
+    assert mech[SHARED]["discovered_after_peer_groups"] == 1
+    assert mech[BASE]["reward_at_round_0"] == 6 and mech[BASE]["discovered_later"] == 0
+    late = tables.discoveries.filter(tables.discoveries["first_round"] == 1).to_dicts()
+    assert [
+        (d["swarm_id"], d["node_id"], d["peer_groups_before"], d["from_peers"]) for d in late
+    ] == [(swarm(SHARED, 0), "n0", 1, "n1")]
+
+    # Held-out accuracy per node and round, with the final evaluation one round past the last.
+    evaluated = tables.node_rounds.filter(tables.node_rounds["accuracy"].is_not_null())
+    assert sorted(set(evaluated["node_round"].to_list())) == [0, 2]
+    assert evaluated.height == 2 * 3 * 2 * 2  # configurations x seeds x nodes x evaluations
+
+    md = replicate_markdown(tables, baseline=BASE)
+    assert "| 1/1 | 0.333 |" in md and "s0 +0.5, s1 +0.5, s2 +0" in md
+    path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
+    assert path.read_text() == md
+    assert (tmp_path / "out" / "node_rounds.csv").read_text().count("\n") == 1 + 2 * 3 * 2 * 3
