@@ -28,6 +28,7 @@ from dashboards.statistics import paired_gains, per_configuration
 
 Query = Callable[[str], pl.DataFrame]
 METRICS = ("cumulative_reward", "final_accuracy")
+DESCRIBED = (*METRICS, "oscillation")  # intervals per configuration; gains for METRICS only
 
 
 @dataclass
@@ -38,6 +39,7 @@ class ReplicateTables:
     gains: dict[str, pl.DataFrame]  # metric -> paired gain over the baseline
     mechanism: pl.DataFrame  # per configuration: informative groups, discoveries, spread
     discoveries: pl.DataFrame  # per run, node and task
+    heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
 
 
 def _runs_frame(replicates: dict[str, tuple[str, int]]) -> pl.DataFrame:
@@ -74,9 +76,15 @@ def run_metrics(rows: pl.DataFrame, rounds: int) -> pl.DataFrame:
     """One row per run: cumulative reward (mean over nodes of each node's sum over rounds
     0..rounds-1) and final held-out accuracy (mean over nodes, evaluation at `rounds`)."""
     trained = rows.filter(pl.col("node_round") < rounds, pl.col("reward_mean").is_not_null())
-    per_node = trained.group_by("configuration", "seed", "swarm_id", "node_id").agg(
-        pl.col("reward_mean").sum().alias("cumulative_reward"),
-        pl.len().alias("rounds_done"),
+    per_node = (
+        trained.sort("node_round")
+        .group_by("configuration", "seed", "swarm_id", "node_id")
+        .agg(
+            pl.col("reward_mean").sum().alias("cumulative_reward"),
+            pl.len().alias("rounds_done"),
+            # the paper's instability at high J: how much reward jumps from round to round
+            pl.col("reward_mean").diff().std().alias("oscillation"),
+        )
     )
     final = rows.filter(pl.col("node_round") == rounds, pl.col("accuracy").is_not_null())
     final = final.group_by("swarm_id").agg(pl.col("accuracy").mean().alias("final_accuracy"))
@@ -86,6 +94,7 @@ def run_metrics(rows: pl.DataFrame, rounds: int) -> pl.DataFrame:
         per_node.group_by("configuration", "seed", "swarm_id")
         .agg(
             pl.col("cumulative_reward").mean(),
+            pl.col("oscillation").mean(),
             pl.len().alias("nodes"),
             pl.col("rounds_done").min(),
         )
@@ -134,7 +143,11 @@ def replicate_tables(
     return ReplicateTables(
         node_rounds=rows,
         runs=metrics,
-        configurations={m: per_configuration(metrics, metric=m) for m in METRICS},
+        configurations={
+            m: per_configuration(metrics, metric=m)
+            for m in DESCRIBED
+            if metrics[m].is_not_null().any()
+        },
         gains={
             m: paired_gains(metrics, baseline=baseline, metric=m)
             for m in METRICS
@@ -161,19 +174,25 @@ def _table(frame: pl.DataFrame, columns: dict[str, str]) -> list[str]:
     return [head, rule, *body]
 
 
+INTERVAL_COLUMNS = {"configuration": "configuration", "n_seeds": "seeds", "mean": "mean",
+                    "low": "95% low", "high": "95% high"}  # fmt: skip
+
+
 def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
     """The statistics as markdown: per configuration with intervals, gains per seed."""
     lines = [f"Baseline: {baseline}. Intervals: 95% t intervals over replicate seeds."]
+    if tables.heldout_overlap is not None:
+        seen, total = tables.heldout_overlap
+        lines.append(
+            f"Held-out questions whose text also appears among the runs' training questions: "
+            f"{seen} of {total} (other seeds can draw the same small-number question)."
+        )
     names = {"cumulative_reward": "cumulative reward", "final_accuracy": "final held-out accuracy"}
     for metric, name in names.items():
         if metric not in tables.gains:
             continue
         lines += ["", f"### {name}", ""]
-        lines += _table(
-            tables.configurations[metric],
-            {"configuration": "configuration", "n_seeds": "seeds", "mean": "mean",
-             "low": "95% low", "high": "95% high"},
-        )  # fmt: skip
+        lines += _table(tables.configurations[metric], INTERVAL_COLUMNS)
         lines += [""]
         lines += _table(
             tables.gains[metric],
@@ -181,6 +200,9 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
              "diff_high": "95% high", "rel_gain": "relative", "per_seed": "gain per seed",
              "excludes_zero": "interval excludes 0"},
         )  # fmt: skip
+    if "oscillation" in tables.configurations:
+        lines += ["", "### oscillation (std of a node's round-to-round reward change)", ""]
+        lines += _table(tables.configurations["oscillation"], INTERVAL_COLUMNS)
     lines += ["", "### mechanism (per configuration, pooled over seeds and nodes)", ""]
     lines += _table(
         tables.mechanism,

@@ -14,6 +14,7 @@ import polars as pl
 from dashboards.figures import configuration_curves
 from dashboards.replicates import replicate_tables, write_replicate_report
 from dashboards.report import Report, cross_check, render_report, report_tables
+from flows.config import SwarmConfig
 from flows.experiment import ExperimentConfig
 from ledger import Ledger
 
@@ -69,6 +70,22 @@ def report_ledger(
     if tracking_uri is not None:
         check = cross_check(tables.rewards, tracked_metrics(tracking_uri, experiment))
     return render_report(tables, out_dir, check=check, source=ledger_url)
+
+
+def heldout_overlap(ledger: Ledger, swarm: SwarmConfig, swarm_ids: list[str]) -> tuple[int, int]:
+    """How many held-out questions (by task and text) the runs also generated for training:
+    different seeds never share a (seed, index) key, but tiny task settings repeat texts."""
+    from sapo_core.evaluation import heldout_questions
+
+    node = swarm.nodes[0].node
+    questions = {(q.task, q.question) for q in heldout_questions(node.evaluation, node.tasks)}
+    if not questions or not node.evaluation.every:
+        return (0, 0)
+    seen = ledger.query(
+        "SELECT DISTINCT task, question FROM rollouts WHERE list_contains($swarms, swarm_id)",
+        {"swarms": swarm_ids},
+    )
+    return (len(questions & set(seen.rows())), len(questions))
 
 
 def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:

@@ -108,14 +108,15 @@ def round_flow(
     # each task call, looking for futures; there are none, and the tasks get the objects.
     node: Any = quote(runtime)
     this: Any = quote(state)
-    if runtime.spec.node.evaluation.due(round_, runtime.swarm.rounds):
+    evaluation, rounds = runtime.spec.node.evaluation, runtime.swarm.rounds
+    if evaluation.due(round_, rounds):
         evaluate_task(node, this)
     generate_task(node, this)
     publish_task(node, this)
     sample_task(node, this)
     reward_task(node, this)
     update_task(node, this)
-    if round_ + 1 == runtime.swarm.rounds:
+    if round_ + 1 == rounds and evaluation.due(rounds, rounds):
         # Before the last checkpoint: a node whose final checkpoint exists has been evaluated.
         final_evaluation_task(node)
     checkpoint_task(node, this, force=last)

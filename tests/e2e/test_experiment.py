@@ -108,6 +108,7 @@ def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
     assert evaluated == [(0,), (1,), (2,)]
     text = (out / "statistics.md").read_text()
     assert "vs 2/0" in text and "1/1-reward-filtered" in text
+    assert "Held-out questions whose text also appears" in text
     assert (out / "heldout.png").stat().st_size > 1000
 
 

@@ -132,3 +132,28 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
     assert path.read_text() == md
     assert (tmp_path / "out" / "node_rounds.csv").read_text().count("\n") == 1 + 2 * 3 * 2 * 3
+
+
+def test_run_metrics_average_nodes_and_measure_oscillation() -> None:
+    import polars as pl
+
+    from dashboards.replicates import run_metrics
+
+    rows = pl.DataFrame(
+        {
+            "configuration": ["a"] * 8,
+            "seed": [0] * 8,
+            "swarm_id": ["s"] * 8,
+            "node_id": ["n0"] * 4 + ["n1"] * 4,
+            "node_round": [0, 1, 2, 3] * 2,
+            # n0 jumps 0 -> 0.5 -> 0 (diffs +0.5, -0.5: std 0.7071); n1 climbs steadily
+            "reward_mean": [0.0, 0.5, 0.0, None, 0.1, 0.2, 0.3, None],
+            "accuracy": [0.1, None, None, 0.4, 0.3, None, None, 0.6],
+        }
+    )
+    (run,) = run_metrics(rows, rounds=3).to_dicts()
+    assert run["cumulative_reward"] == pytest.approx((0.5 + 0.6) / 2)
+    assert run["oscillation"] == pytest.approx((0.5**0.5 + 0.0) / 2)
+    assert run["initial_accuracy"] == pytest.approx(0.2)
+    assert run["final_accuracy"] == pytest.approx(0.5)
+    assert run["nodes"] == 2 and run["rounds_done"] == 3
