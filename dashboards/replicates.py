@@ -59,22 +59,22 @@ def node_rounds(query: Query, runs: pl.DataFrame) -> pl.DataFrame:
     informative = query(dashboards.query("informative_groups")).select(
         *keys, "informative_trained", "informative_local", "informative_external"
     )
-    frame = (
-        runs.join(rewards, on="swarm_id")
-        .join(informative, on=keys, how="left")
-        # evaluations may sit one round past the last training round (the final policy)
-        .join(accuracy, on=keys, how="full", coalesce=True)
+    # Full joins first (the final evaluation sits one round past the last training round,
+    # with no reward row), then the run's labels onto every row.
+    measured = rewards.join(informative, on=keys, how="left").join(
+        accuracy, on=keys, how="full", coalesce=True
     )
-    frame = frame.with_columns(
-        pl.col("configuration").fill_null(pl.first("configuration").over("swarm_id")),
-        pl.col("seed").fill_null(pl.first("seed").over("swarm_id")),
-    ).filter(pl.col("swarm_id").is_in(runs["swarm_id"].implode()))
+    frame = runs.join(measured, on="swarm_id", how="inner")
     return frame.sort(["configuration", "seed", "node_id", "node_round"])
 
 
-def run_metrics(rows: pl.DataFrame, rounds: int) -> pl.DataFrame:
+def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl.DataFrame:
     """One row per run: cumulative reward (mean over nodes of each node's sum over rounds
-    0..rounds-1) and final held-out accuracy (mean over nodes, evaluation at `rounds`)."""
+    0..rounds-1) and final held-out accuracy (mean over nodes, evaluation at `rounds`).
+
+    A run missing nodes (fewer than `nodes`), rounds or final evaluations gets null metrics
+    and `complete` false: a partial sum would bias the comparison, so it is left out of
+    the pairing visibly rather than averaged in."""
     trained = rows.filter(pl.col("node_round") < rounds, pl.col("reward_mean").is_not_null())
     per_node = (
         trained.sort("node_round")
@@ -87,10 +87,13 @@ def run_metrics(rows: pl.DataFrame, rounds: int) -> pl.DataFrame:
         )
     )
     final = rows.filter(pl.col("node_round") == rounds, pl.col("accuracy").is_not_null())
-    final = final.group_by("swarm_id").agg(pl.col("accuracy").mean().alias("final_accuracy"))
+    final = final.group_by("swarm_id").agg(
+        pl.col("accuracy").mean().alias("final_accuracy"),
+        pl.col("node_id").n_unique().alias("evaluated_nodes"),
+    )
     first = rows.filter(pl.col("node_round") == 0, pl.col("accuracy").is_not_null())
     first = first.group_by("swarm_id").agg(pl.col("accuracy").mean().alias("initial_accuracy"))
-    return (
+    summary = (
         per_node.group_by("configuration", "seed", "swarm_id")
         .agg(
             pl.col("cumulative_reward").mean(),
@@ -102,25 +105,35 @@ def run_metrics(rows: pl.DataFrame, rounds: int) -> pl.DataFrame:
         .join(final, on="swarm_id", how="left")
         .sort("configuration", "seed")
     )
+    expected = pl.col("nodes").max() if nodes is None else pl.lit(nodes)
+    trained_all = (pl.col("rounds_done") >= rounds) & (pl.col("nodes") >= expected)
+    evaluated_all = pl.col("evaluated_nodes").fill_null(0) >= expected
+    return summary.with_columns(
+        pl.when(trained_all).then(pl.col("cumulative_reward")).alias("cumulative_reward"),
+        pl.when(trained_all & evaluated_all).then(pl.col("final_accuracy")).alias("final_accuracy"),
+        (trained_all & evaluated_all).alias("complete"),
+    )
 
 
 def mechanism(rows: pl.DataFrame, discoveries: pl.DataFrame) -> pl.DataFrame:
     """Per configuration: informative groups trained per node-round (and from peers), how
-    many (node, task) pairs earned a first reward after round 0 (discoveries), and how many
-    of those followed informative peer groups of the same task (spread)."""
+    many (node, task) pairs earned their first reward only after failing the task in an
+    earlier round (discoveries), and how many of those followed informative peer groups of
+    the same task (possible spread)."""
     groups = rows.filter(pl.col("informative_trained").is_not_null()).group_by("configuration")
     groups_frame = groups.agg(
         pl.col("informative_trained").mean().alias("informative_per_round"),
         pl.col("informative_external").mean().alias("from_peers_per_round"),
         (pl.col("informative_trained") == 0).mean().alias("rounds_without_gradient"),
     )
+    later = pl.col("first_round") > pl.col("first_drawn")
     found = discoveries.with_columns(
-        (pl.col("first_round") > 0).alias("discovered"),
-        ((pl.col("first_round") > 0) & (pl.col("peer_groups_before") > 0)).alias("after_peers"),
+        later.fill_null(False).alias("discovered"),
+        (later & (pl.col("peer_groups_before") > 0)).fill_null(False).alias("after_peers"),
     ).group_by("configuration")
     found_frame = found.agg(
         pl.len().alias("node_tasks"),
-        (pl.col("first_round") == 0).sum().alias("reward_at_round_0"),
+        (pl.col("first_round") == pl.col("first_drawn")).sum().alias("reward_at_first_draw"),
         pl.col("discovered").sum().alias("discovered_later"),
         pl.col("after_peers").sum().alias("discovered_after_peer_groups"),
         pl.col("first_round").is_null().sum().alias("never_rewarded"),
@@ -131,14 +144,19 @@ def mechanism(rows: pl.DataFrame, discoveries: pl.DataFrame) -> pl.DataFrame:
 
 
 def replicate_tables(
-    query: Query, replicates: dict[str, tuple[str, int]], *, baseline: str, rounds: int
+    query: Query,
+    replicates: dict[str, tuple[str, int]],
+    *,
+    baseline: str,
+    rounds: int,
+    nodes: int | None = None,
 ) -> ReplicateTables:
     """Everything the experiment's statistics need, from ledger SQL (`Ledger.query`)."""
     runs = _runs_frame(replicates)
     rows = node_rounds(query, runs)
     if rows.is_empty():
         raise ValueError("none of the experiment's runs has rounds in this ledger")
-    metrics = run_metrics(rows, rounds)
+    metrics = run_metrics(rows, rounds, nodes)
     found = runs.join(query(dashboards.query("discoveries")), on="swarm_id")
     return ReplicateTables(
         node_rounds=rows,
@@ -187,6 +205,10 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
             f"Held-out questions whose text also appears among the runs' training questions: "
             f"{seen} of {total} (other seeds can draw the same small-number question)."
         )
+    partial = tables.runs.filter(~pl.col("complete"))
+    missing = [f"{r['configuration']} seed {r['seed']}" for r in partial.iter_rows(named=True)]
+    if missing:
+        lines.append(f"Incomplete runs, left out of the statistics: {', '.join(missing)}.")
     names = {"cumulative_reward": "cumulative reward", "final_accuracy": "final held-out accuracy"}
     for metric, name in names.items():
         if metric not in tables.gains:
@@ -208,8 +230,8 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         tables.mechanism,
         {"configuration": "configuration", "informative_per_round": "informative groups/round",
          "from_peers_per_round": "of them from peers", "rounds_without_gradient":
-         "rounds with no gradient", "node_tasks": "node x task", "reward_at_round_0":
-         "rewarded at round 0", "discovered_later": "first reward later",
+         "rounds with no gradient", "node_tasks": "node x task drawn", "reward_at_first_draw":
+         "rewarded when first drawn", "discovered_later": "rewarded only later",
          "discovered_after_peer_groups": "...after peers' groups of the task",
          "never_rewarded": "never rewarded"},
     )  # fmt: skip

@@ -37,10 +37,11 @@ from flows.config import (
 )
 from sapo_core.config import Strict
 
-FIXED_KEYS = ("swarm_id", "experiment", "workdir")
+FIXED_KEYS = ("swarm_id", "experiment", "workdir")  # set per configuration, never by the swarm
 # Replicate `s` shifts every node's seed by s * SEED_STRIDE: other questions, other samples,
-# the same in every configuration (paired), and far from the nodes' own seeds 0, 1, 2, ...
-SEED_STRIDE = 1000  # set per configuration, never by the swarm
+# the same in every configuration (paired); a readable seed, hashed into its question
+# stream by sapo_core.tasks.stream_seed.
+SEED_STRIDE = 1000
 VARIED_NODE_KEYS = ("local_groups", "external_groups", "sampling")
 
 
@@ -174,6 +175,8 @@ class ExperimentConfig(Strict):
     def _shifted_nodes(data: dict[str, Any], seed: int) -> list[dict[str, Any]]:
         """The swarm's node entries with every seed moved by seed * SEED_STRIDE."""
         count = data.pop("node_count", None)
+        if count is not None and data.get("nodes"):
+            raise ValueError("node_count: give either node_count or a list of nodes, not both")
         base = data.get("defaults", {}).get("seed", 0)
         nodes = data.get("nodes") or [
             {"node_id": f"node-{i}", "seed": i} for i in range(int(count or DEFAULT_NODE_COUNT))
@@ -205,12 +208,23 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
 
 
 def is_complete(swarm: SwarmConfig) -> bool:
-    """Whether every node of the swarm has checkpointed its last round."""
+    """Whether every node of the swarm has checkpointed its last round and, when evaluation
+    is on, recorded its final evaluation (a node killed between the two is not done)."""
     for spec in swarm.nodes:
         saved = checkpoint.latest(swarm.workdir, spec.node_id)
         if saved is None or saved.next_round < swarm.rounds:
             return False
-    return True
+    wanted = {s.node_id for s in swarm.nodes if s.node.evaluation.due(swarm.rounds, swarm.rounds)}
+    if not wanted:
+        return True
+    from ledger import Ledger
+
+    with Ledger.from_config(swarm.ledger) as ledger:
+        found = ledger.query(
+            "SELECT DISTINCT node_id FROM evaluations WHERE swarm_id = $s AND node_round = $r",
+            {"s": swarm.swarm_id, "r": swarm.rounds},
+        )
+    return wanted <= set(found["node_id"].to_list())
 
 
 def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:

@@ -94,9 +94,16 @@ def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:
     baseline = exp.baseline_label()
     if baseline is None:
         return None
-    rounds = exp.swarm_config(*exp.runs()[0]).rounds
-    with Ledger(exp.ledger_url()) as ledger:
-        tables = replicate_tables(ledger.query, exp.replicates(), baseline=baseline, rounds=rounds)
+    first = exp.swarm_config(*exp.runs()[0])
+    with Ledger.from_config(first.ledger) as ledger:
+        tables = replicate_tables(
+            ledger.query,
+            exp.replicates(),
+            baseline=baseline,
+            rounds=first.rounds,
+            nodes=len(first.nodes),
+        )
+        tables.heldout_overlap = heldout_overlap(ledger, first, list(exp.replicates()))
     path = write_replicate_report(tables, out_dir, baseline=baseline)
     configuration_curves(tables.node_rounds, out_dir / "heldout.png")
     return path

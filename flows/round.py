@@ -116,9 +116,6 @@ def round_flow(
     sample_task(node, this)
     reward_task(node, this)
     update_task(node, this)
-    if round_ + 1 == rounds and evaluation.due(rounds, rounds):
-        # Before the last checkpoint: a node whose final checkpoint exists has been evaluated.
-        final_evaluation_task(node)
     checkpoint_task(node, this, force=last)
     return track_task(node, this)
 
@@ -156,6 +153,11 @@ def node_flow(
                 progress.emit("done", round=round_)
                 print(steps.describe(metrics, node_id, round_), flush=True)
                 history.append(metrics)
+            if node.next_round >= swarm.rounds and not steps.evaluated(node, swarm.rounds):
+                # After the last checkpoint, so the score is that checkpoint's; a node killed
+                # before it is scored by the next run, whose loop is then empty.
+                quoted: Any = quote(node)
+                final_evaluation_task(quoted)
         node.finish(log_model=swarm.tracking.log_models and stop > start)
         return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
     finally:

@@ -100,9 +100,19 @@ def evaluation_metrics(node: NodeRuntime, round_: int) -> dict[str, float]:
     return metrics
 
 
+def evaluated(node: NodeRuntime, round_: int) -> bool:
+    """Whether the node's evaluation at `round_` is recorded (True when none is due)."""
+    if not node.spec.node.evaluation.due(round_, node.swarm.rounds):
+        return True
+    found = node.ledger.query(
+        "SELECT count(*) FROM evaluations WHERE swarm_id = $s AND node_id = $n AND node_round = $r",
+        {"s": node.swarm.swarm_id, "n": node.node_id, "r": round_},
+    )
+    return bool(found.item())
+
+
 def final_evaluation(node: NodeRuntime) -> dict[str, float]:
-    """The policy after the last round's update (logged at step = rounds), when evaluation
-    is on; run before the last checkpoint, so a finished node has always been evaluated."""
+    """The policy after the last round (logged at step = rounds), when evaluation is on."""
     metrics = evaluation_metrics(node, node.swarm.rounds)
     if metrics and node.run is not None:
         node.run.tracker.log_metrics(node.run.run_id, metrics, step=node.swarm.rounds)

@@ -167,8 +167,9 @@ class GRPOConfig(Strict):
 class EvaluationConfig(Strict):
     """Held-out evaluation: fixed questions, never trained on, scored every `every` rounds.
 
-    Questions come from `seed`, a task seed no node trains with (nodes train on their own
-    seed), so the set is the same for every node and every configuration of an experiment.
+    Questions come from the held-out stream of `seed` (sapo_core.tasks.stream_seed), apart
+    from every node's training stream, so the set is the same for every node and every
+    configuration of an experiment and never trained on.
     Completions are sampled at the node's temperature with a fixed seed: the score is the
     policy's expected accuracy, comparable with the training reward, and replayable.
     """
@@ -177,7 +178,7 @@ class EvaluationConfig(Strict):
     questions_per_task: int = Field(8, ge=1, le=1024)
     completions: int = Field(2, ge=1, le=64, description="Sampled answers per question.")
     seed: int = Field(
-        1_000_003, ge=0, description="Task and sampling seed of the held-out set (no node's)."
+        1_000_003, ge=0, description="Seeds the held-out questions and their sampling."
     )
     tasks: TaskConfig | None = Field(
         None, description="Tasks evaluated; default: the node's own (specialists: set all)."
@@ -217,11 +218,6 @@ class NodeConfig(Strict):
 
     @model_validator(mode="after")
     def _batch_is_consistent(self) -> Self:
-        if self.evaluation.every and self.seed == self.evaluation.seed:
-            raise ValueError(
-                f"seed {self.seed} is the evaluation's seed: the node would train on its "
-                "held-out questions"
-            )
         if self.local_groups + self.external_groups == 0:
             raise ValueError("local_groups + external_groups (I + J) must be at least 1")
         if self.questions_per_round is not None and self.questions_per_round < self.local_groups:

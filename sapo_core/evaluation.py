@@ -1,8 +1,9 @@
 """Held-out evaluation: the same fixed questions for every node, scored by the node's verifier.
 
 Training reward mixes skill with luck of the draw (each round's questions differ, and with
-sharing a node trains on peers' questions too). A fixed set, rebuilt from a seed no node
-trains with, measures every node's policy on identical questions at every evaluation.
+sharing a node trains on peers' questions too). A fixed set, rebuilt from its own question
+stream (`stream_seed(seed, "heldout")`, apart from every node's training stream), measures
+every node's policy on identical questions at every evaluation.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from sapo_core.config import EvaluationConfig, RewardConfig, TaskConfig
 from sapo_core.rewards import verify
 from sapo_core.rollouts import Rollout
-from sapo_core.tasks import Question, canonical_config, regenerate
+from sapo_core.tasks import Question, canonical_config, regenerate, stream_seed
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,11 @@ class TaskScore:
 
 
 def heldout_questions(config: EvaluationConfig, node_tasks: TaskConfig) -> list[Question]:
-    """Question i of each evaluated task is index i under the evaluation's seed."""
+    """Question i of each evaluated task is index i of the evaluation's own stream."""
     specs = (config.tasks or node_tasks).specs
+    seed = stream_seed(config.seed, "heldout")
     return [
-        regenerate(spec.name, canonical_config(spec.config), config.seed, i)
+        regenerate(spec.name, canonical_config(spec.config), seed, i)
         for spec in specs
         for i in range(config.questions_per_task)
     ]

@@ -7,6 +7,7 @@ fields, so nothing a peer ships about a question has to be trusted.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -17,6 +18,19 @@ from sapo_core.config import TaskConfig
 # reasoning-gym items depend on (seed, index) only, not on the dataset's size; the size just
 # has to exceed the index. Cached datasets are built this large once.
 _DATASET_SIZE = 2**31 - 1
+
+
+def stream_seed(seed: int, purpose: str) -> int:
+    """The reasoning-gym dataset seed of one question stream.
+
+    reasoning-gym builds item i of a dataset from Random(seed + i), so streams seeded 0, 1,
+    2, ... are the same questions shifted by one index: neighbouring nodes would share most
+    of their questions, and a held-out set seeded nearby would be trained on. Hashing the
+    seed with the stream's purpose spreads streams over 2**31 seeds, where two ranges of a
+    few thousand items meet with probability ~1e-5.
+    """
+    digest = hashlib.sha256(f"sapo/{purpose}/{seed}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1  # [0, 2**31)
 
 
 class TaskError(ValueError):
@@ -90,13 +104,15 @@ def regenerate(task: str, task_config: str, task_seed: int, task_index: int) -> 
 class TaskSource:
     """A node's question stream: each round draws tasks by weight, one fresh question each.
 
-    Question k of round r has task_index r * per_round + k under the node's task seed, so
-    questions never repeat within a node and a restarted node draws the same ones again.
+    Question k of round r has task_index r * per_round + k under the node's dataset seed
+    (`stream_seed(seed, "train")`), so questions never repeat within a node and a restarted
+    node draws the same ones again.
     """
 
     def __init__(self, config: TaskConfig, seed: int) -> None:
         self.specs = config.specs
         self.seed = seed
+        self.dataset_seed = stream_seed(seed, "train")
         self._configs = [canonical_config(s.config) for s in self.specs]
         self._weights = [s.weight for s in self.specs]
 
@@ -105,6 +121,6 @@ class TaskSource:
         rng = random.Random(f"tasks/{self.seed}/{round_}")
         picks = rng.choices(range(len(self.specs)), weights=self._weights, k=count)
         return [
-            regenerate(self.specs[i].name, self._configs[i], self.seed, round_ * count + k)
+            regenerate(self.specs[i].name, self._configs[i], self.dataset_seed, round_ * count + k)
             for k, i in enumerate(picks)
         ]

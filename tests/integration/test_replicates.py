@@ -95,6 +95,8 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     assert {v["final_accuracy"] for k, v in runs.items() if k[0] == SHARED} == {0.5}
     assert {v["initial_accuracy"] for v in runs.values()} == {0.125}
     assert {v["nodes"] for v in runs.values()} == {2}
+    assert all(v["complete"] for v in runs.values())
+    assert tables.node_rounds["configuration"].null_count() == 0  # final evaluations too
 
     (gain,) = tables.gains["cumulative_reward"].to_dicts()
     # Differences 0.5, 0.5, 0: mean 1/3, sd sqrt(1/12), half width 4.303 * sqrt(1/12) / sqrt(3)
@@ -116,7 +118,7 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     assert mech[SHARED]["from_peers_per_round"] == 1.0
     assert mech[SHARED]["node_tasks"] == 6 and mech[SHARED]["discovered_later"] == 1
     assert mech[SHARED]["discovered_after_peer_groups"] == 1
-    assert mech[BASE]["reward_at_round_0"] == 6 and mech[BASE]["discovered_later"] == 0
+    assert mech[BASE]["reward_at_first_draw"] == 6 and mech[BASE]["discovered_later"] == 0
     late = tables.discoveries.filter(tables.discoveries["first_round"] == 1).to_dicts()
     assert [
         (d["swarm_id"], d["node_id"], d["peer_groups_before"], d["from_peers"]) for d in late
@@ -132,6 +134,22 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
     assert path.read_text() == md
     assert (tmp_path / "out" / "node_rounds.csv").read_text().count("\n") == 1 + 2 * 3 * 2 * 3
+
+
+def test_a_run_missing_a_node_or_its_final_evaluation_is_left_out_visibly(
+    ledger: Ledger,
+) -> None:
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    replicates["x-1x1-s3"] = (SHARED, 3)  # one node, one round, no evaluation
+    ledger.publish(round_rows("n0", 0, [HALF], swarm_id="x-1x1-s3"))
+    tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2, nodes=2)
+    (partial,) = tables.runs.filter(~tables.runs["complete"]).to_dicts()
+    assert partial["seed"] == 3
+    assert partial["cumulative_reward"] is None and partial["final_accuracy"] is None
+    (gain,) = tables.gains["cumulative_reward"].to_dicts()
+    assert gain["n_seeds"] == 3  # seed 3 has no baseline nor a complete run: not paired
+    text = replicate_markdown(tables, baseline=BASE)
+    assert "Incomplete runs, left out of the statistics: 1/1 seed 3." in text
 
 
 def test_run_metrics_average_nodes_and_measure_oscillation() -> None:

@@ -169,7 +169,9 @@ def test_evaluation_and_training_logs_land_in_the_ledger(tmp_path: Path) -> None
         assert metrics["eval_accuracy"] == state.evaluation["eval_accuracy"]
         assert "seconds_evaluate" in metrics
         assert steps.evaluate(b, RoundState(1)) == {}  # every 2 rounds: not due at round 1
+        assert not steps.evaluated(b, 2)
         assert steps.final_evaluation(b)  # the policy after the last round (2)
+        assert steps.evaluated(b, 2) and steps.evaluated(b, 1)  # round 1: none due
 
         evals = b.ledger.query(
             "SELECT node_id, node_round, task, questions, completions, accuracy, policy_version "
