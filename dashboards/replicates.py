@@ -179,7 +179,11 @@ def replicate_tables(
 def _num(value: object, spec: str = ".3f") -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "-"
-    return format(value, spec) if isinstance(value, int | float) else str(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    return format(value, spec) if isinstance(value, float) else str(value)
 
 
 def _table(frame: pl.DataFrame, columns: dict[str, str]) -> list[str]:

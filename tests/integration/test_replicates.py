@@ -131,6 +131,7 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
 
     md = replicate_markdown(tables, baseline=BASE)
     assert "| 1/1 | 0.333 |" in md and "s0 +0.5, s1 +0.5, s2 +0" in md
+    assert "| 1/1 | 3 | 0.833 |" in md and "| yes |" in md and "| no |" in md
     path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
     assert path.read_text() == md
     assert (tmp_path / "out" / "node_rounds.csv").read_text().count("\n") == 1 + 2 * 3 * 2 * 3
