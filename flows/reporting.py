@@ -105,5 +105,8 @@ def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:
         )
         tables.heldout_overlap = heldout_overlap(ledger, first, list(exp.replicates()))
     path = write_replicate_report(tables, out_dir, baseline=baseline)
-    configuration_curves(tables.node_rounds, out_dir / "heldout.png")
+    done = tables.runs.filter(pl.col("complete"))["swarm_id"].implode()
+    configuration_curves(
+        tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "heldout.png"
+    )
     return path
