@@ -180,6 +180,8 @@ def configuration_curves(node_rounds: pl.DataFrame, path: Path) -> Path:
     for (conf,), part in node_rounds.sort("configuration").group_by(
         "configuration", maintain_order=True
     ):
+        seeds = part["seed"].n_unique()
+        conf = f"{conf} ({seeds} seed{'' if seeds == 1 else 's'})"  # thin evidence shows
         evaluated = part.filter(pl.col("accuracy").is_not_null())
         per_seed = (
             part.filter(pl.col("reward_mean").is_not_null())
