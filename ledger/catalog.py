@@ -27,6 +27,7 @@ from ledger import manifests, node_logs
 from ledger import validation as v
 from ledger.config import RowLimits
 from ledger.keys import parse_key
+from ledger.retrying import first_line
 from ledger.schema import COLUMN_NAMES
 from ledger.sqltext import (
     PUBLIC_COLUMNS_SQL,
@@ -277,7 +278,7 @@ class Catalog:
 
     def _failure(self, key: str, exc: duckdb.Error) -> tuple[str, str]:
         """Why reading ``key`` failed: it is corrupt, or it is simply gone."""
-        return (v.CORRUPT if self.store.exists(key) else VANISHED), _first_line(exc)
+        return (v.CORRUPT if self.store.exists(key) else VANISHED), first_line(exc)
 
     def _ingest_query(self, batch: list[FileState]) -> None:
         con = self.con
@@ -442,7 +443,3 @@ class Catalog:
         if duplicates and duplicates[0]:
             counts[v.DUPLICATE_GROUP] += int(duplicates[0])
         return counts
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__

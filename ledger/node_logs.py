@@ -45,6 +45,7 @@ from typing import Any, Final
 import duckdb
 
 from ledger.keys import digest, parse_key, partition_prefix
+from ledger.retrying import first_line
 from ledger.schema import check_id
 from ledger.sqltext import sql_list, sql_str
 
@@ -204,10 +205,6 @@ class NodeLog:
         cols = ", ".join(f"{c.name} {c.type}" for c in self.columns)
         return f"swarm_id VARCHAR, node_id VARCHAR, {cols}, source_file VARCHAR"
 
-    @property
-    def column_names(self) -> tuple[str, ...]:
-        return ("swarm_id", "node_id", *(c.name for c in self.columns), "source_file")
-
     def judged_sql(self, paths: list[str]) -> str:
         """Every line of ``paths``: its typed columns and ``_keep``, whether it is sound."""
         raw_columns = "{" + ", ".join(f"{sql_str(c.name)}: 'JSON'" for c in self.columns) + "}"
@@ -231,11 +228,6 @@ class NodeLog:
             filename AS source_file, ({" AND ".join(keep)}) AS _keep
         FROM typed"""
 
-    def ingest_sql(self, paths: list[str]) -> str:
-        """Add the sound lines of ``paths`` to the log's table."""
-        return f"""INSERT INTO {self.name}
-            SELECT * EXCLUDE (_keep) FROM ({self.judged_sql(paths)}) WHERE _keep"""
-
     def ingest(self, con: duckdb.DuckDBPyConnection, paths: list[str]) -> dict[str, Problem]:
         """Add the files ``paths`` to the log's table; return what was skipped, by path.
 
@@ -253,7 +245,7 @@ class NodeLog:
             try:
                 problems.update(self._ingest_batch(con, [path]))
             except duckdb.Error as exc:
-                problems[path] = Problem(UNREADABLE, _first_line(exc))
+                problems[path] = Problem(UNREADABLE, first_line(exc))
         return problems
 
     def _ingest_batch(self, con: duckdb.DuckDBPyConnection, paths: list[str]) -> dict[str, Problem]:
@@ -342,11 +334,6 @@ def _bounds_sql(col: LogColumn) -> str:
     return f"coalesce({' AND '.join(rules)}, true)" if rules else ""
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
 # -- the logs ----------------------------------------------------------------------------
 
 SAMPLES: Final = NodeLog(
@@ -416,8 +403,3 @@ differ, ``trained`` false when it was dropped as zero-variance."""
 
 ALL: Final = (SAMPLES, EVALUATIONS, TRAININGS)
 PREFIXES: Final = tuple(log.prefix for log in ALL)
-
-
-def log_of(key: str) -> NodeLog | None:
-    """The log whose prefix ``key`` lies under, if any."""
-    return next((log for log in ALL if key.startswith(log.prefix)), None)
