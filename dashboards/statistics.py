@@ -129,16 +129,21 @@ def _clean(values: Sequence[float]) -> np.ndarray:
     return array
 
 
+def _too_few(array: np.ndarray) -> Interval | None:
+    """The interval of fewer than two values (no spread to estimate), else None."""
+    if len(array) >= 2:
+        return None
+    mean = float(array.mean()) if len(array) else math.nan
+    return Interval(mean, math.nan, math.nan, len(array), math.nan)
+
+
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     """Student-t interval of the mean: mean ± t(df=n-1) · sd / √n, sd with n-1 in the
     denominator. It assumes roughly normal values, which is the best a handful of seeds allow."""
     array = _clean(values)
-    n = len(array)
-    if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, math.nan)
-    mean = float(array.mean())
-    if n < 2:
-        return Interval(mean, math.nan, math.nan, n, math.nan)
+    if (few := _too_few(array)) is not None:
+        return few
+    n, mean = len(array), float(array.mean())
     sd = float(array.std(ddof=1))
     half = t_critical(n - 1, confidence) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n, half)
@@ -158,12 +163,9 @@ def bootstrap_interval(
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
     array = _clean(values)
-    n = len(array)
-    if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, math.nan)
-    mean = float(array.mean())
-    if n < 2:
-        return Interval(mean, math.nan, math.nan, n, math.nan)
+    if (few := _too_few(array)) is not None:
+        return few
+    n, mean = len(array), float(array.mean())
     rng = np.random.default_rng(seed)
     means = array[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
     tail = (1.0 - confidence) / 2.0

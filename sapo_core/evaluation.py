@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sapo_core.config import EvaluationConfig, RewardConfig, TaskConfig
-from sapo_core.rewards import verify
-from sapo_core.rollouts import Rollout
+from sapo_core.rewards import verify_answer
 from sapo_core.tasks import Question, canonical_config, regenerate, stream_seed
 
 
@@ -52,19 +51,8 @@ def score_by_task(
     counts: dict[str, int] = {}
     for question, texts in zip(questions, completions, strict=True):
         counts[question.task] = counts.get(question.task, 0) + 1
-        for text in texts:
-            rollout = Rollout(
-                rollout_id="eval",
-                group_id="eval",
-                node_id="eval",
-                model_id="eval",
-                node_round=0,
-                policy_version=0,
-                question=question,
-                completion=text,
-                completion_tokens=0,
-            )
-            totals.setdefault(question.task, []).append(verify(rollout, reward).reward or 0.0)
+        scores = totals.setdefault(question.task, [])
+        scores.extend(verify_answer(question, text, reward).reward or 0.0 for text in texts)
     return [
         TaskScore(task, counts[task], len(scores), sum(scores)) for task, scores in totals.items()
     ]

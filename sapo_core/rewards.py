@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sapo_core.config import RewardConfig
 from sapo_core.prompts import extract_answer, is_well_formed
 from sapo_core.rollouts import Group, Rollout
-from sapo_core.tasks import TaskError, dataset, entry
+from sapo_core.tasks import Question, TaskError, dataset, entry
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,12 @@ class ScoredGroup:
 
 def verify(rollout: Rollout, config: RewardConfig) -> Verdict:
     """Score one row with this node's verifier against ground truth it re-derived itself."""
-    q = rollout.question
+    return verify_answer(rollout.question, rollout.completion, config)
+
+
+def verify_answer(q: Question, completion: str, config: RewardConfig) -> Verdict:
+    """Score a completion of question ``q``; the question is re-derived from its four task
+    fields and must match what it claims (text and answer)."""
     try:
         truth = entry(q.task, q.task_config, q.task_seed, q.task_index)
         data = dataset(q.task, q.task_config, q.task_seed)
@@ -57,7 +62,7 @@ def verify(rollout: Rollout, config: RewardConfig) -> Verdict:
     gold = truth.get("answer")
     if (None if gold is None else str(gold)) != q.answer:
         return Verdict(None, "answer differs from the regenerated ground truth")
-    answer = extract_answer(rollout.completion, config.extraction)
+    answer = extract_answer(completion, config.extraction)
     try:
         correct = float(data.score_answer(answer, truth))
     except Exception as exc:  # a verifier crashing on odd text scores it wrong, not the node
@@ -66,7 +71,7 @@ def verify(rollout: Rollout, config: RewardConfig) -> Verdict:
     correct = min(max(correct, 0.0), 1.0)
     if config.format_weight == 0.0:
         return Verdict(correct)
-    formatted = config.format_weight * float(is_well_formed(rollout.completion))
+    formatted = config.format_weight * float(is_well_formed(completion))
     return Verdict((correct + formatted) / (1.0 + config.format_weight))
 
 
