@@ -133,21 +133,13 @@ class SwarmConfig(Strict):
         data = dict(data)
         defaults = data.pop("defaults", None) or {}
         sampling = data.pop("sampling", None) or {"kind": "paper"}
-        count = data.pop("node_count", None)
         for name, value in (("defaults", defaults), ("sampling", sampling)):
             if not isinstance(value, dict):
                 raise ValueError(f"{name} must be a mapping, got {value!r}")
         if "sampling" in defaults:
             raise ValueError("defaults.sampling: set the policy of every node as the top-level "
                              "`sampling`, or per node")  # fmt: skip
-        if count is not None and data.get("nodes"):
-            raise ValueError("node_count: give either node_count or a list of nodes, not both")
-        entries = data.get("nodes") or [
-            {"node_id": f"node-{i}", "seed": i} for i in range(_count(count))
-        ]
-        if not isinstance(entries, list):
-            raise ValueError("nodes must be a list of node entries")
-        data["nodes"] = [_merge_node(entry, defaults, sampling) for entry in entries]
+        data["nodes"] = [_merge_node(entry, defaults, sampling) for entry in node_entries(data)]
         ledger = data.get("ledger") or {}
         if isinstance(ledger, dict) and "url" not in ledger:
             workdir = Path(str(data.get("workdir", "sapo-work"))).expanduser().resolve()
@@ -179,6 +171,20 @@ class SwarmConfig(Strict):
 
     def artifact_location(self) -> str:
         return self.tracking.artifact_location or (self.workdir / "mlartifacts").as_uri()
+
+
+def node_entries(data: dict[str, Any]) -> list[Any]:
+    """The swarm data's node entries, `node_count` generated ones when none are listed
+    (node-0, node-1, ... seeded 0, 1, ...); pops `node_count` from `data`."""
+    count = data.pop("node_count", None)
+    if count is not None and data.get("nodes"):
+        raise ValueError("node_count: give either node_count or a list of nodes, not both")
+    entries = data.get("nodes") or [
+        {"node_id": f"node-{i}", "seed": i} for i in range(_count(count))
+    ]
+    if not isinstance(entries, list):
+        raise ValueError("nodes must be a list of node entries")
+    return entries
 
 
 def _count(value: Any) -> int:

@@ -27,11 +27,11 @@ from pydantic import Field, ValidationError, model_validator
 
 from flows import checkpoint
 from flows.config import (
-    DEFAULT_NODE_COUNT,
     ConfigError,
     SwarmConfig,
     apply_overrides,
     describe_validation_error,
+    node_entries,
     read_yaml_mapping,
     validate_swarm,
 )
@@ -174,14 +174,10 @@ class ExperimentConfig(Strict):
     @staticmethod
     def _shifted_nodes(data: dict[str, Any], seed: int) -> list[dict[str, Any]]:
         """The swarm's node entries with every seed moved by seed * SEED_STRIDE."""
-        count = data.pop("node_count", None)
-        if count is not None and data.get("nodes"):
-            raise ValueError("node_count: give either node_count or a list of nodes, not both")
         base = data.get("defaults", {}).get("seed", 0)
-        nodes = data.get("nodes") or [
-            {"node_id": f"node-{i}", "seed": i} for i in range(int(count or DEFAULT_NODE_COUNT))
+        return [
+            {**n, "seed": int(n.get("seed", base)) + seed * SEED_STRIDE} for n in node_entries(data)
         ]
-        return [{**n, "seed": int(n.get("seed", base)) + seed * SEED_STRIDE} for n in nodes]
 
     def swarm_config(self, conf: Configuration, seed: int | None = None) -> SwarmConfig:
         where = f"configuration {conf.label}" + ("" if seed is None else f", seed {seed}")
@@ -220,11 +216,8 @@ def is_complete(swarm: SwarmConfig) -> bool:
     from ledger import Ledger
 
     with Ledger.from_config(swarm.ledger) as ledger:
-        found = ledger.query(
-            "SELECT DISTINCT node_id FROM evaluations WHERE swarm_id = $s AND node_round = $r",
-            {"s": swarm.swarm_id, "r": swarm.rounds},
-        )
-    return wanted <= set(found["node_id"].to_list())
+        done = ledger.evaluated_nodes(swarm.swarm_id, swarm.rounds)
+    return wanted <= done
 
 
 def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:

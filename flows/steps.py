@@ -104,11 +104,7 @@ def evaluated(node: NodeRuntime, round_: int) -> bool:
     """Whether the node's evaluation at `round_` is recorded (True when none is due)."""
     if not node.spec.node.evaluation.due(round_, node.swarm.rounds):
         return True
-    found = node.ledger.query(
-        "SELECT count(*) FROM evaluations WHERE swarm_id = $s AND node_id = $n AND node_round = $r",
-        {"s": node.swarm.swarm_id, "n": node.node_id, "r": round_},
-    )
-    return bool(found.item())
+    return node.node_id in node.ledger.evaluated_nodes(node.swarm.swarm_id, round_)
 
 
 def final_evaluation(node: NodeRuntime) -> dict[str, float]:

@@ -231,6 +231,14 @@ class Ledger:
         """
         return self._write_node_log(node_logs.TRAININGS, swarm_id, node_id, node_round, rows, now)
 
+    def evaluated_nodes(self, swarm_id: str, node_round: int) -> set[str]:
+        """The nodes of ``swarm_id`` whose held-out evaluation at ``node_round`` is recorded."""
+        found = self.query(
+            "SELECT DISTINCT node_id FROM evaluations WHERE swarm_id = $s AND node_round = $r",
+            {"s": swarm_id, "r": node_round},
+        )
+        return set(found["node_id"].to_list())
+
     def _write_node_log(
         self,
         node_log: node_logs.NodeLog,
