@@ -19,7 +19,7 @@ from ledger.policies import (
 from ledger.records import RecordError
 from ledger.retrying import RetryPolicy
 from ledger.schema import COLUMN_NAMES, SCHEMA_VERSION
-from ledger.storage import StorageError
+from ledger.storage import StorageError, StoreUnusable
 
 __all__ = [
     "COLUMN_NAMES",
@@ -36,6 +36,7 @@ __all__ = [
     "RowLimits",
     "SamplingPolicy",
     "StorageError",
+    "StoreUnusable",
     "ValidationReport",
     "VarianceWeightedPolicy",
     "parse_policy",

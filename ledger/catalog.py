@@ -19,6 +19,7 @@ import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -36,7 +37,7 @@ from ledger.sqltext import (
     sql_list,
     sql_str,
 )
-from ledger.storage import ObjectInfo, Store
+from ledger.storage import NotRegularFile, ObjectInfo, StorageError, Store
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,41 @@ GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
     node_round BIGINT, policy_version BIGINT, size INTEGER, reward_mean DOUBLE,
     reward_std DOUBLE, reward_min DOUBLE, reward_max DOUBLE, published_at TIMESTAMPTZ,
-    day DATE, source_file VARCHAR
+    day DATE, source_file VARCHAR, first_seen TIMESTAMPTZ
 """
+"""``first_seen``: when this reader first indexed the group, by its own clock. Recency
+windows use ``least(published_at, first_seen)``: a publisher's clock may make its group
+look older, never newer than the reader saw it."""
+
+
+SCHEMA_SQL = (
+    "SELECT file_name, name, type, converted_type, logical_type, num_children "
+    "FROM parquet_schema({files})"
+)
+CONTENT_SQL = (
+    "SELECT file_name, count(DISTINCT row_group_id), "
+    "coalesce(sum(row_group_num_rows) FILTER (column_id = 0), 0), "
+    "coalesce(sum(total_uncompressed_size) FILTER (path_in_schema IN ("
+    + ", ".join(sql_str(c) for c in COLUMN_NAMES)
+    + ")), 0) FROM parquet_metadata({files}) GROUP BY file_name"
+)
+"""Per file, from its footer: row groups, rows, and bytes its public columns unpack to."""
+
+
+def _changed(state: FileState, listed: ObjectInfo) -> bool:
+    """Whether the listing shows that an examined object was overwritten."""
+    return (listed.size is not None and listed.size != state.size) or (
+        listed.version is not None and listed.version != state.version
+    )
+
+
+CONSISTENT_COLUMNS = ("task", "task_config", "task_seed", "task_index", "question", "answer")
+"""Columns every row of a served group shares (the question it answers)."""
+
+
+class FileChanged(StorageError):
+    """An indexed file is no longer what was examined (overwritten or unreadable): it was
+    forgotten, and the read is retried after listing again."""
 
 
 @dataclass
@@ -62,11 +96,15 @@ class FileState:
     key: str
     size: int
     path: str
+    version: str | None = None
+    """The store's version of the object when it was examined (S3 ETag; local mtime)."""
     status: str = OK
     detail: str = ""
     current_columns: bool = False
     """The file holds exactly the current public columns (the usual case)."""
     rows: int = 0
+    unpacked: int = 0
+    """Bytes its public columns decompress to, by its footer."""
     rejected: Counter[str] = field(default_factory=Counter)
 
 
@@ -125,25 +163,19 @@ class Catalog:
             self._refresh_node_log(node_log, [o for o in listing if node_log.is_key(o.key)])
         self.manifests.refresh(listing)
         current = {
-            o.key: o.size
+            o.key: o
             for o in listing
             if o.key.endswith(".parquet") and not o.key.startswith(node_logs.PREFIXES)
         }
-        # Objects are immutable: a known key is unchanged unless the listing shows a new size.
-        removed = [
-            k for k, f in self.files.items() if k not in current or current[k] not in (None, f.size)
-        ]
-        added = [
-            ObjectInfo(k, s)
-            for k, s in current.items()
-            if k not in self.files or s not in (None, self.files[k].size)
-        ]
+        # Objects are written once, but a peer may overwrite its own: a known key is
+        # examined again when the listing shows a new size or version (S3's ETag). A local
+        # listing has neither; fetch_groups re-checks the files it reads instead.
+        removed = [k for k, f in self.files.items() if k not in current or _changed(f, current[k])]
+        added = [o for k, o in current.items() if k not in self.files or _changed(self.files[k], o)]
         stats = RefreshStats(added=len(added), removed=len(removed))
         if not added and not removed:
             return stats
-        removed_paths = [self.files.pop(k).path for k in removed]
-        for path in removed_paths:
-            self._by_path.pop(path, None)
+        removed_paths = self._forget(removed)
         new_states = self._examine_all(added)
         ok = [s for s in new_states if s.status == OK]
         for start in range(0, len(ok), INGEST_BATCH_FILES):
@@ -164,6 +196,32 @@ class Catalog:
         self._update_groups([s.path for s in ok if s.status == OK], removed_paths)
         self._views_stale = True
         return stats
+
+    def _forget(self, keys: list[str]) -> list[str]:
+        """Drop ``keys`` from the file set (their groups go in ``_update_groups``); their
+        paths. A forgotten key still in the store is examined afresh at the next refresh."""
+        paths = [self.files.pop(k).path for k in keys if k in self.files]
+        for path in paths:
+            self._by_path.pop(path, None)
+        return paths
+
+    def condemn(self, paths: list[str], detail: str) -> None:
+        """Stop serving files that misbehaved after they were examined, for good: their
+        groups go, and they stay listed as CHANGED (re-examining them could loop)."""
+        states = [self._by_path[p] for p in paths if p in self._by_path]
+        for state in states:
+            log.warning("skipping %s from now on: %s", state.key, detail)
+            state.status, state.detail = v.CHANGED, detail
+        self._update_groups([], [s.path for s in states])
+        self._views_stale = True
+
+    def evict(self, paths: list[str]) -> None:
+        """Forget files found changed since they were examined, with their groups."""
+        keys = [self._by_path[p].key for p in paths if p in self._by_path]
+        for key in keys:
+            log.warning("%s changed since it was indexed: examining it again", key)
+        self._update_groups([], self._forget(keys))
+        self._views_stale = True
 
     def _refresh_node_log(self, node_log: node_logs.NodeLog, listing: list[ObjectInfo]) -> None:
         """Keep ``node_log``'s table = the sound lines of its files now in the store."""
@@ -187,6 +245,10 @@ class Catalog:
                     size = self.store.size(key)
                 except FileNotFoundError:
                     continue  # deleted since the listing: not remembered
+                except NotRegularFile as exc:
+                    known[key] = None
+                    self._log_problem(key, node_logs.Problem(v.NOT_REGULAR, str(exc)))
+                    continue
             known[key] = size
             if size > node_log.max_bytes:
                 detail = f"{size} bytes > {node_log.max_bytes}"
@@ -217,15 +279,18 @@ class Catalog:
         return states
 
     def _place_and_size(self, obj: ObjectInfo) -> FileState:
-        state = FileState(obj.key, obj.size or 0, self.store.reader_path(obj.key))
+        state = FileState(obj.key, obj.size or 0, self.store.reader_path(obj.key), obj.version)
         if parse_key(obj.key) is None:
             state.status, state.detail = v.MISPLACED, "not under swarm_id=/node_id=/day=/"
             return state
         if obj.size is None:
             try:
-                state.size = self.store.size(obj.key)
+                state.size, state.version = self.store.stat(obj.key)
             except FileNotFoundError:
                 state.status = VANISHED
+                return state
+            except NotRegularFile as exc:
+                state.status, state.detail = v.NOT_REGULAR, str(exc)
                 return state
         if state.size > self.limits.max_file_bytes:
             state.status = v.OVERSIZED_FILE
@@ -233,20 +298,31 @@ class Catalog:
         return state
 
     def _check_schemas(self, chunk: list[FileState]) -> None:
-        """One ``parquet_schema`` call for the chunk; file by file if one of them is corrupt."""
+        """Judge the chunk's footers: schema (``parquet_schema``), then size of content
+        (``parquet_metadata``) for those whose schema passed; file by file if one of them is
+        corrupt. Nothing here reads a column's data."""
         cursor = self.con.cursor()  # one connection per thread
         try:
             try:
-                # Lists go into the SQL text: DuckDB converts a Python list parameter
-                # element by element, which costs more than the query on long lists.
-                rows = cursor.execute(
-                    "SELECT file_name, name, type, converted_type, logical_type, num_children "
-                    f"FROM parquet_schema({sql_list([s.path for s in chunk])})"
-                ).fetchall()
+                schemas = self._footer_rows(cursor, SCHEMA_SQL, chunk)
+                by_file: dict[str, list[v.SchemaRow]] = {}
+                for file_name, *schema_row in schemas:  # a file's rows come in schema order
+                    by_file.setdefault(file_name, []).append(tuple(schema_row))
+                for state in chunk:
+                    self._judge_schema(state, by_file.get(state.path, []))
+                passed = [s for s in chunk if s.status == OK]
+                if passed:
+                    for path, row_groups, rows, unpacked in self._footer_rows(
+                        cursor, CONTENT_SQL, passed
+                    ):
+                        self._judge_content(
+                            self._by_chunk(passed, path), row_groups, rows, unpacked
+                        )
             except duckdb.Error:
                 if len(chunk) > 1:
                     for state in chunk:
-                        self._check_schemas([state])
+                        if state.status == OK:
+                            self._check_schemas([state])
                     return
                 raise
         except duckdb.Error as exc:
@@ -254,15 +330,38 @@ class Catalog:
             return
         finally:
             cursor.close()
-        by_file: dict[str, list[v.SchemaRow]] = {}
-        for file_name, *schema_row in rows:  # rows of one file come in schema order
-            by_file.setdefault(file_name, []).append(tuple(schema_row))
-        for state in chunk:
-            kinds = v.top_level_kinds(by_file.get(state.path, []))
-            problem = v.schema_problem(kinds)
-            if problem:
-                state.status, state.detail = v.SCHEMA_MISMATCH, problem
-            state.current_columns = set(kinds) == set(COLUMN_NAMES)
+
+    @staticmethod
+    def _footer_rows(
+        cursor: duckdb.DuckDBPyConnection, sql: str, chunk: list[FileState]
+    ) -> list[tuple[Any, ...]]:
+        # Lists go into the SQL text: DuckDB converts a Python list parameter element by
+        # element, which costs more than the query on long lists. Keys are safe by then.
+        return cursor.execute(sql.format(files=sql_list([s.path for s in chunk]))).fetchall()
+
+    @staticmethod
+    def _by_chunk(chunk: list[FileState], path: str) -> FileState:
+        return next(s for s in chunk if s.path == path)
+
+    def _judge_schema(self, state: FileState, rows: list[v.SchemaRow]) -> None:
+        problem = v.footer_problem(rows)
+        kinds = {} if problem else v.top_level_kinds(rows)
+        problem = problem or v.schema_problem(kinds)
+        if problem:
+            state.status, state.detail = v.SCHEMA_MISMATCH, problem
+        state.current_columns = set(kinds) == set(COLUMN_NAMES)
+
+    def _judge_content(self, state: FileState, row_groups: int, rows: int, unpacked: int) -> None:
+        limits = self.limits
+        state.unpacked = int(unpacked)
+        for what, n, most in (
+            ("row groups", row_groups, limits.max_row_groups),
+            ("rows", rows, limits.max_file_rows),
+            ("uncompressed bytes", unpacked, limits.max_uncompressed_bytes),
+        ):
+            if n > most:
+                state.status, state.detail = v.OVERSIZED_CONTENT, f"{n} {what} > {most}"
+                return
 
     def _ingest(self, batch: list[FileState]) -> None:
         """Judge the rows of ``batch`` and add one summary row per valid group."""
@@ -282,13 +381,17 @@ class Catalog:
 
     def _ingest_query(self, batch: list[FileState]) -> None:
         con = self.con
+        # Judged rows keep ids, numbers and digests of the texts (v.JUDGED_COLUMNS), never
+        # the completions: memory stays small however much text a batch holds.
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE _judged AS
             WITH raw AS ({scan_sql(sql_list([s.path for s in batch]))}),
-            reasoned AS (SELECT *, {self._reason_sql} AS reason FROM raw)
+            reasoned AS (
+                SELECT {v.JUDGED_COLUMNS}, day, filename, {self._reason_sql} AS reason FROM raw)
             SELECT * EXCLUDE (reason),
                 CASE WHEN reason IS NULL AND row_number() OVER (
-                    PARTITION BY filename, rollout_id, reason IS NULL ORDER BY completion) > 1
+                    PARTITION BY filename, rollout_id, reason IS NULL
+                    ORDER BY completion_digest) > 1
                 THEN '{v.DUPLICATE_ID}' ELSE reason END AS reason
             FROM reasoned"""
         )
@@ -301,12 +404,20 @@ class Catalog:
                 stddev_pop(reward) AS reward_std, min(reward) AS reward_min,
                 max(reward) AS reward_max, max(published_at) AS published_at,
                 any_value(day) AS day, filename AS source_file,
+                current_timestamp AS first_seen,
                 {self._group_problem_sql} AS problem
             FROM _judged WHERE reason IS NULL
             GROUP BY filename, group_id"""
         )
+        # A group seen before (in a file compaction since merged) keeps its first sight.
         con.execute(
-            "INSERT INTO group_index SELECT * EXCLUDE (problem) FROM _groups WHERE problem IS NULL"
+            """INSERT INTO group_index
+            SELECT g.* EXCLUDE (problem, first_seen), coalesce(seen.first, g.first_seen)
+            FROM _groups g LEFT JOIN (
+                SELECT group_id, min(first_seen) AS first FROM group_index
+                WHERE group_id IN (SELECT group_id FROM _groups) GROUP BY group_id
+            ) seen USING (group_id)
+            WHERE g.problem IS NULL"""
         )
         by_path = {s.path: s for s in batch}
         counts = con.execute(
@@ -395,22 +506,38 @@ class Catalog:
 
     def fetch_groups(self, group_ids: list[str]) -> pl.DataFrame | None:
         """Every valid completion of ``group_ids``, in draw order, read from the one file
-        indexed per group. None when none of them is indexed (any more)."""
+        indexed per group. None when none of them is indexed (any more).
+
+        The files read must still be what was examined: a local file whose size or mtime
+        moved, a file DuckDB can no longer read, or a group that no longer matches its
+        index row (size, one question) is forgotten and FileChanged raised, so that the
+        ledger lists again, examines the file afresh and draws again.
+        """
         if not group_ids:
             return None
-        wanted = ", ".join(sql_str(g) for g in group_ids)
+        # Ids go to DuckDB as parameters, never as SQL text: a peer chose them.
+        params = {f"g{i}": g for i, g in enumerate(group_ids)}
+        wanted = ", ".join(f"${name}" for name in params)
         located = self.con.execute(
-            f"SELECT group_id, source_file FROM groups WHERE group_id IN ({wanted})"
+            f"SELECT group_id, source_file, size FROM groups WHERE group_id IN ({wanted})", params
         ).fetchall()
         if not located:
             return None
-        files = sorted({f for _, f in located})
+        files = sorted({f for _, f, _ in located})
+        self._check_unchanged(files)
         uniform = all(self._by_path[f].current_columns for f in files if f in self._by_path)
         scan = scan_sql(sql_list(files), where=f"group_id IN ({wanted})", uniform=uniform)
-        table = self.con.execute(
-            f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM ({scan}) "
-            f"WHERE ({self._reason_sql}) IS NULL"
-        ).arrow()
+        try:
+            table = self.con.execute(
+                f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM ({scan}) "
+                f"WHERE ({self._reason_sql}) IS NULL",
+                params,
+            ).arrow()
+        except duckdb.Error as exc:
+            self.evict(files)
+            raise FileChanged(
+                f"reading {len(files)} indexed files failed: {first_line(exc)}"
+            ) from exc
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
         # Each group from its indexed copy (compaction may leave two for a while), in draw
@@ -418,17 +545,57 @@ class Catalog:
         draw_order = {g: i for i, g in enumerate(group_ids)}
         chosen = pl.DataFrame(
             {
-                "group_id": [g for g, _ in located],
-                "filename": [f for _, f in located],
-                "_draw": [draw_order[g] for g, _ in located],
-            }
+                "group_id": [g for g, _, _ in located],
+                "filename": [f for _, f, _ in located],
+                "_draw": [draw_order[g] for g, _, _ in located],
+                "_size": [n for _, _, n in located],
+            },
+            schema_overrides={"_size": pl.Int64},
         )
-        return (
+        served = (
             frame.join(chosen, on=["group_id", "filename"], how="inner")
             .sort(["_draw", "rollout_id", "completion"])
             .unique(subset="rollout_id", keep="first", maintain_order=True)
-            .drop("_draw", "filename")
         )
+        bad = self._groups_not_as_indexed(served, chosen)
+        if bad:
+            self.condemn(bad, "served groups differ from what was indexed")
+            served = served.filter(~pl.col("filename").is_in(bad))
+        return served.drop("_draw", "filename", "_size")
+
+    def _check_unchanged(self, paths: list[str]) -> None:
+        """Local files (whose listing carries no version) are stat'ed before they are read."""
+        if self.store.lists_versions:
+            return
+        changed = []
+        for path in paths:
+            state = self._by_path.get(path)
+            if state is None:
+                continue
+            try:
+                now = self.store.stat(state.key)
+            except (FileNotFoundError, NotRegularFile):
+                now = (-1, None)
+            if now != (state.size, state.version):
+                changed.append(path)
+        if changed:
+            self.evict(changed)
+            raise FileChanged(f"{len(changed)} indexed files changed since they were examined")
+
+    @staticmethod
+    def _groups_not_as_indexed(served: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
+        """Files with a served group not of its indexed size, or not of one question."""
+        summary = served.group_by("group_id", "filename").agg(
+            pl.len().alias("rows"),
+            pl.col("_size").first(),
+            *(pl.col(c).n_unique().alias(f"n_{c}") for c in CONSISTENT_COLUMNS),
+        )
+        bad = summary.filter(
+            (pl.col("rows") != pl.col("_size"))
+            | pl.any_horizontal(pl.col(f"n_{c}") > 1 for c in CONSISTENT_COLUMNS)
+        )
+        missing = chosen.join(served, on=["group_id", "filename"], how="anti")
+        return sorted(set(bad["filename"].to_list()) | set(missing["filename"].to_list()))
 
     def rejection_counts(self) -> Counter[str]:
         counts: Counter[str] = Counter()

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 class FileRef:
     key: str
     rows: int
+    unpacked: int = 0
+    """Bytes its public columns decompress to (from its footer)."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,13 @@ def plan_compaction(
     before: date | None,
     min_files: int = 2,
     target_rows: int = 1_000_000,
+    target_bytes: int | None = None,
 ) -> list[CompactionJob]:
     """Which files to merge: per partition (swarm, node, day) older than ``before``.
 
     ``nodes`` limits the work to those (swarm_id, node_id) prefixes; None means every node.
-    Inputs are cut into chunks of about ``target_rows`` rows so outputs stay readable.
+    Inputs are cut into chunks of at most ``target_rows`` rows and ``target_bytes``
+    uncompressed, so that readers, who refuse larger files, can read every output.
     """
     by_partition: dict[str, list[FileRef]] = {}
     for ref in files:
@@ -83,13 +87,18 @@ def plan_compaction(
         if len(small) < min_files:
             continue
         chunk: list[str] = []
-        rows = 0
+        rows = unpacked = 0
         for ref in small:
+            too_big = rows + ref.rows > target_rows or (
+                target_bytes is not None and unpacked + ref.unpacked > target_bytes
+            )
+            if chunk and too_big:
+                if len(chunk) >= 2:
+                    jobs.append(CompactionJob(partition, tuple(chunk)))
+                chunk, rows, unpacked = [], 0, 0
             chunk.append(ref.key)
             rows += ref.rows
-            if rows >= target_rows:
-                jobs.append(CompactionJob(partition, tuple(chunk)))
-                chunk, rows = [], 0
+            unpacked += ref.unpacked
         if len(chunk) >= 2:  # a lone leftover file has nothing to merge with
             jobs.append(CompactionJob(partition, tuple(chunk)))
     return jobs
@@ -130,9 +139,15 @@ def compact(
     target_rows: int = 1_000_000,
 ) -> CompactionReport:
     catalog.refresh()
-    refs = [FileRef(s.key, s.rows) for s in catalog.files.values() if s.status == "ok"]
+    refs = [FileRef(s.key, s.rows, s.unpacked) for s in catalog.files.values() if s.status == "ok"]
+    limits = catalog.limits
     jobs = plan_compaction(
-        refs, nodes=nodes, before=before, min_files=min_files, target_rows=target_rows
+        refs,
+        nodes=nodes,
+        before=before,
+        min_files=min_files,
+        target_rows=min(target_rows, limits.max_file_rows),
+        target_bytes=limits.max_uncompressed_bytes // 2,
     )
     report = CompactionReport()
     for job in jobs:

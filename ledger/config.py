@@ -33,7 +33,19 @@ class RowLimits(_Strict):
     max_task_config_chars: int = Field(8_192, ge=2, description="Longest task_config JSON.")
     max_completion_tokens: int = Field(65_536, ge=1, description="Largest completion_tokens claim.")
     max_group_size: int = Field(256, ge=1, description="Most completions in one group.")
-    max_file_bytes: int = Field(512 * 2**20, ge=1024, description="Largest Parquet object read.")
+    max_file_bytes: int = Field(256 * 2**20, ge=1024, description="Largest Parquet object read.")
+    max_file_rows: int = Field(
+        1_000_000, ge=1, description="Most rows in one Parquet object (by its footer)."
+    )
+    max_row_groups: int = Field(
+        4_096, ge=1, description="Most row groups in one Parquet object (by its footer)."
+    )
+    max_uncompressed_bytes: int = Field(
+        512 * 2**20,
+        ge=1024,
+        description="Most bytes the public columns of one Parquet object decompress to (by its "
+        "footer): a small file may expand a thousandfold.",
+    )
 
 
 class LedgerConfig(_Strict):
@@ -54,6 +66,12 @@ class LedgerConfig(_Strict):
         description="Reuse a listing this many seconds old instead of listing the store on "
         "every read (0: always list). SAPO nodes never wait for each other, so a few seconds "
         "of staleness cost nothing and spare a large bucket's listing.",
+    )
+    memory_limit_mb: int = Field(
+        1024,
+        ge=64,
+        description="Most memory the ledger's DuckDB connection may take; a query over it "
+        "fails with an out-of-memory error instead of exhausting the machine.",
     )
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy,

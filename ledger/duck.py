@@ -35,10 +35,15 @@ def load_httpfs(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"LOAD '{httpfs_extension_path()}'")
 
 
-def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory connection that never reaches out to the network on its own."""
+def connect(
+    threads: int | None = None, memory_limit_mb: int | None = None
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection that never reaches out to the network on its own, and takes
+    at most ``memory_limit_mb`` (a query past it fails instead of exhausting the machine)."""
     con = duckdb.connect(":memory:")
     con.execute("SET autoinstall_known_extensions = false")
+    if memory_limit_mb:
+        con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     return con

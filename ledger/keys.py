@@ -18,7 +18,12 @@ from ledger.schema import check_id
 
 _KEY = re.compile(
     r"^swarm_id=(?P<swarm_id>[^/=]+)/node_id=(?P<node_id>[^/=]+)/"
-    r"day=(?P<day>\d{4}-\d{2}-\d{2})/(?P<name>[^/]+\.parquet)$"
+    r"day=(?P<day>\d{4}-\d{2}-\d{2})/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.parquet)$"
+)
+"""File names are as strict as ids: a name a peer chose is pasted into DuckDB's file lists
+and handed to the store, where ``*``, ``?``, ``[`` glob and NUL or quotes break the SQL."""
+_SAFE_KEY = re.compile(
+    r"^[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}(/[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}){0,15}$"
 )
 
 
@@ -65,6 +70,16 @@ def round_key(
 def compacted_key(partition: str, input_keys: Iterable[str]) -> str:
     """Key of a compaction output: a digest of the inputs, so a rerun after a crash reuses it."""
     return f"{partition}/c-{digest(input_keys)}.parquet"
+
+
+def is_safe_key(key: str) -> bool:
+    """Whether ``key`` may be handed to a store or to DuckDB at all.
+
+    Every segment starts with a letter, digit or underscore (so no ``.`` / ``..`` segment and
+    no hidden file) and holds only ``[A-Za-z0-9._=-]``: no glob characters, quotes, control
+    characters or empty segments. Readers skip any other key without touching it.
+    """
+    return _SAFE_KEY.match(key) is not None
 
 
 def parse_key(key: str) -> KeyParts | None:

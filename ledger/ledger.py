@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,10 +31,11 @@ from ledger.records import RecordError, to_table
 from ledger.retrying import RetryPolicy, first_line, retrying
 from ledger.schema import check_id
 from ledger.sqltext import EMPTY_ROLLOUTS_SQL
-from ledger.storage import StorageError, open_store
+from ledger.storage import StorageError, StoreUnusable, open_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_GROUPS_PER_SAMPLE = 100_000
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -51,6 +54,19 @@ READ_ERRORS: tuple[type[BaseException], ...] = (
 )
 """What a read retries (listing again first); anything else is a bug or bad SQL."""
 WRITE_ERRORS: tuple[type[BaseException], ...] = (StorageError, ConnectionError, TimeoutError)
+
+
+def _serialized(method: F) -> F:
+    """Run ``method`` holding the ledger's lock: one DuckDB connection serves one call at a
+    time (concurrent calls on it from several threads deadlock), so a Ledger shared by
+    threads serves them in turn."""
+
+    @functools.wraps(method)
+    def locked(self: Ledger, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 @dataclass
@@ -99,8 +115,9 @@ class Ledger:
                 **{name: value for name, value in given.items() if value is not None},
             }
         )
+        self._lock = threading.RLock()
         self.store = open_store(url, storage_options)
-        self.con = connect(threads)
+        self.con = connect(threads, memory_limit_mb=self.config.memory_limit_mb)
         self.store.configure_duckdb(self.con)
         self.catalog = Catalog(self.store, self.con, self.config.limits)
         self._listed_at = -float("inf")
@@ -120,6 +137,7 @@ class Ledger:
     def url(self) -> str:
         return self.store.url
 
+    @_serialized
     def close(self) -> None:
         self.con.close()
 
@@ -131,6 +149,7 @@ class Ledger:
 
     # -- write -------------------------------------------------------------------------
 
+    @_serialized
     def publish(self, rows: Any, *, now: datetime | None = None) -> list[str]:
         """Write one publisher's rows; return the keys that hold them.
 
@@ -162,6 +181,7 @@ class Ledger:
             keys.append(key)
         return keys
 
+    @_serialized
     def write_manifest(self, manifest: NodeManifest) -> str:
         """Write a starting node's manifest under its own prefix; return its key.
 
@@ -239,6 +259,7 @@ class Ledger:
         )
         return set(found["node_id"].to_list())
 
+    @_serialized
     def _write_node_log(
         self,
         node_log: node_logs.NodeLog,
@@ -296,7 +317,7 @@ class Ledger:
                 UNION ALL
                 SELECT problem, sum(n) FROM (
                     SELECT {validation.group_problem_sql(limits)} AS problem, count(*) AS n
-                    FROM _publish GROUP BY group_id)
+                    FROM (SELECT {validation.JUDGED_COLUMNS} FROM _publish) GROUP BY group_id)
                 WHERE problem IS NOT NULL GROUP BY 1"""
             ).fetchall()
         finally:
@@ -307,10 +328,12 @@ class Ledger:
 
     # -- read --------------------------------------------------------------------------
 
+    @_serialized
     def refresh(self) -> RefreshStats:
         """Pick up files published (or removed) since the last call."""
         return self._with_refresh(lambda: self._last_refresh, fresh=True)
 
+    @_serialized
     def sample(
         self,
         node_id: str,
@@ -346,6 +369,7 @@ class Ledger:
             self._put_new(samples.sample_log_key(swarm_id, node_id, record_round, when), lines)
         return frame
 
+    @_serialized
     def sample_group_ids(
         self,
         node_id: str,
@@ -392,6 +416,7 @@ class Ledger:
 
         return chosen, draw
 
+    @_serialized
     def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
         """Run SQL over the views ``rollouts``, ``groups``, ``samples``, ``evaluations``,
         ``trainings``, ``manifests`` and ``ledger_files``.
@@ -416,12 +441,16 @@ class Ledger:
         """
         policy = self.config.retry
         try:
-            for attempt in retrying(policy, READ_ERRORS, f"reading {self.url}", log):
+            for attempt in retrying(
+                policy, READ_ERRORS, f"reading {self.url}", log, never=(StoreUnusable,)
+            ):
                 with attempt:
                     stale = time.monotonic() - self._listed_at >= self.config.max_staleness_s
                     if fresh or stale or attempt.retry_state.attempt_number > 1:
                         self._list()
                     return read()
+        except StoreUnusable:
+            raise
         except READ_ERRORS as exc:
             raise StorageError(
                 f"reading {self.url} failed after {policy.attempts} attempts: {first_line(exc)}"
@@ -445,7 +474,11 @@ class Ledger:
         StorageError."""
         policy = self.config.retry
         try:
-            result: T = retrying(policy, WRITE_ERRORS, what, log)(call, *args)
+            result: T = retrying(policy, WRITE_ERRORS, what, log, never=(StoreUnusable,))(
+                call, *args
+            )
+        except StoreUnusable:
+            raise
         except WRITE_ERRORS as exc:
             raise StorageError(
                 f"{what} ({self.url}) failed after {policy.attempts} attempts: {first_line(exc)}"
@@ -457,6 +490,7 @@ class Ledger:
 
     # -- maintenance -------------------------------------------------------------------
 
+    @_serialized
     def validate(self) -> ValidationReport:
         """Examine every object: what is readable, and what is skipped and why."""
         self.refresh()
@@ -469,6 +503,9 @@ class Ledger:
             else:
                 report.bad_files.append((state.key, state.status, state.detail))
         report.skipped = self.catalog.rejection_counts()
+        for key in sorted(self.store.unsafe_keys):
+            report.bad_files.append((key, validation.UNSAFE_KEY, "key refused unread"))
+            report.skipped[validation.UNSAFE_KEY] += 1
         for bad in self.catalog.manifests.skipped.values():
             report.bad_files.append((bad.key, bad.reason, bad.detail))
             report.skipped[bad.reason] += 1
@@ -483,6 +520,7 @@ class Ledger:
         report.groups, report.valid_rows = int(row[0]), int(row[1])
         return report
 
+    @_serialized
     def compact(
         self,
         node_ids: list[str] | None = None,

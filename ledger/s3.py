@@ -24,7 +24,17 @@ _ALIASES = {
     "endpoint": "endpoint_url",
     "aws_endpoint_url": "endpoint_url",
 }
-_OWN = {"key", "secret", "token", "endpoint_url", "region", "url_style", "conditional_writes"}
+_OWN = {
+    "key",
+    "secret",
+    "token",
+    "endpoint_url",
+    "region",
+    "url_style",
+    "conditional_writes",
+    "connect_timeout_s",
+    "read_timeout_s",
+}
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -32,6 +42,13 @@ def _as_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     return str(value).strip().lower() in _TRUE
+
+
+def _positive(given: Mapping[str, Any], name: str, default: float) -> float:
+    value = float(given.get(name, default))
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return value
 
 
 def _quote(value: str) -> str:
@@ -49,6 +66,10 @@ class S3Settings:
     """'path' suits MinIO and local servers; AWS accepts it too. 'vhost' for virtual hosts."""
     conditional_writes: bool = True
     """Ask the server to refuse overwrites (If-None-Match). Turn off for stores without it."""
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    """Every storage request gives up after these (s3fs's botocore and DuckDB's httpfs): a
+    server that accepts connections but never answers costs a retry, not a hung node."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further s3fs keyword arguments, passed through untouched."""
 
@@ -78,6 +99,8 @@ class S3Settings:
             region=str(region),
             url_style=url_style,
             conditional_writes=_as_bool(given.get("conditional_writes", True)),
+            connect_timeout_s=_positive(given, "connect_timeout_s", 5.0),
+            read_timeout_s=_positive(given, "read_timeout_s", 30.0),
             extra=extra,
         )
 
@@ -97,8 +120,16 @@ class S3Settings:
         client_kwargs = dict(self.extra.get("client_kwargs", {}))
         client_kwargs.setdefault("region_name", self.region)
         kwargs["client_kwargs"] = client_kwargs
+        config_kwargs = dict(self.extra.get("config_kwargs", {}))
+        config_kwargs.setdefault("connect_timeout", self.connect_timeout_s)
+        config_kwargs.setdefault("read_timeout", self.read_timeout_s)
+        kwargs["config_kwargs"] = config_kwargs
         kwargs.update(
-            {k: v for k, v in self.extra.items() if k not in ("client_kwargs", "retries")}
+            {
+                k: v
+                for k, v in self.extra.items()
+                if k not in ("client_kwargs", "config_kwargs", "retries")
+            }
         )
         return kwargs
 

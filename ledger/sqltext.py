@@ -17,12 +17,15 @@ TYPED_EMPTY = (
     + ", NULL::DATE AS day, NULL::VARCHAR AS filename LIMIT 0"
 )
 PUBLIC_COLUMNS_SQL = ", ".join(COLUMN_NAMES)
+SCANNED_COLUMNS_SQL = PUBLIC_COLUMNS_SQL + ", day, filename"
 EMPTY_ROLLOUTS_SQL = f"SELECT {PUBLIC_COLUMNS_SQL} FROM ({TYPED_EMPTY})"
 
 
 def scan_sql(files_expr: str, where: str = "", uniform: bool = False) -> str:
     """A relation over Parquet files with every public column, whatever version wrote them.
 
+    Only the public columns (plus ``day`` and ``filename``) are selected by name: whatever
+    else a file carries is never read, and cannot collide with a name a query adds.
     ``UNION ALL BY NAME`` with a typed empty relation fills columns that older files lack
     with NULL; the Hive keys come from the path, which outranks any same-named column a
     peer put inside its file. ``where`` filters inside the scan, where DuckDB can push it
@@ -35,10 +38,10 @@ def scan_sql(files_expr: str, where: str = "", uniform: bool = False) -> str:
     )
     filtered = f" WHERE {where}" if where else ""
     if uniform:
-        return f"SELECT * FROM read_parquet({files_expr}, {options}){filtered}"
+        return f"SELECT {SCANNED_COLUMNS_SQL} FROM read_parquet({files_expr}, {options}){filtered}"
     return (
-        f"({TYPED_EMPTY}) UNION ALL BY NAME SELECT * FROM read_parquet({files_expr}, "
-        f"union_by_name = true, {options}){filtered}"
+        f"SELECT {SCANNED_COLUMNS_SQL} FROM (({TYPED_EMPTY}) UNION ALL BY NAME "
+        f"SELECT * FROM read_parquet({files_expr}, union_by_name = true, {options})){filtered}"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
 import uuid
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
+from ledger.keys import is_safe_key
 from ledger.s3 import S3Settings
 
 if TYPE_CHECKING:
@@ -32,12 +34,35 @@ class StorageError(RuntimeError):
     """The ledger's storage cannot be reached or refused an operation."""
 
 
+class StoreUnusable(StorageError):
+    """The store answered, and no retry will help: its bucket is missing or the credentials
+    are refused. Never retried, never read as an empty ledger."""
+
+
+class NotRegularFile(OSError):
+    """A local ledger entry that is a link, FIFO, socket or device: never opened (a FIFO
+    would block its reader forever, a link could point anywhere)."""
+
+
+MAX_UNSAFE_KEYS = 1000
+"""Unsafe keys a store remembers for ``sapo ledger validate`` (a peer could make millions)."""
+
+
+def _check_key(key: str) -> str:
+    """``key`` (or a prefix of keys, with a trailing ``/``) if it is safe; else ValueError."""
+    if not is_safe_key(key.removesuffix("/")):
+        raise ValueError(f"unsafe ledger key {key!r}: see ledger.keys.is_safe_key")
+    return key
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
     """Path below the ledger root, '/'-separated."""
     size: int | None
     """Bytes, where the listing tells it for free (S3); None where it costs a call (local)."""
+    version: str | None = None
+    """What changes when the object is overwritten, where the listing tells it (S3's ETag)."""
 
 
 LEDGER_SUFFIXES = (".parquet", ".jsonl")
@@ -50,9 +75,16 @@ def _visible(name: str) -> bool:
 
 class Store(Protocol):
     url: str
+    unsafe_keys: set[str]
+    """Listed objects whose keys ``is_safe_key`` refuses (at most ``MAX_UNSAFE_KEYS``, as
+    ``repr``): skipped by ``list``, never read, reported by ``validate``."""
+
+    lists_versions: bool
+    """Whether ``list`` reports each object's version (else ``stat`` is the way to tell)."""
 
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
     def size(self, key: str) -> int: ...
+    def stat(self, key: str) -> tuple[int, str | None]: ...
     def put_new(self, key: str, data: bytes) -> bool: ...
     def read(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
@@ -64,17 +96,17 @@ class Store(Protocol):
 class LocalStore:
     """A ledger in a local (or mounted network) directory."""
 
+    lists_versions = False
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
         self._root = str(self.root)
         self.url = self.root.as_uri()
         self._dirs: dict[str, tuple[int, list[str], list[ObjectInfo]]] = {}
+        self.unsafe_keys: set[str] = set()
 
     def _path(self, key: str) -> Path:
-        path = (self.root / key).resolve()
-        if not path.is_relative_to(self.root):
-            raise ValueError(f"key {key!r} escapes the ledger root")
-        return path
+        return self.root / _check_key(key)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every visible object under ``prefix``, in no particular order.
@@ -84,7 +116,8 @@ class LocalStore:
         changes it. A directory modified in the last ``_MTIME_SLACK_NS`` is always
         re-scanned, since coarse file-system clocks could hide a second change within the
         same tick. Sizes are not read here: objects are immutable, and the catalog asks
-        for the size of new files only.
+        for the size of new files only. Only regular files are listed (no links, FIFOs or
+        devices), and only under safe keys (others are remembered in ``unsafe_keys``).
         """
         base = str(self._path(prefix) if prefix else self.root)
         cut = len(self._root) + 1
@@ -109,7 +142,10 @@ class LocalStore:
                                 subdirs.append(entry.path)
                             elif _visible(entry.name):
                                 key = entry.path[cut:].replace(os.sep, "/")
-                                files.append(ObjectInfo(key, None))
+                                if entry.is_file(follow_symlinks=False) and is_safe_key(key):
+                                    files.append(ObjectInfo(key, None))
+                                elif len(self.unsafe_keys) < MAX_UNSAFE_KEYS:
+                                    self.unsafe_keys.add(repr(key))
                 except FileNotFoundError:
                     continue
                 cached = (mtime, subdirs, files)
@@ -119,9 +155,15 @@ class LocalStore:
         return found
 
     def size(self, key: str) -> int:
-        if ".." in key.split("/"):
-            raise ValueError(f"key {key!r} escapes the ledger root")
-        return os.stat(os.path.join(self._root, key)).st_size
+        return self.stat(key)[0]
+
+    def stat(self, key: str) -> tuple[int, str | None]:
+        """Bytes and mtime of a regular file; NotRegularFile for anything else (checked
+        without following links, right before a reader would open it)."""
+        info = os.lstat(os.path.join(self._root, _check_key(key)))
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(f"{key} is not a regular file")
+        return info.st_size, str(info.st_mtime_ns)
 
     def put_new(self, key: str, data: bytes) -> bool:
         final = self._path(key)
@@ -147,6 +189,7 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
 
     def read(self, key: str) -> bytes:
+        self.size(key)  # never open a FIFO or follow a link
         return self._path(key).read_bytes()
 
     def exists(self, key: str) -> bool:
@@ -166,6 +209,8 @@ class LocalStore:
 class S3Store:
     """A ledger under ``s3://bucket/prefix`` on AWS, MinIO or any S3-compatible store."""
 
+    lists_versions = True
+
     def __init__(self, url: str, settings: S3Settings) -> None:
         import s3fs  # deferred: only S3 users pay for botocore's import
 
@@ -178,16 +223,19 @@ class S3Store:
         self.settings = settings
         self.fs = s3fs.S3FileSystem(**settings.s3fs_kwargs())
         self.fs.retries = settings.s3fs_retries
+        self.unsafe_keys: set[str] = set()
 
     def _path(self, key: str) -> str:
-        if ".." in key.split("/"):
-            raise ValueError(f"key {key!r} escapes the ledger root")
-        return "/".join(p for p in (self.bucket, self.prefix, key) if p)
+        return "/".join(p for p in (self.bucket, self.prefix, key and _check_key(key)) if p)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (FileNotFoundError, FileExistsError, PermissionError):
+        except PermissionError as exc:
+            raise StoreUnusable(
+                f"{what} on {self.url} was refused ({exc}): check the credentials"
+            ) from exc
+        except (FileNotFoundError, FileExistsError):
             raise
         except OSError as exc:
             raise StorageError(f"{what} on {self.url} failed: {exc}") from exc
@@ -202,13 +250,29 @@ class S3Store:
         try:
             found = self._call("listing", self.fs.find, base, detail=True)
         except FileNotFoundError:
-            return []
+            found = {}
+        if not found:
+            self._check_bucket()
         out = []
         for path, info in found.items():
             name = path.rsplit("/", 1)[-1]
             if info.get("type") == "file" and _visible(name):
-                out.append(ObjectInfo(path[len(root) + 1 :], int(info.get("size", 0))))
+                key = path[len(root) + 1 :]
+                if not is_safe_key(key):
+                    if len(self.unsafe_keys) < MAX_UNSAFE_KEYS:
+                        self.unsafe_keys.add(repr(key))
+                    continue
+                etag = info.get("ETag") or info.get("etag")
+                out.append(ObjectInfo(key, int(info.get("size", 0)), etag and str(etag)))
         return sorted(out, key=lambda o: o.key)
+
+    def _check_bucket(self) -> None:
+        """StoreUnusable unless the bucket exists: an empty listing of a missing bucket
+        must not read as an empty ledger."""
+        try:
+            self._call("head bucket", self.fs.info, self.bucket)
+        except FileNotFoundError as exc:
+            raise StoreUnusable(f"bucket {self.bucket!r} does not exist ({self.url})") from exc
 
     def put_new(self, key: str, data: bytes) -> bool:
         path = self._path(key)
@@ -219,6 +283,9 @@ class S3Store:
             self._call("put", self.fs.pipe_file, path, data, mode=mode)
         except FileExistsError:  # lost a race with an identical retry
             return False
+        except FileNotFoundError:
+            self._check_bucket()
+            raise
         return True
 
     def read(self, key: str) -> bytes:
@@ -226,14 +293,24 @@ class S3Store:
         return data
 
     def size(self, key: str) -> int:
-        return int(self._call("head", self.fs.size, self._path(key)))
+        return self.stat(key)[0]
+
+    def stat(self, key: str) -> tuple[int, str | None]:
+        info = self._call("head", self.fs.info, self._path(key))
+        etag = info.get("ETag") or info.get("etag")
+        return int(info.get("size", 0)), etag and str(etag)
 
     def exists(self, key: str) -> bool:
         return bool(self._call("head", self.fs.exists, self._path(key)))
 
     def delete(self, keys: Sequence[str]) -> None:
-        if keys:
-            self._call("delete", self.fs.rm, [self._path(k) for k in keys])
+        """Delete exactly ``keys``: each is checked safe (no glob characters), and the
+        names are deleted as given, never as a pattern's expansion."""
+        for path in [self._path(k) for k in keys]:  # all checked before any is deleted
+            try:
+                self._call("delete", self.fs.rm_file, path)
+            except FileNotFoundError:
+                continue
 
     def reader_path(self, key: str) -> str:
         return "s3://" + self._path(key)
@@ -245,6 +322,7 @@ class S3Store:
         con.execute(self.settings.duckdb_secret_sql(scope=f"s3://{self.bucket}"))
         # Remote reads wait on the network, not the CPU: more threads keep more requests
         # in flight (DuckDB's advice for remote Parquet).
+        con.execute(f"SET http_timeout = {max(1, round(self.settings.read_timeout_s))}")
         threads = con.execute("SELECT current_setting('threads')").fetchone()
         if threads is not None and int(threads[0]) < S3_READ_THREADS:
             con.execute(f"SET threads = {S3_READ_THREADS}")

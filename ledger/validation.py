@@ -21,10 +21,17 @@ CORRUPT: Final = "corrupt"
 SCHEMA_MISMATCH: Final = "schema_mismatch"
 OVERSIZED_FILE: Final = "oversized_file"
 MISPLACED: Final = "misplaced"
+NOT_REGULAR: Final = "not_regular_file"
+CHANGED: Final = "changed_after_indexing"
+UNSAFE_KEY: Final = "unsafe_key"
+OVERSIZED_CONTENT: Final = "oversized_content"
+"""More rows, row groups or uncompressed bytes than a reader takes, by the file's footer."""
 # Row-level reasons.
 UNSUPPORTED_VERSION: Final = "unsupported_version"
 MISSING_FIELD: Final = "missing_field"
 INVALID_ID: Final = "invalid_id"
+FOREIGN_ID: Final = "foreign_id"
+"""A group or rollout id outside its publisher's namespace ``<swarm_id>.<node_id>.``."""
 OVERSIZED_TEXT: Final = "oversized_text"
 INVALID_VALUE: Final = "invalid_value"
 INVALID_REWARD: Final = "invalid_reward"
@@ -36,6 +43,12 @@ DUPLICATE_GROUP: Final = "duplicate_group"
 
 MAX_SHORT_TEXT: Final = 1024
 """Longest model_id or task name."""
+MAX_SCHEMA_ELEMENTS: Final = 256
+"""Most Parquet schema elements (columns and nested fields) in a file a reader opens."""
+RESERVED_COLUMNS: Final = frozenset({"day", "filename"})
+"""Names the reader's scan adds (Hive day, file name): a file may not carry them."""
+ID_CHARS: Final = "^[A-Za-z0-9._:-]+$"
+"""Characters of a rollout or group id (a regular expression, for DuckDB and Python)."""
 
 
 def _kind_of_arrow(t: pa.DataType) -> str:
@@ -89,34 +102,51 @@ SchemaRow = tuple[str, str | None, str | None, str | None, int | None]
 
 
 def top_level_kinds(rows: Sequence[SchemaRow]) -> dict[str, str]:
-    """Top-level field kinds from a file's flattened Parquet schema (root first, depth-first)."""
+    """Top-level field kinds from a file's flattened Parquet schema (root first, depth-first).
+
+    Nested fields are walked with an explicit count of pending children, never recursion: a
+    peer's schema may nest a thousand levels deep. A top-level field with children is of
+    kind ``"nested"``.
+    """
     if not rows:
         return {}
     kinds: dict[str, str] = {}
     index = 1
-
-    def skip_subtree(i: int) -> int:
-        children = rows[i][4] or 0
-        i += 1
-        for _ in range(children):
-            i = skip_subtree(i)
-        return i
-
     for _ in range(rows[0][4] or 0):
         if index >= len(rows):
             break
         name, physical, converted, logical, children = rows[index]
-        kinds[name] = "other" if children else parquet_kind(physical, converted, logical)
-        index = skip_subtree(index)
+        kinds[name] = "nested" if children else parquet_kind(physical, converted, logical)
+        index += 1
+        pending = children or 0  # descendants of this field still to skip
+        while pending and index < len(rows):
+            pending += (rows[index][4] or 0) - 1
+            index += 1
     return kinds
+
+
+def footer_problem(rows: Sequence[SchemaRow]) -> str | None:
+    """Why a file's schema alone makes it unreadable (before any column is judged)."""
+    if len(rows) > MAX_SCHEMA_ELEMENTS:
+        return f"{len(rows)} schema elements > {MAX_SCHEMA_ELEMENTS}"
+    return None
 
 
 def schema_problem(kinds: dict[str, str], columns: tuple[Column, ...] = COLUMNS) -> str | None:
     """Why a file with these top-level column kinds cannot be read, or None if it can.
 
-    Columns added after ``MIN_READABLE_VERSION`` may be absent (older writers); extra
-    columns from newer writers are ignored.
+    Columns added after ``MIN_READABLE_VERSION`` may be absent (older writers); extra flat
+    columns from newer writers are ignored (readers select the public columns by name).
+    Extra nested columns and the names the reader's scan adds are refused: no reader
+    state may depend on what a file carries beyond the public columns.
     """
+    reserved = sorted(RESERVED_COLUMNS & set(kinds))
+    if reserved:
+        return f"reserved column names {reserved}"
+    public = {c.name for c in columns}
+    nested = sorted(n for n, k in kinds.items() if k == "nested" and n not in public)
+    if nested:
+        return f"nested extra columns {nested[:5]}"
     missing = [
         c.name for c in required_columns(MIN_READABLE_VERSION, columns) if c.name not in kinds
     ]
@@ -160,7 +190,11 @@ def reject_reason_sql(limits: RowLimits, columns: tuple[Column, ...] = COLUMNS) 
             THEN '{UNSUPPORTED_VERSION}'
         WHEN {" OR ".join(present)} THEN '{MISSING_FIELD}'
         WHEN strlen(rollout_id) > {limits.max_id_chars} OR strlen(group_id) > {limits.max_id_chars}
-            OR strlen(rollout_id) = 0 OR strlen(group_id) = 0 THEN '{INVALID_ID}'
+            OR NOT regexp_matches(rollout_id, '{ID_CHARS}')
+            OR NOT regexp_matches(group_id, '{ID_CHARS}') THEN '{INVALID_ID}'
+        WHEN NOT starts_with(group_id, swarm_id || '.' || node_id || '.')
+            OR NOT starts_with(rollout_id, swarm_id || '.' || node_id || '.')
+            THEN '{FOREIGN_ID}'
         WHEN {oversized} THEN '{OVERSIZED_TEXT}'
         WHEN node_round < 0 OR policy_version < 0 OR task_index < 0 OR completion_tokens < 0
             OR completion_tokens > {limits.max_completion_tokens} THEN '{INVALID_VALUE}'
@@ -170,21 +204,30 @@ def reject_reason_sql(limits: RowLimits, columns: tuple[Column, ...] = COLUMNS) 
     END"""
 
 
+JUDGED_COLUMNS: Final = """rollout_id, group_id, swarm_id, node_id, model_id, task,
+    node_round, policy_version, reward, published_at, task_seed, task_index,
+    md5_number(task_config) AS task_config_digest, md5_number(question) AS question_digest,
+    md5_number(coalesce(answer, chr(0))) AS answer_digest,
+    md5_number(completion) AS completion_digest"""
+"""What judging a row keeps of it: the long texts as digests, so that judging a file holds
+its ids and numbers in memory, not its completions."""
+
+
 def group_problem_sql(limits: RowLimits) -> str:
     """An aggregate SQL expression over one group's rows: why the group is rejected, or NULL.
 
     The completions of one group answer one question: a group whose rows disagree on it was
-    not written by an honest publisher and is not trained on.
+    not written by an honest publisher and is not trained on. Runs over ``JUDGED_COLUMNS``.
     """
     same = " OR ".join(
-        f"count(DISTINCT {expr}) > 1"
-        for expr in (
+        f"count(DISTINCT {name}) > 1"
+        for name in (
             "task",
-            "task_config",
+            "task_config_digest",
             "task_seed",
             "task_index",
-            "question",
-            "coalesce(answer, chr(0))",
+            "question_digest",
+            "answer_digest",
             "node_round",
             "swarm_id",
             "node_id",

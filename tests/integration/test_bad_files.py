@@ -158,11 +158,19 @@ def test_misplaced_and_oversized_objects_are_skipped(site, honest):
 
 
 def test_a_peer_cannot_claim_another_nodes_identity_inside_its_file(site, honest):
-    spoof = to_table(round_rows("good1", 5, [[1, 0]]))  # says node good1, sits under evil/
+    # Says node good1 and uses good1's ids, sits under evil/: the path names the publisher,
+    # and ids outside the publisher's namespace <swarm>.<node>. are refused.
+    spoof = to_table(round_rows("good1", 5, [[1, 0]]))
     plant(honest, "r5-spoof.parquet", parquet_bytes(spoof))
+    relabelled = to_table(round_rows("evil", 6, [[1, 0]]))
+    relabelled = relabelled.set_column(
+        relabelled.schema.get_field_index("node_id"), "node_id", pa.array(["good1"] * 2)
+    )
+    plant(honest, "r6-relabelled.parquet", parquet_bytes(relabelled))
     led = site.open()
-    owners = led.query("SELECT DISTINCT node_id FROM rollouts WHERE node_round = 5").rows()
-    assert owners == [("evil",)]
+    owners = led.query("SELECT node_id, node_round FROM rollouts WHERE node_round >= 5").rows()
+    assert owners == [("evil", 6), ("evil", 6)]
+    assert led.validate().skipped[v.FOREIGN_ID] == 2
     # so "me" cannot be fooled into treating it as its own, nor good1 into skipping it.
     assert "evil" in set(led.sample("good1", 10, seed=0).get_column("node_id"))
 

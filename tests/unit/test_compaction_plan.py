@@ -27,7 +27,7 @@ def test_only_older_partitions_of_the_named_nodes_with_enough_files():
 def test_inputs_are_cut_at_the_target_size_and_big_files_stay():
     files = [*refs(P1, 7, rows=40), FileRef(f"{P1}/c-big.parquet", 1000)]
     jobs = plan_compaction(files, nodes=None, before=None, target_rows=100)
-    assert [len(j.inputs) for j in jobs] == [3, 3]  # 120 rows each; the 7th file waits
+    assert [len(j.inputs) for j in jobs] == [2, 2, 2]  # at most 100 rows; the 7th file waits
     assert all(f"{P1}/c-big.parquet" not in j.inputs for j in jobs)
     assert jobs[0].output != jobs[1].output
     assert jobs[0].output.startswith(P1 + "/c-")
@@ -36,3 +36,9 @@ def test_inputs_are_cut_at_the_target_size_and_big_files_stay():
 def test_misplaced_keys_are_never_compacted():
     files = [FileRef("stray/a.parquet", 1), FileRef("stray/b.parquet", 1)]
     assert plan_compaction(files, nodes=None, before=None) == []
+
+
+def test_inputs_are_cut_at_the_uncompressed_bound():
+    files = [FileRef(f"{P1}/r{i:08d}-x.parquet", 10, unpacked=400) for i in range(5)]
+    jobs = plan_compaction(files, nodes=None, before=None, target_bytes=1000)
+    assert [len(j.inputs) for j in jobs] == [2, 2]  # 800 bytes each; the 5th file waits

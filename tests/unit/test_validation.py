@@ -40,7 +40,7 @@ def test_top_level_kinds_skips_nested_children():
         ("x", "INT64", None, None, 0),
         ("b", "DOUBLE", None, None, 0),
     ]
-    assert v.top_level_kinds(rows) == {"a": "integer", "s": "other", "b": "float"}
+    assert v.top_level_kinds(rows) == {"a": "integer", "s": "nested", "b": "float"}
 
 
 def _kinds_of(table: pa.Table) -> dict[str, str]:
@@ -95,8 +95,10 @@ def test_group_problem_flags_oversized_and_inconsistent_groups():
     rows = group_rows("n", 0, 0, [1.0, 0.0, 1.0])
     rows[1]["question"] = "a different question"
     con.register("t", to_table(rows + group_rows("n", 0, 1, [1.0, 0.0])))
-    sql = f"SELECT group_id, {v.group_problem_sql(RowLimits(max_group_size=2))} FROM t GROUP BY 1"
+    con.execute(f"CREATE VIEW judged AS SELECT {v.JUDGED_COLUMNS} FROM t")
+    problem = v.group_problem_sql(RowLimits(max_group_size=2))
+    sql = f"SELECT group_id, {problem} FROM judged GROUP BY 1"
     problems = dict(con.execute(sql).fetchall())
     assert problems == {"sw.n.r0.g0": v.OVERSIZED_GROUP, "sw.n.r0.g1": None}
-    sql = f"SELECT group_id, {v.group_problem_sql(RowLimits())} FROM t GROUP BY 1"
+    sql = f"SELECT group_id, {v.group_problem_sql(RowLimits())} FROM judged GROUP BY 1"
     assert dict(con.execute(sql).fetchall())["sw.n.r0.g0"] == v.INCONSISTENT_GROUP
