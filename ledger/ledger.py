@@ -403,6 +403,7 @@ class Ledger:
             "swarm_id": swarm_id,
             "seed": int(seed),
             "n_groups": int(n_groups),
+            "max_per_peer": chosen.peer_cap(int(n_groups)),
             **chosen.parameters(when),
         }
         sql = chosen.sql

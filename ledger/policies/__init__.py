@@ -6,6 +6,7 @@ node samples is something a user can read, paste into DuckDB and change.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -15,6 +16,24 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 class _Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_per_peer: int | None = Field(None, ge=1, description="Most groups from any one peer.")
+    max_peer_share: float | None = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Most groups from any one peer, as a share of the groups asked for "
+        "(rounded up, at least one). On by default: peers are untrusted, and without a cap "
+        "one peer that publishes many small groups takes most of every receiver's J. "
+        "1.0 (or null) turns it off, the paper's plain uniform draw.",
+    )
+
+    def peer_cap(self, n_groups: int) -> int:
+        """Most groups one peer may supply when ``n_groups`` are asked for."""
+        cap = n_groups if self.max_per_peer is None else min(self.max_per_peer, n_groups)
+        if self.max_peer_share is not None:
+            cap = min(cap, max(1, math.ceil(self.max_peer_share * n_groups)))
+        return cap
 
     @property
     def sql(self) -> str:
@@ -41,9 +60,11 @@ class RewardFilteredPolicy(_Policy):
     max_mean_reward: float = Field(1.0, ge=0.0, le=1.0, description="Highest group mean reward.")
     require_variance: bool = Field(True, description="Drop groups whose rewards all agree.")
     max_age_s: float | None = Field(
-        None, gt=0, description="Only groups published this many seconds before now."
+        None,
+        gt=0,
+        description="Only groups published this many seconds before now (by the earlier of "
+        "the publisher's stamp and the reader's first sight of the group).",
     )
-    max_per_peer: int | None = Field(None, ge=1, description="Most groups from any one peer.")
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> RewardFilteredPolicy:
@@ -59,7 +80,6 @@ class RewardFilteredPolicy(_Policy):
             "max_mean_reward": self.max_mean_reward,
             "require_variance": self.require_variance,
             "max_age_s": self.max_age_s,
-            "max_per_peer": self.max_per_peer,
             "now": now,
         }
 
@@ -74,15 +94,16 @@ class VarianceWeightedPolicy(_Policy):
         0.0, ge=0.0, lt=0.5, description="Drop groups whose reward std is at most this."
     )
     max_age_s: float | None = Field(
-        None, gt=0, description="Only groups published this many seconds before now."
+        None,
+        gt=0,
+        description="Only groups published this many seconds before now (by the earlier of "
+        "the publisher's stamp and the reader's first sight of the group).",
     )
-    max_per_peer: int | None = Field(None, ge=1, description="Most groups from any one peer.")
 
     def parameters(self, now: datetime) -> dict[str, Any]:
         return {
             "min_std": self.min_std,
             "max_age_s": self.max_age_s,
-            "max_per_peer": self.max_per_peer,
             "now": now,
         }
 

@@ -7,8 +7,10 @@
 -- Parameters: $node_id, $swarm_id, $seed, $n_groups as in paper.sql, and
 --             $min_mean_reward, $max_mean_reward  bounds on the group's mean reward
 --             $require_variance                  drop groups whose rewards all agree
---             $max_age_s, $now                   recency window (NULL: no window)
---             $max_per_peer                      cap per publishing node (NULL: none)
+--             $max_age_s, $now                   recency window (NULL: no window), by the earlier
+--                                                of the publisher's stamp and the reader's first sight
+--             $max_per_peer                      cap per publishing node (the sampler's,
+--                                                from max_per_peer and max_peer_share)
 WITH candidates AS (
     SELECT group_id, node_id, hash(concat_ws('/', group_id, $node_id, $seed)) AS draw
     FROM groups
@@ -16,14 +18,14 @@ WITH candidates AS (
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND reward_mean BETWEEN $min_mean_reward AND $max_mean_reward
       AND (NOT $require_variance OR reward_max > reward_min)
-      AND ($max_age_s IS NULL OR published_at >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
+      AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
 ),
 capped AS (
     -- Each peer's lowest draws, as many as the cap allows: a top-k per peer without
     -- sorting them all. No answer takes more than $n_groups from one peer, so that
     -- bounds k as well.
     SELECT unnest(min_by({'group_id': group_id, 'draw': draw}, draw,
-                         least(coalesce($max_per_peer, $n_groups), $n_groups))) AS pick
+                         $max_per_peer)) AS pick
     FROM candidates
     GROUP BY node_id
 )

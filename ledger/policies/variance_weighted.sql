@@ -16,8 +16,10 @@
 -- Parameters: $node_id, $swarm_id, $seed, $n_groups as in paper.sql, and
 --             $min_std       smallest reward standard deviation kept (0: drop only groups
 --                            whose rewards all agree)
---             $max_age_s, $now   recency window (NULL: no window)
---             $max_per_peer      cap per publishing node (NULL: none)
+--             $max_age_s, $now   recency window (NULL: no window), by the
+--                 earlier of the publisher's stamp and this reader's first sight
+--             $max_per_peer      cap per publishing node (the sampler's, from
+--                                max_per_peer and max_peer_share)
 WITH candidates AS (
     SELECT group_id, node_id,
            ln((hash(concat_ws('/', group_id, $node_id, $seed)) % 4294967296 + 0.5) / 4294967296)
@@ -27,12 +29,12 @@ WITH candidates AS (
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND reward_max > reward_min
       AND reward_std > $min_std
-      AND ($max_age_s IS NULL OR published_at >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
+      AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
 ),
 capped AS (
     -- Each peer's highest keys, as many as the cap allows (see reward_filtered.sql).
     SELECT unnest(max_by({'group_id': group_id, 'draw': draw}, draw,
-                         least(coalesce($max_per_peer, $n_groups), $n_groups))) AS pick
+                         $max_per_peer)) AS pick
     FROM candidates
     GROUP BY node_id
 )

@@ -43,7 +43,8 @@ def test_for_node_records_the_policy_kind_and_parameters() -> None:
     assert m.policy == "reward_filtered"
     params = json.loads(m.policy_params)
     assert params["max_per_peer"] == 1 and "kind" not in params
-    assert manifest(policy=parse_policy("paper")).policy_params == "{}"
+    paper = json.loads(manifest(policy=parse_policy("paper")).policy_params)
+    assert paper == {"max_per_peer": None, "max_peer_share": 0.5}  # the default cap
 
 
 def test_key_is_under_the_nodes_prefix_and_ignores_the_write_time() -> None:

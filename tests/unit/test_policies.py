@@ -69,14 +69,24 @@ def test_paper_policy_is_seeded_replayable_and_uniform(ledger):
 
 def test_paper_policy_reaches_every_subset_evenly(ledger):
     """Uniform over subsets, not only per group: all 20 draws of 3 of the 6 candidates occur
-    about equally often (a weakly mixed hash once reached only 8 of them)."""
+    about equally often (a weakly mixed hash once reached only 8 of them). Without the
+    per-peer cap: that is the paper's draw exactly."""
     seeds = 600
     counts: dict[tuple[str, ...], int] = {}
+    uncapped = {"kind": "paper", "max_peer_share": 1.0}
     for seed in range(seeds):
-        drawn = tuple(sorted(ledger.sample_group_ids("me", 3, "paper", seed=seed, swarm_id="sw")))
+        drawn = tuple(sorted(ledger.sample_group_ids("me", 3, uncapped, seed=seed, swarm_id="sw")))
         counts[drawn] = counts.get(drawn, 0) + 1
     assert len(counts) == 20
     assert all(12 <= c <= 50 for c in counts.values()), counts  # expected 30 each
+
+
+def test_the_default_cap_holds_every_peer_to_half_the_draw(ledger):
+    """c has 3 of the 6 candidates: by default it supplies at most 2 of 3 drawn (ceil 1.5)."""
+    for seed in range(100):
+        drawn = ledger.sample_group_ids("me", 3, "paper", seed=seed, swarm_id="sw")
+        assert len(drawn) == 3
+        assert sum(g.startswith("sw.c.") for g in drawn) <= 2
 
 
 def test_receivers_sharing_a_seed_draw_independently(ledger):
