@@ -563,10 +563,18 @@ class Catalog:
             served = served.filter(~pl.col("filename").is_in(bad))
         return served.drop("_draw", "filename", "_size")
 
-    def _check_unchanged(self, paths: list[str]) -> None:
-        """Local files (whose listing carries no version) are stat'ed before they are read."""
-        if self.store.lists_versions:
-            return
+    def recover_from(self, exc: duckdb.Error) -> bool:
+        """After a query over the views failed: forget the files it names and, on local disk,
+        every file changed since it was examined. True if any was (worth a retry)."""
+        message = str(exc)
+        named = [p for p in self._by_path if p in message]
+        changed = [] if self.store.lists_versions else self._changed_paths(self.ok_paths())
+        suspects = sorted(set(named) | set(changed))
+        if suspects:
+            self.evict(suspects)
+        return bool(suspects)
+
+    def _changed_paths(self, paths: list[str]) -> list[str]:
         changed = []
         for path in paths:
             state = self._by_path.get(path)
@@ -578,6 +586,13 @@ class Catalog:
                 now = (-1, None)
             if now != (state.size, state.version):
                 changed.append(path)
+        return changed
+
+    def _check_unchanged(self, paths: list[str]) -> None:
+        """Local files (whose listing carries no version) are stat'ed before they are read."""
+        if self.store.lists_versions:
+            return
+        changed = self._changed_paths(paths)
         if changed:
             self.evict(changed)
             raise FileChanged(f"{len(changed)} indexed files changed since they were examined")

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledger import compaction, manifests, node_logs, samples, validation
-from ledger.catalog import Catalog, RefreshStats
+from ledger.catalog import Catalog, FileChanged, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
 from ledger.keys import round_key
@@ -428,7 +428,14 @@ class Ledger:
 
         def attempt() -> pl.DataFrame:
             self.catalog.ensure_views()
-            return self.con.execute(sql, params).pl()
+            try:
+                return self.con.execute(sql, params).pl()
+            except duckdb.Error as exc:
+                # A file changed under the views is forgotten and the query retried;
+                # anything else (the caller's SQL) is the caller's error.
+                if self.catalog.recover_from(exc):
+                    raise FileChanged(f"files changed under the query: {first_line(exc)}") from exc
+                raise
 
         return self._with_refresh(attempt)
 

@@ -1,0 +1,106 @@
+"""What a hostile peer writes: the payloads of issue 12's attacks, for tests and
+``benchmarks/attacks.py``. Pure builders of tables and bytes; planting them is the caller's."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ledger.records import to_table
+from tests.factories import round_rows
+
+ATTACKER = "evil"
+PREFIX = f"swarm_id=sw/node_id={ATTACKER}/day=2026-03-01"
+"""The attacker's own partition: everything below is written where it may write."""
+
+
+def parquet_bytes(table: pa.Table, **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, **options)
+    return buffer.getvalue()
+
+
+def attacker_table(groups: list[list[float | None]] | None = None, **overrides: Any) -> pa.Table:
+    return to_table(round_rows(ATTACKER, 0, groups or [[1, 0]], **overrides))
+
+
+def with_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    """``table`` with column ``name`` replaced (or appended)."""
+    index = table.schema.get_field_index(name)
+    if index < 0:
+        return table.append_column(name, values)
+    return table.set_column(index, name, values)
+
+
+def nested_column(depth: int, rows: int) -> pa.Array:
+    """A struct column nested ``depth`` levels deep."""
+    kind: pa.DataType = pa.int64()
+    value: Any = 1
+    for _ in range(depth):
+        kind = pa.struct([("x", kind)])
+        value = {"x": value}
+    return pa.array([value] * rows, type=kind)
+
+
+def deep_nesting(depth: int) -> bytes:
+    table = attacker_table()
+    return parquet_bytes(table.append_column("deep", nested_column(depth, table.num_rows)))
+
+
+def reason_column() -> bytes:
+    """An extra column named as the reader's own judging column, beside an invalid reward."""
+    table = attacker_table([[5.0, 0.0]])  # reward 5 is out of [0, 1]
+    return parquet_bytes(
+        table.append_column("reason", pa.array([None] * table.num_rows, pa.string()))
+    )
+
+
+def nul_in_group_id() -> pa.Table:
+    table = attacker_table()
+    bad = [f"sw.{ATTACKER}.r0.g0\x00'; DROP TABLE groups; --"] * table.num_rows
+    return with_column(table, "group_id", pa.array(bad))
+
+
+def decompression_bomb(rows: int, chars: int, dictionary: bool = False) -> bytes:
+    """``rows`` completions of ``chars`` identical characters: tiny compressed, huge unpacked
+    (plain encoding, so the footer's uncompressed size tells; with a dictionary it would not,
+    and the reader's streaming scans are what bound it)."""
+    ids = [f"sw.{ATTACKER}.r0.g{i // 2}" for i in range(rows)]
+    base = round_rows(ATTACKER, 0, [[1, 0]])[0]
+    columns = {name: [value] * rows for name, value in base.items()}
+    columns["group_id"] = ids
+    columns["rollout_id"] = [f"{g}.c{i}" for i, g in enumerate(ids)]
+    columns["reward"] = [float(i % 2) for i in range(rows)]
+    table = to_table(pa.table(columns)) if rows else attacker_table()
+    table = with_column(table, "completion", pa.array(["a" * chars] * rows, pa.string()))
+    return parquet_bytes(
+        table, compression="zstd", row_group_size=max(1, rows), use_dictionary=dictionary
+    )
+
+
+def many_tiny_rows(rows: int) -> bytes:
+    """``rows`` one-completion groups in one file, as small as Parquet makes them."""
+    return decompression_bomb(rows, 1)
+
+
+def shadowing(victim: str, victim_round: int = 0) -> bytes:
+    """The attacker's file, reusing a victim's group and rollout ids with its own content."""
+    table = attacker_table([[1, 0]])
+    gid = f"sw.{victim}.r{victim_round}.g0"
+    table = with_column(table, "group_id", pa.array([gid, gid]))
+    table = with_column(table, "rollout_id", pa.array([f"{gid}.c0", f"{gid}.c1"]))
+    return parquet_bytes(with_column(table, "question", pa.array(["forged", "forged"])))
+
+
+def from_the_future(node_round: int = 0) -> pa.Table:
+    stamp = datetime(2100, 1, 1, tzinfo=UTC)
+    return to_table(round_rows(ATTACKER, node_round, [[1, 0]], published_at=stamp))
+
+
+def flood(groups: int, node_id: str = ATTACKER) -> pa.Table:
+    """Many small informative groups (two completions, rewards 1 and 0)."""
+    return to_table(round_rows(node_id, 0, [[1, 0]] * groups))

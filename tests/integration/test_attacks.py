@@ -1,0 +1,293 @@
+"""Issue 12's table of attacks, one test each: a hostile peer, writing where it may write
+(its own prefix, or through ``publish``), cannot stop, fool or flood a reader.
+
+Each test failed on the ledger before the hardening; on local disk and on S3 over HTTP
+where the attack applies to both.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+
+from ledger import Ledger, RecordError, RetryPolicy, RowLimits, StorageError, StoreUnusable
+from ledger import validation as v
+from ledger.policies import RewardFilteredPolicy
+from tests import hostile
+from tests.factories import round_rows
+
+HONEST_ROWS = 9
+
+
+@pytest.fixture
+def honest(site):
+    """Two honest peers and the receiver's own round."""
+    led = site.open()
+    led.publish(round_rows("me", 0, [[1, 0]]))
+    led.publish(round_rows("good1", 0, [[1, 0], [0, 1]]))
+    led.publish(round_rows("good2", 0, [[1, 0, 1]]))
+    return led
+
+
+def plant(led: Ledger, name: str, data: bytes, prefix: str = hostile.PREFIX) -> str:
+    key = f"{prefix}/{name}"
+    assert led.store.put_new(key, data)
+    return key
+
+
+def plant_raw(site, led: Ledger, key: str, data: bytes) -> None:
+    """Write ``key`` past the store's key checks, as a peer with bucket access could."""
+    if site.kind == "local":
+        path = os.path.join(led.store.root, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+    else:
+        led.store.fs.pipe_file(f"{led.store.bucket}/{led.store.prefix}/{key}", data)
+
+
+def assert_serves_the_honest_data(led: Ledger, seeds: int = 5) -> None:
+    assert led.query("SELECT count(*) FROM rollouts WHERE node_id <> 'evil'").item() == HONEST_ROWS
+    for seed in range(seeds):
+        drawn = set(led.sample("me", 10, seed=seed, swarm_id="sw").get_column("node_id"))
+        assert {"good1", "good2"} <= drawn and "me" not in drawn
+
+
+def test_a_nul_byte_in_an_id_is_refused_at_publish_and_skipped_when_planted(site, honest):
+    with pytest.raises(RecordError, match=v.INVALID_ID):
+        honest.publish(hostile.nul_in_group_id())
+    plant(honest, "r0-nul.parquet", hostile.parquet_bytes(hostile.nul_in_group_id()))
+    reader = site.open()
+    assert_serves_the_honest_data(reader, seeds=20)
+    assert reader.validate().skipped[v.INVALID_ID] == 2
+
+
+@pytest.mark.parametrize("depth", [50, 1000])
+def test_deeply_nested_extra_columns_are_refused_quickly(site, honest, depth):
+    key = plant(honest, f"r0-deep{depth}.parquet", hostile.deep_nesting(depth))
+    reader = site.open()
+    started = time.monotonic()
+    assert_serves_the_honest_data(reader)
+    assert time.monotonic() - started < 30
+    bad = {k: (status, detail) for k, status, detail in reader.validate().bad_files}
+    assert bad[key][0] == v.SCHEMA_MISMATCH
+
+
+def test_an_extra_column_named_reason_switches_no_check_off(site, honest):
+    plant(honest, "r0-reason.parquet", hostile.reason_column())
+    reader = site.open()
+    assert_serves_the_honest_data(reader)
+    assert reader.query("SELECT count(*) FROM rollouts WHERE reward > 1").item() == 0
+    assert reader.validate().skipped[v.INVALID_REWARD] == 1
+
+
+def test_unsafe_keys_are_listed_and_never_read(site, honest):
+    good = hostile.parquet_bytes(hostile.attacker_table())
+    plant_raw(site, honest, f"{hostile.PREFIX}/*.parquet", good)
+    if site.kind == "s3":
+        plant_raw(site, honest, f"{hostile.PREFIX}/x/../r9-dots.parquet", good)
+    reader = site.open()
+    assert_serves_the_honest_data(reader)
+    unsafe = [k for k, status, _ in reader.validate().bad_files if status == v.UNSAFE_KEY]
+    assert len(unsafe) == (2 if site.kind == "s3" else 1)
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 0
+
+
+def test_compacting_beside_a_glob_named_object_deletes_exactly_its_inputs(site, honest):
+    evil = site.open()
+    for node_round in range(3):
+        evil.publish(round_rows("evil", node_round, [[1, 0]]))
+    stray = f"{hostile.PREFIX}/*.parquet"
+    plant_raw(site, honest, stray, hostile.parquet_bytes(hostile.attacker_table()))
+    report = evil.compact(["evil"], before=datetime(2100, 1, 1, tzinfo=UTC).date())
+    assert report.files_in == 3 and report.files_out == 1
+    reader = site.open()
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 6
+    assert_serves_the_honest_data(reader)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_links_and_fifos_in_a_local_ledger_are_never_opened(local_site, kind, tmp_path):
+    led = local_site.open()
+    led.publish(round_rows("me", 0, [[1, 0]]))
+    led.publish(round_rows("good1", 0, [[1, 0], [0, 1]]))
+    led.publish(round_rows("good2", 0, [[1, 0, 1]]))
+    folder = os.path.join(led.store.root, hostile.PREFIX)
+    os.makedirs(folder)
+    target = os.path.join(folder, "r0-trap.parquet")
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        outside = tmp_path / "outside.parquet"
+        outside.write_bytes(hostile.parquet_bytes(hostile.attacker_table()))
+        os.symlink(outside, target)
+    done = threading.Event()
+
+    def read() -> None:
+        assert_serves_the_honest_data(local_site.open())
+        done.set()
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    worker.join(60)
+    if not done.is_set() and kind == "fifo":
+        with open(target, "wb"):  # unblock the reader so the test run can end
+            pass
+    assert done.is_set(), "the reader blocked"
+
+
+def test_a_decompression_bomb_is_refused_by_its_footer(site, honest):
+    # 2,000 completions of 20,000 identical characters: ~40 MB unpacked, a few KB on disk.
+    key = plant(honest, "r0-bomb.parquet", hostile.decompression_bomb(2000, 20_000))
+    assert honest.store.size(key) < 200_000
+    reader = site.open(limits=RowLimits(max_uncompressed_bytes=8 * 2**20))
+    assert_serves_the_honest_data(reader)
+    bad = {k: (status, detail) for k, status, detail in reader.validate().bad_files}
+    assert bad[key][0] == v.OVERSIZED_CONTENT and "uncompressed" in bad[key][1]
+
+
+def test_millions_of_tiny_rows_are_refused_by_their_footer(site, honest):
+    key = plant(honest, "r0-tiny.parquet", hostile.many_tiny_rows(20_000))
+    reader = site.open(limits=RowLimits(max_file_rows=10_000))
+    assert_serves_the_honest_data(reader)
+    bad = {k: (status, detail) for k, status, detail in reader.validate().bad_files}
+    assert bad[key] == (v.OVERSIZED_CONTENT, "20000 rows > 10000")
+
+
+def test_a_peer_cannot_shadow_another_nodes_ids(site, honest):
+    plant(honest, "r0-shadow.parquet", hostile.shadowing("good1"))
+    reader = site.open()
+    assert_serves_the_honest_data(reader)
+    questions = reader.query(
+        "SELECT DISTINCT question FROM rollouts WHERE group_id = 'sw.good1.r0.g0'"
+    )
+    assert questions.rows() == [("q0 of good1",)]
+    assert reader.validate().skipped[v.FOREIGN_ID] == 2
+
+
+def test_a_flooding_peer_is_held_to_its_cap(site, honest):
+    honest.publish(hostile.flood(300))
+    honest.publish(round_rows("good3", 0, [[1, 0]] * 10))
+    drawn = []
+    for seed in range(10):
+        frame = honest.sample("me", 8, "paper", seed=seed, swarm_id="sw")
+        drawn += frame.unique("group_id").get_column("node_id").to_list()
+    assert drawn.count("evil") <= 4 * 10  # half of every draw at most
+    assert len(drawn) == 80
+
+
+def test_a_date_in_the_future_does_not_make_a_group_recent(site, honest):
+    honest.publish(hostile.from_the_future(node_round=1))
+    policy = RewardFilteredPolicy(max_age_s=3600)
+    now = datetime.now(UTC)
+    soon = set(honest.sample("me", 10, policy, now=now, swarm_id="sw").get_column("node_id"))
+    assert "evil" in soon  # first seen just now: recent
+    later = set(
+        honest.sample("me", 10, policy, now=now + timedelta(hours=2), swarm_id="sw")
+        .get_column("node_id")
+        .to_list()
+    )
+    assert "evil" not in later
+
+
+def test_an_indexed_file_overwritten_with_the_same_size_is_examined_again(site, honest):
+    table = hostile.attacker_table([[1.0, 0.0]])
+    key = plant(honest, "r0-swap.parquet", hostile.parquet_bytes(table))
+    reader = site.open()
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 2
+    forged = hostile.with_column(table, "reward", pa.array([5.0, 0.0]))  # out of [0, 1]
+    data = hostile.parquet_bytes(forged)
+    assert len(data) == honest.store.size(key)
+    time.sleep(0.01)  # a new mtime
+    plant_raw(site, honest, key, data)
+    for seed in range(5):
+        frame = reader.sample("me", 10, seed=seed, swarm_id="sw")
+        assert frame.filter(frame["reward"] > 1).height == 0
+    # garbage of the same size: skipped as corrupt, never a failing sample
+    plant_raw(site, honest, key, b"\x00" * len(data))
+    assert_serves_the_honest_data(reader)
+    statuses = {k: status for k, status, _ in reader.validate().bad_files}
+    assert statuses[key] in (v.CORRUPT, v.CHANGED)
+
+
+@pytest.fixture
+def silent_server():
+    """A TCP server on loopback that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+@pytest.mark.s3
+def test_a_server_that_never_answers_costs_a_bounded_wait(silent_server):
+    options = {
+        "key": "k",
+        "secret": "s",
+        "endpoint_url": silent_server,
+        "connect_timeout_s": 1,
+        "read_timeout_s": 1,
+        "config_kwargs": {"retries": {"max_attempts": 1}},
+    }
+    led = Ledger("s3://hung/ledger", options, retry=RetryPolicy(attempts=2, initial_wait_s=0.1))
+    started = time.monotonic()
+    with pytest.raises(StorageError):
+        led.publish(round_rows("n1", 0, [[1, 0]]))
+    with pytest.raises(StorageError):
+        led.sample("me", 2, swarm_id="sw")
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_is_a_clear_error_not_an_empty_ledger(s3_server):
+    led = Ledger("s3://no-such-bucket/ledger", s3_server.storage_options)
+    with pytest.raises(StoreUnusable, match="no-such-bucket"):
+        led.query("SELECT count(*) FROM rollouts")
+    with pytest.raises(StoreUnusable, match="no-such-bucket"):
+        led.publish(round_rows("n1", 0, [[1, 0]]))
+
+
+def test_one_ledger_serves_several_threads(site):
+    led = site.open()
+    errors: list[BaseException] = []
+
+    def publish(node: str) -> None:
+        try:
+            for node_round in range(3):
+                led.publish(round_rows(node, node_round, [[1, 0]]))
+                led.sample(node, 2, swarm_id="sw")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish, args=(f"n{i}",), daemon=True) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads), "a thread never returned"
+    assert not errors
+    assert led.query("SELECT count(*) FROM rollouts").item() == 18
