@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 from importlib import resources
 from pathlib import Path
-from typing import Any, Self, get_args
+from typing import Any, Literal, Self, get_args
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -117,6 +117,12 @@ class SwarmConfig(Strict):
     ledger: LedgerConfig = Field(
         default_factory=LedgerConfig,  # type: ignore[arg-type]
         description="Where the ledger lives; url defaults to <workdir>/ledger.",
+    )
+    signatures: Literal["required", "open"] = Field(
+        "required",
+        description="The swarm's rule, declared by its first node: 'required' (readers skip "
+        "files not signed by their node's registered key) or 'open' (anyone may write as "
+        "any node). Each node's key is kept at <workdir>/keys/<swarm_id>/<node_id>.pem.",
     )
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # type: ignore[arg-type]
     prefect: PrefectConfig = Field(default_factory=PrefectConfig)

@@ -19,7 +19,7 @@ from flows import checkpoint
 from flows.config import NodeSpec, SwarmConfig
 from flows.progress import NodeProgress
 from flows.tracking import Tracker, flatten, sharing_tags
-from ledger import Ledger, NodeManifest
+from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,12 @@ class NodeRuntime:
         self.ledger.close()
 
 
+def node_key(swarm: SwarmConfig, node_id: str) -> NodeKey:
+    """The node's signing key, made on its first start and kept with its checkpoints."""
+    path = swarm.workdir / "keys" / swarm.swarm_id / f"{node_id}.pem"
+    return NodeKey.load_or_create(path, swarm.swarm_id, node_id)
+
+
 def open_node(
     swarm: SwarmConfig,
     node_id: str,
@@ -80,9 +86,14 @@ def open_node(
 ) -> NodeRuntime:
     """A node ready for its next round: restored from its newest checkpoint if it has one."""
     spec = swarm.node(node_id)
-    ledger = Ledger.from_config(swarm.ledger)
+    key = node_key(swarm, node_id)
+    ledger = Ledger.from_config(swarm.ledger, signer=key)
     try:
-        ledger.write_manifest(manifest(swarm, spec))  # a restart with the same config: no-op
+        # The swarm's rule (first node wins) and this node's key (first key wins), then
+        # the manifest: a restart with the same config writes nothing.
+        ledger.declare_swarm(swarm.swarm_id, swarm.signatures)
+        ledger.register_key(key)
+        ledger.write_manifest(manifest(swarm, spec))
         learner, saved = restore_learner(swarm, spec)
         runtime = NodeRuntime(
             swarm=swarm,

@@ -7,6 +7,7 @@ only this package.
 from ledger.catalog import RefreshStats
 from ledger.compaction import CompactionReport
 from ledger.config import LedgerConfig, RowLimits
+from ledger.identity import IdentityError, NodeKey
 from ledger.ledger import Ledger, ValidationReport
 from ledger.manifests import NodeManifest
 from ledger.policies import (
@@ -25,8 +26,10 @@ __all__ = [
     "COLUMN_NAMES",
     "SCHEMA_VERSION",
     "CompactionReport",
+    "IdentityError",
     "Ledger",
     "LedgerConfig",
+    "NodeKey",
     "NodeManifest",
     "PaperPolicy",
     "RecordError",

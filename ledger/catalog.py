@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from ledger import manifests, node_logs
+from ledger import identity, manifests, node_logs
 from ledger import validation as v
 from ledger.config import RowLimits
 from ledger.keys import parse_key
@@ -118,10 +118,19 @@ class RefreshStats:
 
 
 class Catalog:
-    def __init__(self, store: Store, con: duckdb.DuckDBPyConnection, limits: RowLimits) -> None:
+    def __init__(
+        self,
+        store: Store,
+        con: duckdb.DuckDBPyConnection,
+        limits: RowLimits,
+        signatures: str = "swarm",
+    ) -> None:
         self.store = store
         self.con = con
         self.limits = limits
+        self.signatures = signatures
+        """'swarm' (check where the swarm's rules require it), 'required' or 'off'."""
+        self.registry = identity.Registry()
         self.files: dict[str, FileState] = {}
         self._by_path: dict[str, FileState] = {}
         self.log_files: dict[str, dict[str, int | None]] = {log.name: {} for log in node_logs.ALL}
@@ -162,6 +171,7 @@ class Catalog:
         for node_log in node_logs.ALL:
             self._refresh_node_log(node_log, [o for o in listing if node_log.is_key(o.key)])
         self.manifests.refresh(listing)
+        self._refresh_registry(listing)
         current = {
             o.key: o
             for o in listing
@@ -223,6 +233,27 @@ class Catalog:
         self._update_groups([], self._forget(keys))
         self._views_stale = True
 
+    def _refresh_registry(self, listing: list[ObjectInfo]) -> None:
+        """Read key and rules objects not seen before (small, written once)."""
+        new = self.registry.unseen(
+            [
+                o.key
+                for o in listing
+                if o.key.startswith((identity.KEYS_PREFIX, identity.SWARMS_PREFIX))
+            ]
+        )
+        for key in new:
+            self.registry.learn(key, self._read_small(key, identity.MAX_OBJECT_BYTES))
+
+    def _read_small(self, key: str, most: int) -> bytes | None:
+        """The bytes of ``key`` if it is a regular object of at most ``most`` bytes."""
+        try:
+            if self.store.size(key) > most:
+                return None
+            return self.store.read(key)
+        except (FileNotFoundError, NotRegularFile):
+            return None
+
     def _refresh_node_log(self, node_log: node_logs.NodeLog, listing: list[ObjectInfo]) -> None:
         """Keep ``node_log``'s table = the sound lines of its files now in the store."""
         known = self.log_files[node_log.name]
@@ -276,7 +307,44 @@ class Catalog:
                 list(pool.map(self._check_schemas, chunks))
         elif chunks:
             self._check_schemas(chunks[0])
+        signed = [s for s in states if s.status == OK and self._needs_signature(s)]
+        if len(signed) > 1:
+            with ThreadPoolExecutor(EXAMINE_THREADS) as pool:
+                list(pool.map(self._check_signature, signed))
+        elif signed:
+            self._check_signature(signed[0])
         return states
+
+    def _needs_signature(self, state: FileState) -> bool:
+        parts = parse_key(state.key)
+        return parts is not None and self.registry.requires_signatures(
+            parts.swarm_id, self.signatures
+        )
+
+    def _check_signature(self, state: FileState) -> None:
+        """The file's bytes must be signed by its node's registered key (ledger/identity.py)."""
+        parts = parse_key(state.key)
+        assert parts is not None
+        public = self.registry.keys.get((parts.swarm_id, parts.node_id))
+        if not isinstance(public, identity.Ed25519PublicKey):
+            state.status = identity.UNKNOWN_SIGNER
+            state.detail = f"no usable key registered for {parts.node_id}: {public or 'none'}"
+            return
+        signature = self._read_small(identity.signature_key(state.key), identity.MAX_OBJECT_BYTES)
+        if signature is None:
+            state.status, state.detail = identity.UNSIGNED, "no signature object"
+            return
+        try:
+            data = self.store.read(state.key)
+        except FileNotFoundError:
+            state.status = VANISHED
+            return
+        if len(data) != state.size:
+            state.status, state.detail = v.CHANGED, "changed while it was examined"
+            return
+        problem = identity.verify(public, state.key, signature, data)
+        if problem:
+            state.status, state.detail = identity.BAD_SIGNATURE, problem
 
     def _place_and_size(self, obj: ObjectInfo) -> FileState:
         state = FileState(obj.key, obj.size or 0, self.store.reader_path(obj.key), obj.version)

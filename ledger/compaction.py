@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from ledger import identity
 from ledger.catalog import Catalog
 from ledger.keys import compacted_key, parse_key
 from ledger.sqltext import PUBLIC_COLUMNS_SQL, scan_sql, sql_list
@@ -104,8 +105,9 @@ def plan_compaction(
     return jobs
 
 
-def run_job(catalog: Catalog, job: CompactionJob) -> int:
-    """Merge ``job.inputs`` into ``job.output``, then delete the inputs. Returns rows written."""
+def run_job(catalog: Catalog, job: CompactionJob, signer: identity.NodeKey | None = None) -> int:
+    """Merge ``job.inputs`` into ``job.output`` (signed by ``signer`` if given), then delete
+    the inputs and their signatures. Returns rows written."""
     store, con = catalog.store, catalog.con
     paths = [store.reader_path(k) for k in job.inputs]
     merged = f"""SELECT {PUBLIC_COLUMNS_SQL} FROM ({scan_sql(sql_list(paths))})
@@ -123,9 +125,16 @@ def run_job(catalog: Catalog, job: CompactionJob) -> int:
             raise RuntimeError(
                 f"compaction of {job.partition} wrote {written} rows, not {expected}"
             )
-        store.put_new(job.output, out.read_bytes())
+        data = out.read_bytes()
+        if signer is not None:
+            store.put_new(
+                identity.signature_key(job.output), signer.signature_object(job.output, data)
+            )
+        store.put_new(job.output, data)
     # Inputs go only after the merged object is durable and visible.
-    store.delete([k for k in job.inputs if k != job.output])
+    inputs = [k for k in job.inputs if k != job.output]
+    store.delete(inputs)
+    store.delete([identity.signature_key(k) for k in inputs])
     log.info("compacted %d files of %s into %s", len(job.inputs), job.partition, job.output)
     return int(written[0])
 
@@ -137,6 +146,7 @@ def compact(
     before: date | None,
     min_files: int = 2,
     target_rows: int = 1_000_000,
+    signer: identity.NodeKey | None = None,
 ) -> CompactionReport:
     catalog.refresh()
     refs = [FileRef(s.key, s.rows, s.unpacked) for s in catalog.files.values() if s.status == "ok"]
@@ -151,8 +161,22 @@ def compact(
     )
     report = CompactionReport()
     for job in jobs:
+        parts = parse_key(job.inputs[0])
+        assert parts is not None
+        own = signer is not None and (signer.swarm_id, signer.node_id) == (
+            parts.swarm_id,
+            parts.node_id,
+        )
+        if catalog.registry.requires_signatures(parts.swarm_id, catalog.signatures) and not own:
+            log.warning(
+                "skipping %s: its swarm requires signatures, and only its node can "
+                "sign the merged file",
+                job.partition,
+            )
+            report.skipped_partitions.append(job.partition)
+            continue
         try:
-            report.rows += run_job(catalog, job)
+            report.rows += run_job(catalog, job, signer if own else None)
         except duckdb.Error as exc:  # an input vanished: another compactor got there first
             log.warning("skipping %s: %s", job.partition, exc)
             report.skipped_partitions.append(job.partition)

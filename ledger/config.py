@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -66,6 +66,12 @@ class LedgerConfig(_Strict):
         description="Reuse a listing this many seconds old instead of listing the store on "
         "every read (0: always list). SAPO nodes never wait for each other, so a few seconds "
         "of staleness cost nothing and spare a large bucket's listing.",
+    )
+    signatures: Literal["swarm", "required", "off"] = Field(
+        "swarm",
+        description="Which rollout files must be signed by their node's registered key "
+        "(ledger/identity.py): 'swarm' as each swarm's rules say, 'required' every file, "
+        "'off' none (trust the paths).",
     )
     memory_limit_mb: int = Field(
         1024,

@@ -20,10 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger import compaction, manifests, node_logs, samples, validation
+from ledger import compaction, identity, manifests, node_logs, samples, validation
 from ledger.catalog import Catalog, FileChanged, RefreshStats
 from ledger.config import LedgerConfig, RowLimits
 from ledger.duck import connect
+from ledger.identity import NodeKey
 from ledger.keys import round_key
 from ledger.manifests import NodeManifest
 from ledger.policies import AnyPolicy, parse_policy
@@ -100,6 +101,8 @@ class Ledger:
         limits: RowLimits | None = None,
         retry: RetryPolicy | None = None,
         max_staleness_s: float | None = None,
+        signatures: str | None = None,
+        signer: NodeKey | None = None,
         threads: int | None = None,
     ) -> None:
         # What is not given takes LedgerConfig's default: one default per setting.
@@ -107,6 +110,7 @@ class Ledger:
             "limits": limits,
             "retry": retry,
             "max_staleness_s": max_staleness_s,
+            "signatures": signatures,
         }
         self.config = LedgerConfig.model_validate(
             {
@@ -119,18 +123,25 @@ class Ledger:
         self.store = open_store(url, storage_options)
         self.con = connect(threads, memory_limit_mb=self.config.memory_limit_mb)
         self.store.configure_duckdb(self.con)
-        self.catalog = Catalog(self.store, self.con, self.config.limits)
+        self.catalog = Catalog(
+            self.store, self.con, self.config.limits, signatures=self.config.signatures
+        )
+        self.signer = signer
+        """The node this ledger publishes as: its files are signed, and it publishes and
+        compacts for that node only. None: an unsigned writer (open swarms, analysis)."""
         self._listed_at = -float("inf")
         self._last_refresh = RefreshStats()
 
     @classmethod
-    def from_config(cls, config: LedgerConfig) -> Ledger:
+    def from_config(cls, config: LedgerConfig, signer: NodeKey | None = None) -> Ledger:
         return cls(
             config.url,
             config.storage_options,
             limits=config.limits,
             retry=config.retry,
             max_staleness_s=config.max_staleness_s,
+            signatures=config.signatures,
+            signer=signer,
         )
 
     @property
@@ -159,6 +170,12 @@ class Ledger:
         """
         table = to_table(rows, now)
         swarm_id, node_id = self._publisher(table)
+        signer = self.signer
+        if signer is not None and (swarm_id, node_id) != (signer.swarm_id, signer.node_id):
+            raise RecordError(
+                f"this ledger publishes as {signer.swarm_id}/{signer.node_id}, "
+                f"not {swarm_id}/{node_id}"
+            )
         self._check_own_rows(table)
         days = pc.strftime(table.column("published_at"), format="%Y-%m-%d", locale="C")
         keys = []
@@ -174,12 +191,55 @@ class Ledger:
             )
             buffer = io.BytesIO()
             pq.write_table(part, buffer, compression="zstd")
+            if signer is not None:  # the signature first: a reader never sees it missing
+                self._put_new(
+                    identity.signature_key(key), signer.signature_object(key, buffer.getvalue())
+                )
             if self._put_new(key, buffer.getvalue()):
                 log.debug("published %d rows to %s", part.num_rows, key)
             else:
                 log.info("%s already holds these rows: nothing written", key)
             keys.append(key)
         return keys
+
+    @_serialized
+    def register_key(self, key: NodeKey) -> None:
+        """Register ``key`` as its node's: the first key written for a (swarm, node) is the
+        one readers use. IdentityError if another key holds the id already."""
+        where = identity.key_object_key(key.swarm_id, key.node_id)
+        if self._put_new(where, key.key_object()):
+            log.info("registered the key of %s/%s", key.swarm_id, key.node_id)
+            return
+        data = self._store_call(f"reading {where}", self.store.read, where)
+        try:
+            registered = identity.parse_public_key(data, key.swarm_id, key.node_id)
+        except identity.IdentityError as exc:
+            raise identity.IdentityError(f"{where} is unusable: {exc}") from exc
+        mine = key.private.public_key()
+        if registered.public_bytes_raw() != mine.public_bytes_raw():
+            raise identity.IdentityError(
+                f"{key.swarm_id}/{key.node_id} is registered with another key ({where}): "
+                "readers would drop everything this node publishes; pick another node id "
+                "or use the key it was registered with"
+            )
+
+    @_serialized
+    def declare_swarm(self, swarm_id: str, signatures: identity.SignatureMode) -> str:
+        """Write ``swarm_id``'s rules unless written already; return the rules in force
+        (the first written)."""
+        where = identity.swarm_rules_key(swarm_id)
+        if self._put_new(where, identity.rules_object(signatures)):
+            return signatures
+        data = self._store_call(f"reading {where}", self.store.read, where)
+        try:
+            mode = identity.parse_rules(data)
+        except identity.IdentityError as exc:
+            raise identity.IdentityError(f"{where} is unusable: {exc}") from exc
+        if mode != signatures:
+            log.warning(
+                "swarm %s was declared with signatures %s, not %s", swarm_id, mode, signatures
+            )
+        return mode
 
     @_serialized
     def write_manifest(self, manifest: NodeManifest) -> str:
@@ -541,7 +601,9 @@ class Ledger:
     ) -> compaction.CompactionReport:
         """Merge small files of partitions older than ``before`` (default: today, UTC).
 
-        Only ``node_ids``' partitions are rewritten unless ``all_nodes`` is set.
+        Only ``node_ids``' partitions are rewritten unless ``all_nodes`` is set. A swarm that
+        requires signatures is compacted only by its own nodes (this ledger's ``signer``):
+        anyone else's merged file would be unsigned, and readers would drop it.
         """
         if not all_nodes and not node_ids:
             raise ValueError("name the nodes whose data to compact, or pass all_nodes=True")
@@ -563,4 +625,5 @@ class Ledger:
             before=before or datetime.now(UTC).date(),
             min_files=min_files,
             target_rows=target_rows,
+            signer=self.signer,
         )

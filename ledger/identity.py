@@ -1,0 +1,270 @@
+"""Node identity: who wrote a rollout file, proven by an Ed25519 signature.
+
+Anyone who can write to the bucket is a peer, and a path is only a claim. So each node holds
+a signing key, and every Parquet file it publishes gets a signature object beside it::
+
+    <root>/_keys/swarm_id=<S>/node_id=<N>/key.jsonl              the node's public key
+    <root>/_signatures/<the file's key minus .parquet>.jsonl     its signature
+    <root>/_swarms/swarm_id=<S>/swarm.jsonl                      the swarm's rules
+
+The signature covers ``sapo-signature-v1``, the file's key and the SHA-256 of its bytes, so
+a signature cannot be replayed for another file, another name, or another node's prefix.
+
+**Which key is a node's: a key object per node, written once, first writer wins.** Both
+writes are conditional (S3 ``If-None-Match``, a local hard link), so exactly one key object
+can exist per (swarm, node), and a node that finds another key under its id stops with an
+error instead of publishing what readers would drop. We chose this over one write-once
+manifest listing every member because a SAPO swarm is open-ended: nodes join at any time and
+no one has to collect keys first. The price is trust on first use: whoever registers an id
+first owns it, so an organiser who wants a closed swarm registers its members' keys before
+they start (``Ledger.register_key``), and per-node bucket credentials (``sapo ledger
+credentials``, infra/README.md) stop a peer from writing under another node's prefix at all.
+
+**Which swarms require signatures.** The first node of a swarm writes its rules object,
+once; ``sapo`` nodes declare ``signatures: required`` unless configured ``open``. Readers
+then skip every file of that swarm that is unsigned, signed by a key other than the
+registered one, or signed for other bytes (``LedgerConfig.signatures`` can also require
+them everywhere, or turn the check off). A swarm with no rules object is open: ledgers
+written by hand, the synthetic demo, older versions.
+
+Node logs and manifests are a node's reports about itself and are not signed (yet).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final, Literal
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ledger.schema import check_id
+
+KEYS_PREFIX: Final = "_keys/"
+SIGNATURES_PREFIX: Final = "_signatures/"
+SWARMS_PREFIX: Final = "_swarms/"
+PREFIXES: Final = (KEYS_PREFIX, SIGNATURES_PREFIX, SWARMS_PREFIX)
+MAX_OBJECT_BYTES: Final = 4096
+"""Largest key, signature or rules object a reader reads."""
+DOMAIN: Final = b"sapo-signature-v1"
+
+SignatureMode = Literal["required", "open"]
+
+# Why a reader skipped a rollout file (ledger_files statuses).
+UNSIGNED: Final = "unsigned"
+BAD_SIGNATURE: Final = "bad_signature"
+UNKNOWN_SIGNER: Final = "unknown_signer"
+
+
+class IdentityError(ValueError):
+    """A key, signature or rules object that cannot be used, with the reason."""
+
+
+def key_object_key(swarm_id: str, node_id: str) -> str:
+    return (
+        f"{KEYS_PREFIX}swarm_id={check_id('swarm_id', swarm_id)}/"
+        f"node_id={check_id('node_id', node_id)}/key.jsonl"
+    )
+
+
+def swarm_rules_key(swarm_id: str) -> str:
+    return f"{SWARMS_PREFIX}swarm_id={check_id('swarm_id', swarm_id)}/swarm.jsonl"
+
+
+def signature_key(file_key: str) -> str:
+    return f"{SIGNATURES_PREFIX}{file_key.removesuffix('.parquet')}.jsonl"
+
+
+def signed_message(file_key: str, sha256: str) -> bytes:
+    return b"\n".join([DOMAIN, file_key.encode(), sha256.encode()])
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    """A node's signing key, and the (swarm, node) it signs for."""
+
+    swarm_id: str
+    node_id: str
+    private: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls, swarm_id: str, node_id: str) -> NodeKey:
+        return cls(
+            check_id("swarm_id", swarm_id),
+            check_id("node_id", node_id),
+            Ed25519PrivateKey.generate(),
+        )
+
+    @classmethod
+    def load_or_create(cls, path: str | Path, swarm_id: str, node_id: str) -> NodeKey:
+        """The key saved at ``path`` (PEM, owner-readable only), created there if absent."""
+        path = Path(path)
+        if path.exists():
+            loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            if not isinstance(loaded, Ed25519PrivateKey):
+                raise IdentityError(f"{path} does not hold an Ed25519 private key")
+            return cls(check_id("swarm_id", swarm_id), check_id("node_id", node_id), loaded)
+        key = cls.generate(swarm_id, node_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pem = key.private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem)
+        return key
+
+    @property
+    def public_b64(self) -> str:
+        raw = self.private.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        return base64.b64encode(raw).decode()
+
+    def key_object(self, now: datetime | None = None) -> bytes:
+        """The public key object readers look this node up by."""
+        record = {
+            "swarm_id": self.swarm_id,
+            "node_id": self.node_id,
+            "algorithm": "ed25519",
+            "public_key": self.public_b64,
+            "registered_at": (now or datetime.now(UTC)).isoformat(),
+        }
+        return (json.dumps(record) + "\n").encode()
+
+    def signature_object(self, file_key: str, data: bytes) -> bytes:
+        sha = sha256_of(data)
+        signature = self.private.sign(signed_message(file_key, sha))
+        record = {"key": file_key, "sha256": sha, "signature": base64.b64encode(signature).decode()}
+        return (json.dumps(record) + "\n").encode()
+
+
+def _json_object(data: bytes, what: str) -> dict[str, object]:
+    if len(data) > MAX_OBJECT_BYTES:
+        raise IdentityError(f"{what}: {len(data)} bytes > {MAX_OBJECT_BYTES}")
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise IdentityError(f"{what}: not JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise IdentityError(f"{what}: not a JSON object")
+    return record
+
+
+def parse_public_key(data: bytes, swarm_id: str, node_id: str) -> Ed25519PublicKey:
+    """The public key in a key object, which must name the (swarm, node) of its place."""
+    record = _json_object(data, "key object")
+    if record.get("swarm_id") != swarm_id or record.get("node_id") != node_id:
+        raise IdentityError("key object names another swarm or node than its place")
+    if record.get("algorithm") != "ed25519" or not isinstance(record.get("public_key"), str):
+        raise IdentityError("key object holds no ed25519 public_key")
+    try:
+        raw = base64.b64decode(str(record["public_key"]), validate=True)
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError as exc:
+        raise IdentityError(f"key object: bad public key ({exc})") from exc
+
+
+def parse_rules(data: bytes) -> SignatureMode:
+    record = _json_object(data, "swarm rules")
+    mode = record.get("signatures")
+    if mode not in ("required", "open"):
+        raise IdentityError(f"swarm rules: signatures must be 'required' or 'open', not {mode!r}")
+    return "required" if mode == "required" else "open"
+
+
+def rules_object(mode: SignatureMode, now: datetime | None = None) -> bytes:
+    record = {"signatures": mode, "declared_at": (now or datetime.now(UTC)).isoformat()}
+    return (json.dumps(record) + "\n").encode()
+
+
+def verify(public: Ed25519PublicKey, file_key: str, signature: bytes, data: bytes) -> str | None:
+    """Why ``data`` at ``file_key`` is not signed by ``public`` per ``signature`` (the
+    signature object's bytes), or None if it is."""
+    try:
+        record = _json_object(signature, "signature")
+    except IdentityError as exc:
+        return str(exc)
+    if record.get("key") != file_key:
+        return "signature for another file"
+    if record.get("sha256") != sha256_of(data):
+        return "signature for other bytes"
+    try:
+        raw = base64.b64decode(str(record.get("signature", "")), validate=True)
+        public.verify(raw, signed_message(file_key, sha256_of(data)))
+    except (ValueError, InvalidSignature):
+        return "signature does not verify with the node's registered key"
+    return None
+
+
+class Registry:
+    """What a reader knows of identities: the registered public keys and each swarm's rules,
+    read once per object (both are written once)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[str, str], Ed25519PublicKey | IdentityError] = {}
+        self.rules: dict[str, SignatureMode | IdentityError] = {}
+        self._seen: set[str] = set()
+
+    def learn(self, key: str, data: bytes | None) -> None:
+        """Take in one object of ``KEYS_PREFIX`` or ``SWARMS_PREFIX`` (None: unreadable)."""
+        self._seen.add(key)
+        parts = _place(key)
+        if parts is None:
+            return
+        swarm_id, node_id = parts
+        try:
+            if data is None:
+                raise IdentityError("unreadable")
+            if node_id is None:
+                self.rules[swarm_id] = parse_rules(data)
+            else:
+                self.keys[(swarm_id, node_id)] = parse_public_key(data, swarm_id, node_id)
+        except IdentityError as exc:
+            if node_id is None:
+                self.rules[swarm_id] = exc
+            else:
+                self.keys[(swarm_id, node_id)] = exc
+
+    def unseen(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if k not in self._seen and _place(k) is not None]
+
+    def requires_signatures(self, swarm_id: str, mode: str) -> bool:
+        """Whether files of ``swarm_id`` must be signed, under the reader's ``mode``
+        ('swarm': as its rules say, 'required': always, 'off': never). Unreadable rules
+        count as required: a peer cannot open a swarm by corrupting them."""
+        if mode != "swarm":
+            return mode == "required"
+        rules = self.rules.get(swarm_id, "open")
+        return rules != "open"
+
+
+def _place(key: str) -> tuple[str, str | None] | None:
+    """(swarm, node) of a key object, (swarm, None) of a rules object, else None."""
+    parts = key.split("/")
+    try:
+        if key.startswith(KEYS_PREFIX) and len(parts) == 4 and parts[3] == "key.jsonl":
+            swarm = check_id("swarm_id", parts[1].removeprefix("swarm_id="))
+            node = check_id("node_id", parts[2].removeprefix("node_id="))
+            if parts[1] == f"swarm_id={swarm}" and parts[2] == f"node_id={node}":
+                return swarm, node
+        if key.startswith(SWARMS_PREFIX) and len(parts) == 3 and parts[2] == "swarm.jsonl":
+            swarm = check_id("swarm_id", parts[1].removeprefix("swarm_id="))
+            if parts[1] == f"swarm_id={swarm}":
+                return swarm, None
+    except ValueError:
+        return None
+    return None
