@@ -76,7 +76,7 @@ class NodeSpec(Strict):
     form `{node: {...}, sampling: {...}}` that `swarm_yaml` writes."""
 
     node: NodeConfig
-    sampling: SamplingPolicy = Field(default_factory=PaperPolicy)
+    sampling: SamplingPolicy = Field(default_factory=PaperPolicy)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod
