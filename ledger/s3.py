@@ -67,7 +67,7 @@ class S3Settings:
     conditional_writes: bool = True
     """Ask the server to refuse overwrites (If-None-Match). Turn off for stores without it."""
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
+    read_timeout_s: float = 10.0
     """Every storage request gives up after these (s3fs's botocore and DuckDB's httpfs): a
     server that accepts connections but never answers costs a retry, not a hung node."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -100,7 +100,7 @@ class S3Settings:
             url_style=url_style,
             conditional_writes=_as_bool(given.get("conditional_writes", True)),
             connect_timeout_s=_positive(given, "connect_timeout_s", 5.0),
-            read_timeout_s=_positive(given, "read_timeout_s", 30.0),
+            read_timeout_s=_positive(given, "read_timeout_s", 10.0),
             extra=extra,
         )
 
@@ -123,6 +123,9 @@ class S3Settings:
         config_kwargs = dict(self.extra.get("config_kwargs", {}))
         config_kwargs.setdefault("connect_timeout", self.connect_timeout_s)
         config_kwargs.setdefault("read_timeout", self.read_timeout_s)
+        # botocore's own retries multiply the ledger's (ledger/retrying.py): two tries
+        # per request bound a silent server to attempts x 2 x read_timeout_s.
+        config_kwargs.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
         kwargs["config_kwargs"] = config_kwargs
         kwargs.update(
             {

@@ -323,6 +323,7 @@ class S3Store:
         # Remote reads wait on the network, not the CPU: more threads keep more requests
         # in flight (DuckDB's advice for remote Parquet).
         con.execute(f"SET http_timeout = {max(1, round(self.settings.read_timeout_s))}")
+        con.execute("SET http_retries = 1")  # the ledger's retry policy re-lists and retries
         threads = con.execute("SELECT current_setting('threads')").fetchone()
         if threads is not None and int(threads[0]) < S3_READ_THREADS:
             con.execute(f"SET threads = {S3_READ_THREADS}")
