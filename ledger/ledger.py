@@ -463,7 +463,9 @@ class Ledger:
             "swarm_id": swarm_id,
             "seed": int(seed),
             "n_groups": int(n_groups),
-            "max_per_peer": chosen.peer_cap(int(n_groups)),
+            **dict(
+                zip(("max_per_peer", "peer_share_cap"), chosen.peer_caps(n_groups), strict=True)
+            ),
             **chosen.parameters(when),
         }
         sql = chosen.sql

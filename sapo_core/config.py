@@ -117,6 +117,19 @@ class RewardConfig(Strict):
         description="Reward added for a well-formed <answer>...</answer> (the paper: 0). "
         "The total is rescaled into [0, 1].",
     )
+    max_config_number: float = Field(
+        1000.0,
+        gt=0.0,
+        description="A peer's task_config may hold no number larger in magnitude than this, "
+        "or than 10x the largest in this node's own config of the task, whichever is larger; "
+        "others are refused before the dataset is built (a legal config can cost minutes).",
+    )
+    verify_budget_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="Seconds the verifier may spend on one round's groups; groups left when "
+        "it is spent are flagged, not trained on.",
+    )
 
 
 class GenerationConfig(Strict):

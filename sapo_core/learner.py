@@ -33,7 +33,7 @@ from sapo_core.grpo.update import (
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_model, load_policy
 from sapo_core.prompts import render_prompt
-from sapo_core.rewards import ScoredGroup, score_groups, verify
+from sapo_core.rewards import ConfigBounds, ScoredGroup, score_groups, verify
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskSource
 
@@ -205,9 +205,12 @@ class Learner:
         cfg = self.config
         own = choose_local(local, cfg.local_groups, f"{cfg.seed}/{round_}/local")
         scored_own, flagged_own = score_groups(own, cfg.reward)
-        # Whatever a caller labelled them, peers' groups are external here.
+        # Whatever a caller labelled them, peers' groups are external here, and their task
+        # configs are built only within this node's bounds.
         peers = [Group(g.group_id, "external", g.rollouts) for g in external]
-        scored_ext, flagged_ext = score_groups(peers[: cfg.external_groups], cfg.reward)
+        own_configs = {spec.name: [spec.config] for spec in cfg.tasks.specs}
+        bounds = ConfigBounds.of(own_configs, cfg.reward.max_config_number)
+        scored_ext, flagged_ext = score_groups(peers[: cfg.external_groups], cfg.reward, bounds)
         chosen = assemble(
             scored_own,
             scored_ext,

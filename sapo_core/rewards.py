@@ -7,14 +7,17 @@ rewards are ignored.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from sapo_core.config import RewardConfig
 from sapo_core.prompts import extract_answer, is_well_formed
 from sapo_core.rollouts import Group, Rollout
-from sapo_core.tasks import Question, TaskError, dataset, entry
+from sapo_core.tasks import Question, TaskError, canonical_config, dataset, entry
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +47,127 @@ class ScoredGroup:
         return sum(self.rewards) / len(self.rewards)
 
 
-def verify(rollout: Rollout, config: RewardConfig) -> Verdict:
+MAX_CONFIG_DEPTH = 4
+MAX_CONFIG_ITEMS = 64
+
+
+@dataclass(frozen=True)
+class ConfigBounds:
+    """Which task configs this node builds for a peer: its own, or any whose numbers stay
+    within per-task bounds (``RewardConfig.max_config_number``, or 10x the largest number of
+    the node's own config of that task)."""
+
+    own: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Per task, the canonical JSON of the node's own configs (always accepted)."""
+    largest: Mapping[str, float] = field(default_factory=dict)
+    """Per task, the largest number in the node's own configs."""
+    default: float = 1000.0
+
+    @classmethod
+    def of(cls, own: Mapping[str, Sequence[Mapping[str, Any]]], default: float) -> ConfigBounds:
+        texts = {t: frozenset(canonical_config(dict(c)) for c in cs) for t, cs in own.items()}
+        largest = {
+            t: max([abs(x) for c in cs for x in _numbers(c)] or [0.0]) for t, cs in own.items()
+        }
+        return cls(texts, largest, default)
+
+    def bound(self, task: str) -> float:
+        return max(self.default, 10 * self.largest.get(task, 0.0))
+
+    def problem(self, task: str, task_config: str) -> str | None:
+        """Why this node refuses to build ``task`` with ``task_config``, or None."""
+        if task_config in self.own.get(task, ()):
+            return None
+        try:
+            config = json.loads(task_config)
+        except ValueError:
+            return "task_config is not JSON"
+        if not isinstance(config, dict):
+            return "task_config is not a JSON object"
+        if _depth(config) > MAX_CONFIG_DEPTH:
+            return f"task_config nested deeper than {MAX_CONFIG_DEPTH}"
+        if any(isinstance(v, list) and len(v) > MAX_CONFIG_ITEMS for v in _values(config)):
+            return f"task_config holds a list longer than {MAX_CONFIG_ITEMS}"
+        bound = self.bound(task)
+        big = [x for x in _numbers(config) if abs(x) > bound]
+        if big:
+            return f"task_config number {big[0]} beyond this node's bound {bound:g} for {task}"
+        return None
+
+
+def _values(value: Any) -> Iterator[Any]:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        yield item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _numbers(value: Any) -> Iterator[float]:
+    for item in _values(value):
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            yield float(item)
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def verify(rollout: Rollout, config: RewardConfig, bounds: ConfigBounds | None = None) -> Verdict:
     """Score one row with this node's verifier against ground truth it re-derived itself."""
-    return verify_answer(rollout.question, rollout.completion, config)
+    return verify_answer(rollout.question, rollout.completion, config, bounds)
 
 
-def verify_answer(q: Question, completion: str, config: RewardConfig) -> Verdict:
-    """Score a completion of question ``q``; the question is re-derived from its four task
-    fields and must match what it claims (text and answer)."""
+def regenerated_truth(
+    q: Question, bounds: ConfigBounds | None = None
+) -> tuple[dict[str, Any], Any] | Verdict:
+    """(ground-truth entry, dataset) of ``q`` rebuilt from its four task fields, or the
+    Verdict that flags it: a config outside ``bounds``, or unverifiable."""
+    if bounds is not None:
+        problem = bounds.problem(q.task, q.task_config)
+        if problem:
+            return Verdict(None, f"refused: {problem}")
     try:
-        truth = entry(q.task, q.task_config, q.task_seed, q.task_index)
-        data = dataset(q.task, q.task_config, q.task_seed)
+        return entry(q.task, q.task_config, q.task_seed, q.task_index), dataset(
+            q.task, q.task_config, q.task_seed
+        )
     except TaskError as exc:
         return Verdict(None, f"unverifiable: {exc}")
-    if str(truth["question"]) != q.question:
+
+
+def verify_answer(
+    q: Question,
+    completion: str,
+    config: RewardConfig,
+    bounds: ConfigBounds | None = None,
+    truth: tuple[dict[str, Any], Any] | Verdict | None = None,
+) -> Verdict:
+    """Score a completion of question ``q``; the question is re-derived from its four task
+    fields (or given as ``truth``, from ``regenerated_truth``), and the question text and
+    answer ``q`` claims must match the rebuilt ones."""
+    rebuilt = truth if truth is not None else regenerated_truth(q, bounds)
+    if isinstance(rebuilt, Verdict):
+        return rebuilt
+    truth_entry, data = rebuilt
+    if str(truth_entry["question"]) != q.question:
         return Verdict(None, "question differs from the regenerated one")
-    gold = truth.get("answer")
+    gold = truth_entry.get("answer")
     if (None if gold is None else str(gold)) != q.answer:
         return Verdict(None, "answer differs from the regenerated ground truth")
     answer = extract_answer(completion, config.extraction)
     try:
-        correct = float(data.score_answer(answer, truth))
+        correct = float(data.score_answer(answer, truth_entry))
     except Exception as exc:  # a verifier crashing on odd text scores it wrong, not the node
         log.debug("verifier of %s raised on %r: %s", q.task, answer, exc)
         correct = 0.0
@@ -75,13 +178,20 @@ def verify_answer(q: Question, completion: str, config: RewardConfig) -> Verdict
     return Verdict((correct + formatted) / (1.0 + config.format_weight))
 
 
-def score_group(group: Group, config: RewardConfig) -> tuple[ScoredGroup | None, list[str]]:
-    """Verify every row; drop flagged rows, and the group if fewer than two remain."""
+def score_group(
+    group: Group, config: RewardConfig, bounds: ConfigBounds | None = None
+) -> tuple[ScoredGroup | None, list[str]]:
+    """Verify every row, rebuilding each question once; drop flagged rows, and the group if
+    fewer than two remain."""
     kept: list[Rollout] = []
     rewards: list[float] = []
     problems: list[str] = []
+    truths: dict[tuple[str, str, int, int], tuple[dict[str, Any], Any] | Verdict] = {}
     for rollout in group.rollouts:
-        verdict = verify(rollout, config)
+        q = rollout.question
+        if q.key not in truths:
+            truths[q.key] = regenerated_truth(q, bounds)
+        verdict = verify_answer(q, rollout.completion, config, truth=truths[q.key])
         if verdict.reward is None:
             problems.append(f"{rollout.rollout_id}: {verdict.problem}")
         else:
@@ -93,13 +203,24 @@ def score_group(group: Group, config: RewardConfig) -> tuple[ScoredGroup | None,
 
 
 def score_groups(
-    groups: Sequence[Group], config: RewardConfig
+    groups: Sequence[Group],
+    config: RewardConfig,
+    bounds: ConfigBounds | None = None,
+    clock: Any = time.monotonic,
 ) -> tuple[list[ScoredGroup], list[str]]:
-    """Score many groups; returns the usable ones and every flagged row's reason."""
+    """Score many groups within ``config.verify_budget_s``; returns the usable ones and every
+    flagged row's reason (groups left when the budget is spent are flagged whole)."""
     scored: list[ScoredGroup] = []
     problems: list[str] = []
+    deadline = clock() + config.verify_budget_s
     for group in groups:
-        result, found = score_group(group, config)
+        if clock() > deadline:
+            problems.extend(
+                f"{r.rollout_id}: verification budget of {config.verify_budget_s:g} s spent"
+                for r in group.rollouts
+            )
+            continue
+        result, found = score_group(group, config, bounds)
         problems.extend(found)
         if result is not None:
             scored.append(result)

@@ -17,23 +17,27 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 class _Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_per_peer: int | None = Field(None, ge=1, description="Most groups from any one peer.")
+    max_per_peer: int | None = Field(
+        None, ge=1, description="Most groups from any one peer, always (a hard cap)."
+    )
     max_peer_share: float | None = Field(
         0.5,
         gt=0.0,
         le=1.0,
-        description="Most groups from any one peer, as a share of the groups asked for "
-        "(rounded up, at least one). On by default: peers are untrusted, and without a cap "
-        "one peer that publishes many small groups takes most of every receiver's J. "
-        "1.0 (or null) turns it off, the paper's plain uniform draw.",
+        description="Share of the groups asked for (rounded up, at least one) that one peer "
+        "supplies while other peers still have candidates; only when they run out does it "
+        "supply more. On by default: peers are untrusted, and without it one peer that "
+        "publishes many small groups takes most of every receiver's J. 1.0 (or null) turns "
+        "it off: the paper's plain uniform draw.",
     )
 
-    def peer_cap(self, n_groups: int) -> int:
-        """Most groups one peer may supply when ``n_groups`` are asked for."""
-        cap = n_groups if self.max_per_peer is None else min(self.max_per_peer, n_groups)
+    def peer_caps(self, n_groups: int) -> tuple[int, int]:
+        """(hard, soft) caps on one peer's groups when ``n_groups`` are asked for."""
+        hard = n_groups if self.max_per_peer is None else min(self.max_per_peer, n_groups)
+        soft = hard
         if self.max_peer_share is not None:
-            cap = min(cap, max(1, math.ceil(self.max_peer_share * n_groups)))
-        return cap
+            soft = min(hard, max(1, math.ceil(self.max_peer_share * n_groups)))
+        return hard, soft
 
     @property
     def sql(self) -> str:

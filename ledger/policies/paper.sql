@@ -1,9 +1,9 @@
 -- The paper's external sampler (SAPO, arXiv 2509.08721): drop groups whose rewards all
 -- agree (every advantage would be zero, so the group teaches nothing), then sample
--- uniformly among the rest. Never returns the receiver's own groups. One addition: at most
--- $max_per_peer groups from any one peer (by default half of those asked for), so that a
--- peer publishing many groups cannot take a receiver's whole J; a cap of $n_groups is the
--- paper's draw exactly.
+-- uniformly among the rest. Never returns the receiver's own groups. One addition: a peer
+-- supplies at most $peer_share_cap groups (by default half of those asked for) while other
+-- peers still have candidates, so that a peer publishing many groups cannot take a
+-- receiver's whole J; caps of $n_groups are the paper's draw exactly.
 --
 -- Parameters: $node_id  receiving node
 --             $swarm_id restrict to one swarm (NULL: any)
@@ -14,8 +14,9 @@
 --                       weakly for this: over seeds it reached 8 of 20 possible 3-of-6
 --                       draws.)
 --             $n_groups how many groups to return
---             $max_per_peer cap per publishing node (the sampler's, from max_per_peer
---                       and max_peer_share)
+--             $max_per_peer   hard cap per publishing node (max_per_peer, else $n_groups)
+--             $peer_share_cap soft cap: a peer's groups beyond it come after every other
+--                             peer's (from max_peer_share)
 WITH candidates AS (
     SELECT group_id, node_id, hash(concat_ws('/', group_id, $node_id, $seed)) AS draw
     FROM groups
@@ -23,13 +24,17 @@ WITH candidates AS (
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND reward_max > reward_min
 ),
-capped AS (
-    -- Each peer's lowest draws, as many as the cap allows (see reward_filtered.sql).
-    SELECT unnest(min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer)) AS pick
+per_peer AS (
+    -- Each peer's lowest draws, in order, as many as the hard cap allows (see
+    -- reward_filtered.sql).
+    SELECT min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
     FROM candidates
     GROUP BY node_id
+),
+ranked AS (
+    SELECT unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank FROM per_peer
 )
 SELECT pick.group_id
-FROM capped
-ORDER BY pick.draw
+FROM ranked
+ORDER BY peer_rank > $peer_share_cap, pick.draw
 LIMIT $n_groups

@@ -9,8 +9,9 @@
 --             $require_variance                  drop groups whose rewards all agree
 --             $max_age_s, $now                   recency window (NULL: no window), by the earlier
 --                                                of the publisher's stamp and the reader's first sight
---             $max_per_peer                      cap per publishing node (the sampler's,
---                                                from max_per_peer and max_peer_share)
+--             $max_per_peer                      hard cap per publishing node
+--             $peer_share_cap                    soft cap: a peer's groups beyond it come
+--                                                after every other peer's (max_peer_share)
 WITH candidates AS (
     SELECT group_id, node_id, hash(concat_ws('/', group_id, $node_id, $seed)) AS draw
     FROM groups
@@ -20,16 +21,18 @@ WITH candidates AS (
       AND (NOT $require_variance OR reward_max > reward_min)
       AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
 ),
-capped AS (
-    -- Each peer's lowest draws, as many as the cap allows: a top-k per peer without
-    -- sorting them all. No answer takes more than $n_groups from one peer, so that
-    -- bounds k as well.
-    SELECT unnest(min_by({'group_id': group_id, 'draw': draw}, draw,
-                         $max_per_peer)) AS pick
+per_peer AS (
+    -- Each peer's lowest draws, in order, as many as the hard cap allows: a top-k per
+    -- peer without sorting them all. No answer takes more than $n_groups from one peer,
+    -- so that bounds k as well.
+    SELECT min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
     FROM candidates
     GROUP BY node_id
+),
+ranked AS (
+    SELECT unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank FROM per_peer
 )
 SELECT pick.group_id
-FROM capped
-ORDER BY pick.draw
+FROM ranked
+ORDER BY peer_rank > $peer_share_cap, pick.draw
 LIMIT $n_groups

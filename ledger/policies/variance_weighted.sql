@@ -18,8 +18,9 @@
 --                            whose rewards all agree)
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
---             $max_per_peer      cap per publishing node (the sampler's, from
---                                max_per_peer and max_peer_share)
+--             $max_per_peer      hard cap per publishing node
+--             $peer_share_cap    soft cap: a peer's groups beyond it come after every
+--                                other peer's (max_peer_share)
 WITH candidates AS (
     SELECT group_id, node_id,
            ln((hash(concat_ws('/', group_id, $node_id, $seed)) % 4294967296 + 0.5) / 4294967296)
@@ -31,14 +32,17 @@ WITH candidates AS (
       AND reward_std > $min_std
       AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
 ),
-capped AS (
-    -- Each peer's highest keys, as many as the cap allows (see reward_filtered.sql).
-    SELECT unnest(max_by({'group_id': group_id, 'draw': draw}, draw,
-                         $max_per_peer)) AS pick
+per_peer AS (
+    -- Each peer's highest keys, in order, as many as the hard cap allows (see
+    -- reward_filtered.sql).
+    SELECT max_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
     FROM candidates
     GROUP BY node_id
+),
+ranked AS (
+    SELECT unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank FROM per_peer
 )
 SELECT pick.group_id
-FROM capped
-ORDER BY pick.draw DESC
+FROM ranked
+ORDER BY peer_rank > $peer_share_cap, pick.draw DESC
 LIMIT $n_groups

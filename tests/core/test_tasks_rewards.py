@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
+from sapo_core import rewards
 from sapo_core.config import PAPER_SPECIALTIES, RewardConfig, TaskConfig, TaskSpec
 from sapo_core.prompts import extract_answer
-from sapo_core.rewards import score_group, verify
+from sapo_core.rewards import ConfigBounds, score_group, score_groups, verify
 from sapo_core.rollouts import Group, Rollout, group_rollouts
 from sapo_core.tasks import Question, TaskSource, canonical_config, regenerate
 
@@ -142,3 +143,63 @@ def test_records_round_trip_and_group_by_id() -> None:
     assert back == rows
     groups = group_rollouts(back, "external")
     assert len(groups) == 1 and len(groups[0].rollouts) == 2
+
+
+def _bounds() -> ConfigBounds:
+    return ConfigBounds.of({s.name: [s.config] for s in EASY.specs}, default=1000.0)
+
+
+def test_an_expensive_peer_config_is_refused_before_it_is_built(monkeypatch) -> None:
+    q = TaskSource(EASY, seed=5).draw(0, 1)[0]
+    costly = dataclasses.replace(
+        q, task_config=canonical_config({"min_terms": 2, "max_terms": 20_000_000})
+    )
+    built: list[str] = []
+    real_dataset = rewards.dataset
+
+    def watched(task: str, task_config: str, task_seed: int):  # a spy: the real builder runs
+        built.append(task_config)
+        return real_dataset(task, task_config, task_seed)
+
+    monkeypatch.setattr(rewards, "dataset", watched)
+    rows = [_row(costly, "<answer>1</answer>", j=j) for j in range(4)]
+    scored, problems = score_group(
+        Group("peer.g", "external", tuple(rows)), RewardConfig(), _bounds()
+    )
+    assert scored is None and len(problems) == 4
+    assert all("beyond this node's bound 1000" in p for p in problems)
+    assert built == []
+    # The node's own config, and a peer's within bounds, are built and scored.
+    harder = dataclasses.replace(q, task_config=canonical_config({"min_terms": 2, "max_terms": 3}))
+    assert _bounds().problem(q.task, q.task_config) is None
+    assert _bounds().problem(harder.task, harder.task_config) is None
+
+
+def test_a_group_rebuilds_its_question_once(monkeypatch) -> None:
+    q = TaskSource(EASY, seed=5).draw(0, 1)[0]
+    calls: list[int] = []
+    real_entry = rewards.entry
+
+    def watched(*args):  # a spy: the real regeneration runs
+        calls.append(1)
+        return real_entry(*args)
+
+    monkeypatch.setattr(rewards, "entry", watched)
+    rows = [_row(q, f"<answer>{j}</answer>", j=j) for j in range(8)]
+    scored, _ = score_group(Group("peer.g", "external", tuple(rows)), RewardConfig(), _bounds())
+    assert scored is not None and len(scored.rewards) == 8
+    assert len(calls) == 1
+
+
+def test_groups_past_the_verification_budget_are_flagged_not_scored() -> None:
+    q = TaskSource(EASY, seed=5).draw(0, 1)[0]
+    groups = [
+        Group(f"peer.g{i}", "external", tuple(_row(q, "<answer>1</answer>", j=j) for j in range(2)))
+        for i in range(3)
+    ]
+    ticks = iter([0.0, 0.0, 5.0, 11.0])  # deadline at 10 s: the third group is too late
+    scored, problems = score_groups(
+        groups, RewardConfig(verify_budget_s=10.0), clock=lambda: next(ticks)
+    )
+    assert len(scored) == 2
+    assert len(problems) == 2 and all("verification budget of 10 s spent" in p for p in problems)

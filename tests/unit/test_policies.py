@@ -81,12 +81,14 @@ def test_paper_policy_reaches_every_subset_evenly(ledger):
     assert all(12 <= c <= 50 for c in counts.values()), counts  # expected 30 each
 
 
-def test_the_default_cap_holds_every_peer_to_half_the_draw(ledger):
-    """c has 3 of the 6 candidates: by default it supplies at most 2 of 3 drawn (ceil 1.5)."""
+def test_the_default_cap_holds_every_peer_to_half_the_draw_while_others_have_groups(ledger):
+    """c has 3 of the 6 candidates: by default it supplies at most 2 of 3 drawn (ceil 1.5)
+    while a and b have groups left; asked for all 6, c's third fills the last slot."""
     for seed in range(100):
         drawn = ledger.sample_group_ids("me", 3, "paper", seed=seed, swarm_id="sw")
         assert len(drawn) == 3
         assert sum(g.startswith("sw.c.") for g in drawn) <= 2
+        assert len(ledger.sample_group_ids("me", 6, "paper", seed=seed, swarm_id="sw")) == 6
 
 
 def test_receivers_sharing_a_seed_draw_independently(ledger):
