@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows import checkpoint
+from flows.backlog import Backlog
 from flows.config import NodeSpec, SwarmConfig
 from flows.progress import NodeProgress
 from flows.tracking import Tracker, flatten, sharing_tags
@@ -53,6 +54,11 @@ class NodeRuntime:
     @property
     def workdir(self) -> Path:
         return self.swarm.workdir
+
+    @property
+    def backlog(self) -> Backlog:
+        """What this node could not write to an unreachable ledger (flows/backlog.py)."""
+        return Backlog(checkpoint.node_dir(self.workdir, self.node_id) / "backlog")
 
     def finish(self, *, log_model: bool) -> None:
         """Close the node's run; log its final model (the newest checkpoint)."""

@@ -11,17 +11,22 @@ A round's metrics are built in one place, `round_metrics`, from the state the st
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from flows import checkpoint as checkpoints
+from flows.backlog import is_outage
 from flows.runtime import NodeRuntime
+from ledger import StorageError
 from sapo_core.assembly import TrainingSet
 from sapo_core.evaluation import overall_accuracy
 from sapo_core.learner import Generated, RoundReport, round_seed
 from sapo_core.rollouts import Group, Rollout, group_rollouts
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -41,6 +46,7 @@ class RoundState:
     report: RoundReport | None = None
     checkpoint: str | None = None
     evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
+    ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
     seconds: dict[str, float] = field(default_factory=dict)  # per step
 
 
@@ -94,7 +100,7 @@ def evaluation_metrics(node: NodeRuntime, round_: int) -> dict[str, float]:
         }
         for s in scores
     ]
-    node.ledger.write_evaluation(node.swarm.swarm_id, node.node_id, round_, rows)
+    write_node_log(node, "evaluation", round_, rows)
     metrics = {f"eval_accuracy/{s.task}": s.accuracy for s in scores}
     metrics["eval_accuracy"] = overall_accuracy(scores)
     return metrics
@@ -104,12 +110,27 @@ def evaluated(node: NodeRuntime, round_: int) -> bool:
     """Whether the node's evaluation at `round_` is recorded (True when none is due)."""
     if not node.spec.node.evaluation.due(round_, node.swarm.rounds):
         return True
-    return node.node_id in node.ledger.evaluated_nodes(node.swarm.swarm_id, round_)
+    if any(p.name == f"r{round_:08d}-evaluation.json" for p in node.backlog.files()):
+        return True  # recorded, waiting for the ledger
+    try:
+        return node.node_id in node.ledger.evaluated_nodes(node.swarm.swarm_id, round_)
+    except StorageError as exc:
+        if not is_outage(exc):
+            raise
+        log.warning("ledger unreachable (%s): evaluating round %d again", exc, round_)
+        return False
 
 
 def final_evaluation(node: NodeRuntime) -> dict[str, float]:
-    """The policy after the last round (logged at step = rounds), when evaluation is on."""
+    """The policy after the last round (logged at step = rounds), when evaluation is on;
+    then what is left of the backlog is written, if the ledger answers."""
     metrics = evaluation_metrics(node, node.swarm.rounds)
+    try:
+        node.backlog.flush(node.ledger)
+    except StorageError as exc:
+        if not is_outage(exc):
+            raise
+        log.warning("ledger unreachable (%s): %d files stay in the backlog", exc, len(node.backlog))
     if metrics and node.run is not None:
         node.run.tracker.log_metrics(node.run.run_id, metrics, step=node.swarm.rounds)
     return metrics
@@ -124,14 +145,24 @@ def generate(node: NodeRuntime, state: RoundState) -> int:
 
 @timed("publish")
 def publish(node: NodeRuntime, state: RoundState) -> list[str]:
-    """Write the round's groups to the ledger (a retry writes nothing); returns keys."""
+    """Write the backlog, then the round's groups, to the ledger (a retry writes nothing);
+    returns keys. An unreachable ledger keeps the round's groups in the backlog (none
+    returned): the node trains on, and they are written when the ledger answers again."""
     generated = _require(state.generated, state, "publish", "generate")
     rows = [
         r.to_record() | {"swarm_id": node.swarm.swarm_id}
         for g in generated.groups
         for r in g.rollouts
     ]
-    return node.ledger.publish(rows)
+    try:
+        node.backlog.flush(node.ledger)
+        return node.ledger.publish(rows)
+    except StorageError as exc:
+        if not is_outage(exc):
+            raise
+        state.ledger_down = True
+        node.backlog.add_rows(state.round, rows)
+        return []
 
 
 @timed("sample")
@@ -141,15 +172,22 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
     state.external = []
     if config.external_groups > 0:
         seed = round_seed(config.seed, state.round)
-        wait_for_peers(node, seed)
-        frame = node.ledger.sample(
-            node.node_id,
-            config.external_groups,
-            node.spec.sampling,
-            seed=seed,
-            swarm_id=node.swarm.swarm_id,
-            record_round=state.round,
-        )
+        try:
+            wait_for_peers(node, seed)
+            frame = node.ledger.sample(
+                node.node_id,
+                config.external_groups,
+                node.spec.sampling,
+                seed=seed,
+                swarm_id=node.swarm.swarm_id,
+                record_round=state.round,
+            )
+        except StorageError as exc:
+            if not is_outage(exc):
+                raise
+            state.ledger_down = True
+            log.warning("ledger unreachable (%s): round %d trains with J = 0", exc, state.round)
+            return []
         rows = [Rollout.from_record(row) for row in frame.iter_rows(named=True)]
         state.external = group_rollouts(rows, "external")
     return [g.group_id for g in state.external]
@@ -182,9 +220,20 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     records in the ledger which groups it trained on (for the sharing diagnostics)."""
     chosen = _require(state.chosen, state, "update", "reward")
     state.report = node.learner.update(state.round, chosen, state.flagged)
-    node.ledger.write_training(node.swarm.swarm_id, node.node_id, state.round, chosen.records())
+    write_node_log(node, "training", state.round, chosen.records())
     node.cumulative_reward += sum(chosen.rewards())
     return {"reward_mean": state.report.reward_mean, "cumulative_reward": node.cumulative_reward}
+
+
+def write_node_log(node: NodeRuntime, kind: str, round_: int, rows: list[dict[str, Any]]) -> None:
+    """Write a training or evaluation log; to the backlog while the ledger is unreachable."""
+    write = node.ledger.write_training if kind == "training" else node.ledger.write_evaluation
+    try:
+        write(node.swarm.swarm_id, node.node_id, round_, rows)
+    except StorageError as exc:
+        if not is_outage(exc):
+            raise
+        node.backlog.add_log(kind, node.swarm.swarm_id, node.node_id, round_, rows)
 
 
 def checkpoint_due(done: int, every: int, *, force: bool) -> bool:
@@ -227,6 +276,8 @@ def round_metrics(
         "flagged_rows": float(report.flagged_rows),
         "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
         "policy_version": float(node.learner.policy_version),
+        "ledger_unreachable": float(state.ledger_down),
+        "backlog_files": float(len(node.backlog)),
     }
     if report.local_reward_mean is not None:
         metrics["local_reward_mean"] = report.local_reward_mean
