@@ -133,6 +133,33 @@ def validate(
         raise typer.Exit(1)
 
 
+@app.command("credentials")
+def credentials(
+    url: Annotated[str, typer.Argument(help="The ledger: s3://bucket/prefix.")],
+    swarm_id: Annotated[str, typer.Option("--swarm-id", help="The node's swarm.")],
+    node_id: Annotated[str, typer.Option("--node-id", help="The node.")],
+    alias: Annotated[str, typer.Option(help="The mc alias of the MinIO server.")] = "sapo",
+    policy_only: Annotated[bool, typer.Option(help="Print only the IAM policy JSON.")] = False,
+) -> None:
+    """Print the write policy of one node (its own prefixes only) and the mc commands that
+    make a MinIO user with it (infra/README.md)."""
+    import json
+    from urllib.parse import urlparse
+
+    from ledger.credentials import minio_commands, node_policy
+
+    parsed = urlparse(url)
+    if parsed.scheme not in ("s3", "s3a") or not parsed.netloc:
+        fail(f"credentials are for s3:// ledgers, not {url!r}")
+    try:
+        if policy_only:
+            print(json.dumps(node_policy(parsed.netloc, parsed.path, swarm_id, node_id), indent=2))
+        else:
+            print(minio_commands(alias, parsed.netloc, parsed.path, swarm_id, node_id))
+    except ValueError as exc:
+        fail(str(exc))
+
+
 @app.command("compact")
 def compact(
     url: UrlArg,
