@@ -9,6 +9,7 @@ only call those steps.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -22,6 +23,7 @@ from flows.progress import NodeProgress
 from flows.tracking import Tracker, flatten, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
+from sapo_core.reputation import Reputation
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,24 @@ class NodeRuntime:
     @property
     def workdir(self) -> Path:
         return self.swarm.workdir
+
+    @property
+    def reputation_path(self) -> Path:
+        return checkpoint.node_dir(self.workdir, self.node_id) / "reputation.json"
+
+    def reputation(self) -> Reputation:
+        """What this node's verifier has seen of its peers (sapo_core/reputation.py)."""
+        path = self.reputation_path
+        if not path.exists():
+            return Reputation.empty()
+        return Reputation.from_json(json.loads(path.read_text()))
+
+    def save_reputation(self, reputation: Reputation) -> None:
+        path = self.reputation_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(reputation.to_json(), indent=1))
+        os.replace(tmp, path)
 
     @property
     def backlog(self) -> Backlog:

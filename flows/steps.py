@@ -47,6 +47,7 @@ class RoundState:
     checkpoint: str | None = None
     evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
     ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
+    peers_excluded: int = 0  # peers this node's reputation of them excludes from sampling
     seconds: dict[str, float] = field(default_factory=dict)  # per step
 
 
@@ -181,6 +182,7 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
                 seed=seed,
                 swarm_id=node.swarm.swarm_id,
                 record_round=state.round,
+                exclude_nodes=node.reputation().excluded(),
             )
         except StorageError as exc:
             if not is_outage(exc):
@@ -211,6 +213,10 @@ def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     """Score own and peers' groups with this node's verifier; assemble I + J."""
     generated = _require(state.generated, state, "reward", "generate")
     state.chosen, state.flagged = node.learner.select(state.round, generated.groups, state.external)
+    reputation = node.reputation()
+    reputation.update(state.chosen.peer_evidence)
+    node.save_reputation(reputation)
+    state.peers_excluded = len(reputation.excluded())
     return {"groups": float(len(state.chosen.selected)), "flagged_rows": float(state.flagged)}
 
 
@@ -277,6 +283,7 @@ def round_metrics(
         "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
         "policy_version": float(node.learner.policy_version),
         "ledger_unreachable": float(state.ledger_down),
+        "peers_excluded": float(state.peers_excluded),
         "backlog_files": float(len(node.backlog)),
     }
     if report.local_reward_mean is not None:

@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any, TypeVar
@@ -404,17 +404,19 @@ class Ledger:
         swarm_id: str | None = None,
         now: datetime | None = None,
         record_round: int | None = None,
+        exclude_nodes: Sequence[str] = (),
     ) -> pl.DataFrame:
         """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
 
         Never the node's own groups. The same seed over the same ledger gives the same
         sample. Fewer groups come back when fewer qualify. With ``record_round`` (and
         ``swarm_id``) the draw is written to the sample log, once per node and round.
+        ``exclude_nodes``: peers the receiver no longer samples (its reputation of them).
         """
         if record_round is not None and swarm_id is None:
             raise ValueError("recording a sample needs the swarm_id it was drawn for")
         when = now or datetime.now(UTC)
-        chosen, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, when)
+        chosen, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes)
 
         def attempt() -> pl.DataFrame:
             frame = self.catalog.fetch_groups(draw())
@@ -439,9 +441,11 @@ class Ledger:
         *,
         swarm_id: str | None = None,
         now: datetime | None = None,
+        exclude_nodes: Sequence[str] = (),
     ) -> list[str]:
         """The group ids ``sample`` would return, in draw order, without reading their rows."""
-        _, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, now or datetime.now(UTC))
+        when = now or datetime.now(UTC)
+        _, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes)
         ids: list[str] = self._with_refresh(draw)
         return ids
 
@@ -453,6 +457,7 @@ class Ledger:
         seed: int,
         swarm_id: str | None,
         when: datetime,
+        exclude_nodes: Sequence[str] = (),
     ) -> tuple[AnyPolicy, Callable[[], list[str]]]:
         """The policy, and a call that runs its SQL: the drawn group ids in draw order."""
         chosen = parse_policy(policy)
@@ -463,6 +468,7 @@ class Ledger:
             "swarm_id": swarm_id,
             "seed": int(seed),
             "n_groups": int(n_groups),
+            "excluded": [check_id("node_id", n) for n in exclude_nodes],
             **dict(
                 zip(("max_per_peer", "peer_share_cap"), chosen.peer_caps(n_groups), strict=True)
             ),

@@ -7,9 +7,10 @@ scored (by the node's own verifier, before this step) and merged. J = 0 is plain
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
+from sapo_core.reputation import PeerEvidence
 from sapo_core.rewards import ScoredGroup
 from sapo_core.rollouts import Group
 
@@ -20,6 +21,8 @@ class TrainingSet:
 
     selected: tuple[ScoredGroup, ...]
     trained: tuple[ScoredGroup, ...]
+    peer_evidence: Mapping[str, PeerEvidence] = field(default_factory=dict)
+    """What verifying the peers' groups showed about each peer (sapo_core/reputation.py)."""
 
     def rewards(self, source: str | None = None) -> list[float]:
         """This node's rewards over the selected groups, optionally of one source."""

@@ -33,6 +33,7 @@ from sapo_core.grpo.update import (
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_model, load_policy
 from sapo_core.prompts import render_prompt
+from sapo_core.reputation import evidence
 from sapo_core.rewards import ConfigBounds, ScoredGroup, score_groups, verify
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskSource
@@ -210,13 +211,17 @@ class Learner:
         peers = [Group(g.group_id, "external", g.rollouts) for g in external]
         own_configs = {spec.name: [spec.config] for spec in cfg.tasks.specs}
         bounds = ConfigBounds.of(own_configs, cfg.reward.max_config_number)
-        scored_ext, flagged_ext = score_groups(peers[: cfg.external_groups], cfg.reward, bounds)
+        considered = peers[: cfg.external_groups]
+        scored_ext, flagged_ext = score_groups(considered, cfg.reward, bounds)
         chosen = assemble(
             scored_own,
             scored_ext,
             local_groups=cfg.local_groups,
             external_groups=cfg.external_groups,
             drop_zero_variance=cfg.grpo.drop_zero_variance,
+        )
+        chosen = dataclasses.replace(
+            chosen, peer_evidence=evidence(considered, scored_ext, flagged_ext)
         )
         return chosen, len(flagged_own) + len(flagged_ext)
 

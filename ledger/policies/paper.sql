@@ -14,6 +14,7 @@
 --                       weakly for this: over seeds it reached 8 of 20 possible 3-of-6
 --                       draws.)
 --             $n_groups how many groups to return
+--             $excluded peers the receiver no longer samples (its reputation of them)
 --             $max_per_peer   hard cap per publishing node (max_per_peer, else $n_groups)
 --             $peer_share_cap soft cap: a peer's groups beyond it come after every other
 --                             peer's (from max_peer_share)
@@ -21,6 +22,7 @@ WITH candidates AS (
     SELECT group_id, node_id, hash(concat_ws('/', group_id, $node_id, $seed)) AS draw
     FROM groups
     WHERE node_id <> $node_id
+      AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND reward_max > reward_min
 ),

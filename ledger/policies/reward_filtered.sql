@@ -16,6 +16,7 @@ WITH candidates AS (
     SELECT group_id, node_id, hash(concat_ws('/', group_id, $node_id, $seed)) AS draw
     FROM groups
     WHERE node_id <> $node_id
+      AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND reward_mean BETWEEN $min_mean_reward AND $max_mean_reward
       AND (NOT $require_variance OR reward_max > reward_min)

@@ -27,6 +27,7 @@ WITH candidates AS (
                / (reward_std * reward_std) AS draw
     FROM groups
     WHERE node_id <> $node_id
+      AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND reward_max > reward_min
       AND reward_std > $min_std

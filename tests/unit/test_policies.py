@@ -208,3 +208,12 @@ def test_group_view_has_hand_computed_statistics(ledger):
 
 def test_group_rows_helper_shape():
     assert len(group_rows("x", 0, 0, [1, 0, 1])) == 3
+
+
+def test_excluded_peers_are_never_drawn(ledger):
+    for policy in ("paper", "reward_filtered", "variance_weighted"):
+        for seed in range(20):
+            drawn = ledger.sample_group_ids(
+                "me", 6, policy, seed=seed, swarm_id="sw", exclude_nodes=["c"]
+            )
+            assert drawn and not any(g.startswith("sw.c.") for g in drawn)
