@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +53,16 @@ class RoundState:
     seconds: dict[str, float] = field(default_factory=dict)  # per step
 
 
+KILL_AT_ENV = "SAPO_TEST_KILL_AT"
+"""Fault injection for tests: ``<step>:<round>`` makes a node SIGKILL itself on entering that
+step of that round (tests/e2e/test_kill.py kills each step in turn, then resumes)."""
+
+
+def fault_point(step: str, round_: int) -> None:
+    if os.environ.get(KILL_AT_ENV) == f"{step}:{round_}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def timed(
     name: str,
 ) -> Callable[
@@ -64,6 +76,7 @@ def timed(
     ) -> Callable[Concatenate[NodeRuntime, RoundState, P], R]:
         @functools.wraps(step)
         def run(node: NodeRuntime, state: RoundState, *args: P.args, **kwargs: P.kwargs) -> R:
+            fault_point(name, state.round)
             node.progress.emit("step", round=state.round, step=name)
             began = time.perf_counter()
             try:
@@ -314,6 +327,7 @@ UPDATE_METRICS = {
 
 def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     """The round's metrics, logged to the node's MLflow run (when tracking is on)."""
+    fault_point("track", state.round)
     metrics = round_metrics(node, state)
     if node.run is not None:
         node.run.tracker.log_metrics(node.run.run_id, metrics, step=state.round)
