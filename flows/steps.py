@@ -186,6 +186,7 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
     state.external = []
     if config.external_groups > 0:
         seed = round_seed(config.seed, state.round)
+        reputation = node.reputation()
         try:
             wait_for_peers(node, seed)
             frame = node.ledger.sample(
@@ -195,7 +196,9 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
                 seed=seed,
                 swarm_id=node.swarm.swarm_id,
                 record_round=state.round,
-                exclude_nodes=node.reputation().excluded(),
+                exclude_nodes=reputation.excluded(),
+                # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
+                known_nodes=reputation.known() or None,
             )
         except StorageError as exc:
             if not is_outage(exc):

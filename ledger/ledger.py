@@ -405,18 +405,24 @@ class Ledger:
         now: datetime | None = None,
         record_round: int | None = None,
         exclude_nodes: Sequence[str] = (),
+        known_nodes: Sequence[str] | None = None,
     ) -> pl.DataFrame:
         """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
 
         Never the node's own groups. The same seed over the same ledger gives the same
         sample. Fewer groups come back when fewer qualify. With ``record_round`` (and
         ``swarm_id``) the draw is written to the sample log, once per node and round.
-        ``exclude_nodes``: peers the receiver no longer samples (its reputation of them).
+        ``exclude_nodes``: peers the receiver no longer samples (its reputation of them);
+        ``known_nodes``: peers it has verified enough of: groups of all other peers together
+        come after the known ones' beyond the policy's ``max_unknown_share`` (None: every
+        peer counts as known).
         """
         if record_round is not None and swarm_id is None:
             raise ValueError("recording a sample needs the swarm_id it was drawn for")
         when = now or datetime.now(UTC)
-        chosen, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes)
+        chosen, draw = self._draw(
+            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes
+        )
 
         def attempt() -> pl.DataFrame:
             frame = self.catalog.fetch_groups(draw())
@@ -442,10 +448,13 @@ class Ledger:
         swarm_id: str | None = None,
         now: datetime | None = None,
         exclude_nodes: Sequence[str] = (),
+        known_nodes: Sequence[str] | None = None,
     ) -> list[str]:
         """The group ids ``sample`` would return, in draw order, without reading their rows."""
         when = now or datetime.now(UTC)
-        _, draw = self._draw(node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes)
+        _, draw = self._draw(
+            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes
+        )
         ids: list[str] = self._with_refresh(draw)
         return ids
 
@@ -458,6 +467,7 @@ class Ledger:
         swarm_id: str | None,
         when: datetime,
         exclude_nodes: Sequence[str] = (),
+        known_nodes: Sequence[str] | None = None,
     ) -> tuple[AnyPolicy, Callable[[], list[str]]]:
         """The policy, and a call that runs its SQL: the drawn group ids in draw order."""
         chosen = parse_policy(policy)
@@ -469,9 +479,8 @@ class Ledger:
             "seed": int(seed),
             "n_groups": int(n_groups),
             "excluded": [check_id("node_id", n) for n in exclude_nodes],
-            **dict(
-                zip(("max_per_peer", "peer_share_cap"), chosen.peer_caps(n_groups), strict=True)
-            ),
+            "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
+            **chosen.caps(int(n_groups)),
             **chosen.parameters(when),
         }
         sql = chosen.sql

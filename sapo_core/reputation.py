@@ -92,6 +92,13 @@ class Reputation:
             if e.rows >= self.min_rows and self.bad_share(peer) > self.max_bad_share
         )
 
+    def known(self) -> list[str]:
+        """Peers with enough rows verified and not excluded: sampled before new ids."""
+        excluded = set(self.excluded())
+        return sorted(
+            p for p, e in self.peers.items() if e.rows >= self.min_rows and p not in excluded
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {"peers": {p: asdict(e) for p, e in sorted(self.peers.items())}}
 

@@ -31,13 +31,29 @@ class _Policy(BaseModel):
         "it off: the paper's plain uniform draw.",
     )
 
-    def peer_caps(self, n_groups: int) -> tuple[int, int]:
-        """(hard, soft) caps on one peer's groups when ``n_groups`` are asked for."""
+    max_unknown_share: float | None = Field(
+        0.25,
+        gt=0.0,
+        le=1.0,
+        description="Share of the groups asked for (rounded up, at least one) that peers the "
+        "receiver does not know yet supply, all of them together, while known peers still "
+        "have candidates (known: verified enough of, see Ledger.sample's known_nodes). "
+        "Bounds a flood of new ids (Sybils); 1.0 (or null) turns it off.",
+    )
+
+    def caps(self, n_groups: int) -> dict[str, int]:
+        """The SQL caps when ``n_groups`` are asked for: ``max_per_peer`` (hard, per peer),
+        ``peer_share_cap`` (soft, per peer) and ``unknown_cap`` (soft, all unknown peers)."""
+
+        def share(value: float | None, most: int) -> int:
+            return most if value is None else min(most, max(1, math.ceil(value * n_groups)))
+
         hard = n_groups if self.max_per_peer is None else min(self.max_per_peer, n_groups)
-        soft = hard
-        if self.max_peer_share is not None:
-            soft = min(hard, max(1, math.ceil(self.max_peer_share * n_groups)))
-        return hard, soft
+        return {
+            "max_per_peer": hard,
+            "peer_share_cap": share(self.max_peer_share, hard),
+            "unknown_cap": share(self.max_unknown_share, n_groups),
+        }
 
     @property
     def sql(self) -> str:

@@ -15,6 +15,8 @@
 --                       draws.)
 --             $n_groups how many groups to return
 --             $excluded peers the receiver no longer samples (its reputation of them)
+--             $known    peers the receiver has verified enough of (NULL: every peer known)
+--             $unknown_cap  soft cap on groups from peers not in $known, all of them together
 --             $max_per_peer   hard cap per publishing node (max_per_peer, else $n_groups)
 --             $peer_share_cap soft cap: a peer's groups beyond it come after every other
 --                             peer's (from max_peer_share)
@@ -29,14 +31,24 @@ WITH candidates AS (
 per_peer AS (
     -- Each peer's lowest draws, in order, as many as the hard cap allows (see
     -- reward_filtered.sql).
-    SELECT min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
+    SELECT node_id, min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
     FROM candidates
     GROUP BY node_id
 ),
 ranked AS (
-    SELECT unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank FROM per_peer
+    SELECT node_id, unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank
+    FROM per_peer
+),
+budgeted AS (
+    -- Groups of peers not yet known (see $known) beyond $unknown_cap, counted across all
+    -- of them in draw order, come after everything else: many new ids cannot take J.
+    SELECT *, CASE WHEN NOT list_contains($known::VARCHAR[], node_id) THEN row_number() OVER (
+        PARTITION BY list_contains($known::VARCHAR[], node_id) ORDER BY pick.draw ) END
+        AS unknown_rank
+    FROM ranked
 )
 SELECT pick.group_id
-FROM ranked
-ORDER BY peer_rank > $peer_share_cap, pick.draw
+FROM budgeted
+ORDER BY peer_rank > $peer_share_cap OR coalesce(unknown_rank > $unknown_cap, false),
+    pick.draw
 LIMIT $n_groups

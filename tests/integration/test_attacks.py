@@ -182,6 +182,22 @@ def test_a_flooding_peer_is_held_to_its_cap(site, honest):
     assert len(drawn) == 80
 
 
+def test_a_flood_of_new_ids_is_held_to_the_budget_for_unknown_peers(site, honest):
+    for sybil in range(100):
+        honest.publish(hostile.flood(3, node_id=f"sybil{sybil}"))
+    honest.publish(round_rows("good3", 0, [[1, 0]] * 10))
+    known = ["good1", "good2", "good3"]  # peers the receiver has verified enough of
+    drawn = []
+    for seed in range(10):
+        frame = honest.sample("me", 8, "paper", seed=seed, swarm_id="sw", known_nodes=known)
+        drawn += frame.unique("group_id").get_column("node_id").to_list()
+    assert len(drawn) == 80
+    assert sum(n.startswith("sybil") for n in drawn) <= 2 * 10  # ceil(0.25 x 8) a draw
+    # Knowing no one, the receiver draws from everyone alike: the ids take most slots.
+    blind = honest.sample_group_ids("me", 8, "paper", seed=0, swarm_id="sw")
+    assert sum(g.startswith("sw.sybil") for g in blind) > 4
+
+
 def test_a_date_in_the_future_does_not_make_a_group_recent(site, honest):
     honest.publish(hostile.from_the_future(node_round=1))
     policy = RewardFilteredPolicy(max_age_s=3600)
