@@ -254,14 +254,21 @@ def read(site: Site, wrong_sql: str) -> dict[str, Any]:
     led = site.open()
     report = led.validate()
     total = led.query("SELECT count(*) FROM rollouts").item()
+    # The receiver knows the honest peers (its reputation of them); the attackers are new.
+    known = ["good1", "good2", "good3"]
     drawn: list[str] = []
+    blind: list[str] = []
     for seed in range(10):
-        frame = led.sample("me", 8, "paper", seed=seed, swarm_id="sw")
+        frame = led.sample("me", 8, "paper", seed=seed, swarm_id="sw", known_nodes=known)
         drawn += frame.unique("group_id").get_column("node_id").to_list()
-    if wrong_sql == "FLOOD":  # groups beyond half of each draw from flooders
+        blind += [g.split(".")[1] for g in led.sample_group_ids("me", 8, seed=seed, swarm_id="sw")]
+    if wrong_sql == "FLOOD":  # flooders' groups beyond the budget for unknown peers
         evil = sum(n.startswith("evil") for n in drawn)
-        wrong = max(0, evil - 4 * 10)
-        extra = f"flooders' share of J: {evil}/{len(drawn)}"
+        wrong = max(0, evil - 2 * 10)  # ceil(0.25 x 8) a draw
+        naive = sum(n.startswith("evil") for n in blind)
+        extra = (
+            f"attackers' share of J: {evil}/{len(drawn)} (knowing no peer: {naive}/{len(blind)})"
+        )
     elif wrong_sql == "RECENCY":
         later = datetime.now(UTC) + timedelta(hours=2)
         policy = RewardFilteredPolicy(max_age_s=3600)

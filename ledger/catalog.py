@@ -32,7 +32,7 @@ from ledger.retrying import first_line
 from ledger.schema import COLUMN_NAMES
 from ledger.sqltext import (
     PUBLIC_COLUMNS_SQL,
-    TYPED_EMPTY,
+    TYPED_EMPTY_NUMBERED,
     scan_sql,
     sql_list,
     sql_str,
@@ -144,6 +144,9 @@ class Catalog:
         con.execute(f"CREATE TABLE groups ({GROUP_COLUMNS})")
         # Sampling looks up a handful of drawn groups among up to millions.
         con.execute("CREATE INDEX groups_by_id ON groups (group_id)")
+        # Every accepted row by its place in its file: what ``rollouts`` serves, found by a
+        # join instead of judging (and de-duplicating) the rows again on every query.
+        con.execute("CREATE TABLE valid_rows (filename VARCHAR, file_row_number BIGINT)")
         con.execute(
             "CREATE TABLE ledger_files (key VARCHAR, size BIGINT, status VARCHAR, "
             "detail VARCHAR, rows BIGINT, rejected_rows BIGINT)"
@@ -453,9 +456,11 @@ class Catalog:
         # the completions: memory stays small however much text a batch holds.
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE _judged AS
-            WITH raw AS ({scan_sql(sql_list([s.path for s in batch]))}),
+            WITH raw AS ({scan_sql(sql_list([s.path for s in batch]), row_numbers=True)}),
             reasoned AS (
-                SELECT {v.JUDGED_COLUMNS}, day, filename, {self._reason_sql} AS reason FROM raw)
+                SELECT {v.JUDGED_COLUMNS}, day, filename, file_row_number,
+                    {self._reason_sql} AS reason
+                FROM raw)
             SELECT * EXCLUDE (reason),
                 CASE WHEN reason IS NULL AND row_number() OVER (
                     PARTITION BY filename, rollout_id, reason IS NULL
@@ -487,6 +492,12 @@ class Catalog:
             ) seen USING (group_id)
             WHERE g.problem IS NULL"""
         )
+        con.execute(
+            """INSERT INTO valid_rows SELECT j.filename, j.file_row_number FROM _judged j
+            SEMI JOIN _groups g ON j.filename = g.source_file AND j.group_id = g.group_id
+                AND g.problem IS NULL
+            WHERE j.reason IS NULL"""
+        )
         by_path = {s.path: s for s in batch}
         counts = con.execute(
             """SELECT filename, reason, count(*) FROM _judged GROUP BY ALL
@@ -510,6 +521,7 @@ class Catalog:
             f"WHERE list_contains({removed}, source_file)"
         )
         if removed_paths:
+            con.execute(f"DELETE FROM valid_rows WHERE list_contains({removed}, filename)")
             con.execute(f"DELETE FROM group_index WHERE list_contains({removed}, source_file)")
             con.execute(f"DELETE FROM groups WHERE list_contains({removed}, source_file)")
         con.execute(
@@ -554,16 +566,19 @@ class Catalog:
         ok_paths = self.ok_paths()
         if ok_paths:
             con.execute(f"SET VARIABLE sapo_ledger_files = {sql_list(ok_paths)}")
-            source = scan_sql("getvariable('sapo_ledger_files')")
-        else:
-            source = TYPED_EMPTY
+        # Streams: no window or sort over the rows, whose texts may be large.
+        source = (
+            scan_sql("getvariable('sapo_ledger_files')", row_numbers=True)
+            if ok_paths
+            else TYPED_EMPTY_NUMBERED
+        )
         con.execute(
             f"""CREATE OR REPLACE VIEW rollouts AS
             WITH raw AS ({source})
             SELECT {PUBLIC_COLUMNS_SQL} FROM raw
-            SEMI JOIN groups g ON raw.group_id = g.group_id AND raw.filename = g.source_file
-            WHERE ({self._reason_sql}) IS NULL
-            QUALIFY row_number() OVER (PARTITION BY rollout_id ORDER BY completion) = 1"""
+            SEMI JOIN valid_rows v
+                ON raw.filename = v.filename AND raw.file_row_number = v.file_row_number
+            SEMI JOIN groups g ON raw.group_id = g.group_id AND raw.filename = g.source_file"""
         )
         self._views_stale = False
 

@@ -16,12 +16,16 @@ TYPED_EMPTY = (
     + ", ".join(f"NULL::{_DUCK_TYPES[str(c.type)]} AS {c.name}" for c in COLUMNS)
     + ", NULL::DATE AS day, NULL::VARCHAR AS filename LIMIT 0"
 )
+TYPED_EMPTY_NUMBERED = TYPED_EMPTY.replace(" LIMIT 0", ", NULL::BIGINT AS file_row_number LIMIT 0")
+"""The same, with ``file_row_number`` (see ``scan_sql``'s ``row_numbers``)."""
 PUBLIC_COLUMNS_SQL = ", ".join(COLUMN_NAMES)
 SCANNED_COLUMNS_SQL = PUBLIC_COLUMNS_SQL + ", day, filename"
 EMPTY_ROLLOUTS_SQL = f"SELECT {PUBLIC_COLUMNS_SQL} FROM ({TYPED_EMPTY})"
 
 
-def scan_sql(files_expr: str, where: str = "", uniform: bool = False) -> str:
+def scan_sql(
+    files_expr: str, where: str = "", uniform: bool = False, row_numbers: bool = False
+) -> str:
     """A relation over Parquet files with every public column, whatever version wrote them.
 
     Only the public columns (plus ``day`` and ``filename``) are selected by name: whatever
@@ -31,16 +35,22 @@ def scan_sql(files_expr: str, where: str = "", uniform: bool = False) -> str:
     peer put inside its file. ``where`` filters inside the scan, where DuckDB can push it
     down to row-group statistics. ``uniform`` promises that every file has exactly the
     current columns, which spares the schema union (a hot path when sampling).
+    ``row_numbers`` adds ``file_row_number``, each row's position in its file.
     """
     options = (
         "hive_partitioning = true, filename = true, "
         "hive_types = {'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'}"
     )
+    columns = SCANNED_COLUMNS_SQL
+    if row_numbers:
+        options += ", file_row_number = true"
+        columns += ", file_row_number"
     filtered = f" WHERE {where}" if where else ""
     if uniform:
-        return f"SELECT {SCANNED_COLUMNS_SQL} FROM read_parquet({files_expr}, {options}){filtered}"
+        return f"SELECT {columns} FROM read_parquet({files_expr}, {options}){filtered}"
+    typed_empty = TYPED_EMPTY_NUMBERED if row_numbers else TYPED_EMPTY
     return (
-        f"SELECT {SCANNED_COLUMNS_SQL} FROM (({TYPED_EMPTY}) UNION ALL BY NAME "
+        f"SELECT {columns} FROM (({typed_empty}) UNION ALL BY NAME "
         f"SELECT * FROM read_parquet({files_expr}, union_by_name = true, {options})){filtered}"
     )
 
