@@ -49,9 +49,6 @@ from ledger.records import to_table  # noqa: E402
 from tests import hostile  # noqa: E402
 from tests.factories import round_rows  # noqa: E402
 
-HONEST = {"me": [[1, 0]], "good1": [[1, 0], [0, 1]], "good2": [[1, 0, 1]]}
-"""The honest peers' rounds: 9 rows of which 7 are peers' (what 'me' may be served)."""
-
 
 @dataclass
 class Site:
@@ -64,14 +61,7 @@ class Site:
 
     def put_raw(self, key: str, data: bytes) -> None:
         """Write past the store's key checks, as a peer with bucket access could."""
-        led = self.open()
-        if self.kind == "local":
-            path = Path(led.store.root) / key  # type: ignore[attr-defined]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        else:
-            store = led.store
-            store.fs.pipe_file(f"{store.bucket}/{store.prefix}/{key}", data)  # type: ignore[attr-defined]
+        hostile.put_raw(self.open(), key, data)
 
 
 # -- the attacks: each plants its payload and returns the SQL that counts wrong rows -----
@@ -81,9 +71,7 @@ EVIL_ROWS = "SELECT count(*) FROM rollouts WHERE node_id = 'evil'"
 
 
 def plant(site: Site, name: str, data: bytes) -> str:
-    key = f"{hostile.PREFIX}/{name}"
-    site.open().store.put_new(key, data)
-    return key
+    return hostile.plant(site.open(), name, data)
 
 
 def nul_id(site: Site) -> str:
@@ -434,7 +422,7 @@ def seed_honest(site: Site, signed: bool) -> None:
     setup = site.open()
     if signed:
         setup.declare_swarm("sw", "required")
-    for node, groups in HONEST.items():
+    for node, groups in hostile.HONEST_ROUNDS.items():
         key = NodeKey.generate("sw", node)
         if signed:
             setup.register_key(key)

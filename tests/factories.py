@@ -52,3 +52,25 @@ def round_rows(node_id: str, node_round: int, groups: list[list[float | None]], 
     for slot, rewards in enumerate(groups):
         rows += group_rows(node_id, node_round, slot, rewards, **kw)
     return rows
+
+
+def rollout_of(
+    question: Any, completion: str, node: str = "peer", j: int = 0, claimed: float | None = 1.0
+) -> Any:
+    """One completion of ``question`` by ``node`` as a sapo_core Rollout, in group
+    ``sw.<node>.r0.g<task_index>``, claiming reward ``claimed``."""
+    from sapo_core.rollouts import Rollout
+
+    group_id = f"sw.{node}.r0.g{question.task_index}"
+    return Rollout(
+        rollout_id=f"{group_id}.c{j}",
+        group_id=group_id,
+        node_id=node,
+        model_id="m",
+        node_round=0,
+        policy_version=0,
+        question=question,
+        completion=completion,
+        completion_tokens=3,
+        reward=claimed,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -104,3 +105,32 @@ def from_the_future(node_round: int = 0) -> pa.Table:
 def flood(groups: int, node_id: str = ATTACKER) -> pa.Table:
     """Many small informative groups (two completions, rewards 1 and 0)."""
     return to_table(round_rows(node_id, 0, [[1, 0]] * groups))
+
+
+HONEST_ROUNDS = {"me": [[1, 0]], "good1": [[1, 0], [0, 1]], "good2": [[1, 0, 1]]}
+"""The receiver's own round and two honest peers': 9 rows, 7 of them peers'."""
+
+
+def seed_honest(led: Any) -> Any:
+    """Publish ``HONEST_ROUNDS`` unsigned through ``led``; return it."""
+    for node, groups in HONEST_ROUNDS.items():
+        led.publish(round_rows(node, 0, groups))
+    return led
+
+
+def plant(led: Any, name: str, data: bytes, prefix: str = PREFIX) -> str:
+    """Write an object under the attacker's prefix through the store (write-once)."""
+    key = f"{prefix}/{name}"
+    assert led.store.put_new(key, data)
+    return key
+
+
+def put_raw(led: Any, key: str, data: bytes) -> None:
+    """Write ``key`` past the store's key checks, as a peer with bucket access could."""
+    store = led.store
+    if hasattr(store, "root"):  # a local folder
+        path = Path(store.root) / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    else:
+        store.fs.pipe_file(f"{store.bucket}/{store.prefix}/{key}", data)

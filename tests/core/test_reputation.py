@@ -9,23 +9,13 @@ from sapo_core.reputation import PeerEvidence, Reputation, evidence
 from sapo_core.rewards import score_groups
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskSource
+from tests.factories import rollout_of
 
 EASY = TaskConfig(specs=(TaskSpec(name="chain_sum", config={"min_terms": 2, "max_terms": 2}),))
 
 
 def _row(q: Question, node: str, j: int, completion: str, claimed: float) -> Rollout:
-    return Rollout(
-        rollout_id=f"sw.{node}.r0.g{q.task_index}.c{j}",
-        group_id=f"sw.{node}.r0.g{q.task_index}",
-        node_id=node,
-        model_id="m",
-        node_round=0,
-        policy_version=0,
-        question=q,
-        completion=completion,
-        completion_tokens=3,
-        reward=claimed,
-    )
+    return rollout_of(q, completion, node, j, claimed)
 
 
 def _groups(node: str, honest: bool, n: int = 4) -> list[Group]:

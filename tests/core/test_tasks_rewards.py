@@ -12,23 +12,13 @@ from sapo_core.prompts import extract_answer
 from sapo_core.rewards import ConfigBounds, score_group, score_groups, verify
 from sapo_core.rollouts import Group, Rollout, group_rollouts
 from sapo_core.tasks import Question, TaskSource, canonical_config, regenerate
+from tests.factories import rollout_of
 
 EASY = TaskConfig(specs=(TaskSpec(name="chain_sum", config={"min_terms": 2, "max_terms": 2}),))
 
 
 def _row(question: Question, completion: str, node: str = "peer", j: int = 0) -> Rollout:
-    return Rollout(
-        rollout_id=f"{node}.g.c{j}",
-        group_id=f"{node}.g",
-        node_id=node,
-        model_id="m",
-        node_round=0,
-        policy_version=0,
-        question=question,
-        completion=completion,
-        completion_tokens=3,
-        reward=1.0,
-    )
+    return rollout_of(question, completion, node, j)
 
 
 def test_default_mix_is_the_papers_nine() -> None:

@@ -28,28 +28,10 @@ HONEST_ROWS = 9
 @pytest.fixture
 def honest(site):
     """Two honest peers and the receiver's own round."""
-    led = site.open()
-    led.publish(round_rows("me", 0, [[1, 0]]))
-    led.publish(round_rows("good1", 0, [[1, 0], [0, 1]]))
-    led.publish(round_rows("good2", 0, [[1, 0, 1]]))
-    return led
+    return hostile.seed_honest(site.open())
 
 
-def plant(led: Ledger, name: str, data: bytes, prefix: str = hostile.PREFIX) -> str:
-    key = f"{prefix}/{name}"
-    assert led.store.put_new(key, data)
-    return key
-
-
-def plant_raw(site, led: Ledger, key: str, data: bytes) -> None:
-    """Write ``key`` past the store's key checks, as a peer with bucket access could."""
-    if site.kind == "local":
-        path = os.path.join(led.store.root, key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(data)
-    else:
-        led.store.fs.pipe_file(f"{led.store.bucket}/{led.store.prefix}/{key}", data)
+plant = hostile.plant
 
 
 def assert_serves_the_honest_data(led: Ledger, seeds: int = 5) -> None:
@@ -89,9 +71,9 @@ def test_an_extra_column_named_reason_switches_no_check_off(site, honest):
 
 def test_unsafe_keys_are_listed_and_never_read(site, honest):
     good = hostile.parquet_bytes(hostile.attacker_table())
-    plant_raw(site, honest, f"{hostile.PREFIX}/*.parquet", good)
+    hostile.put_raw(honest, f"{hostile.PREFIX}/*.parquet", good)
     if site.kind == "s3":
-        plant_raw(site, honest, f"{hostile.PREFIX}/x/../r9-dots.parquet", good)
+        hostile.put_raw(honest, f"{hostile.PREFIX}/x/../r9-dots.parquet", good)
     reader = site.open()
     assert_serves_the_honest_data(reader)
     unsafe = [k for k, status, _ in reader.validate().bad_files if status == v.UNSAFE_KEY]
@@ -104,7 +86,7 @@ def test_compacting_beside_a_glob_named_object_deletes_exactly_its_inputs(site, 
     for node_round in range(3):
         evil.publish(round_rows("evil", node_round, [[1, 0]]))
     stray = f"{hostile.PREFIX}/*.parquet"
-    plant_raw(site, honest, stray, hostile.parquet_bytes(hostile.attacker_table()))
+    hostile.put_raw(honest, stray, hostile.parquet_bytes(hostile.attacker_table()))
     report = evil.compact(["evil"], before=datetime(2100, 1, 1, tzinfo=UTC).date())
     assert report.files_in == 3 and report.files_out == 1
     reader = site.open()
@@ -221,12 +203,12 @@ def test_an_indexed_file_overwritten_with_the_same_size_is_examined_again(site, 
     data = hostile.parquet_bytes(forged)
     assert len(data) == honest.store.size(key)
     time.sleep(0.01)  # a new mtime
-    plant_raw(site, honest, key, data)
+    hostile.put_raw(honest, key, data)
     for seed in range(5):
         frame = reader.sample("me", 10, seed=seed, swarm_id="sw")
         assert frame.filter(frame["reward"] > 1).height == 0
     # garbage of the same size: skipped as corrupt, never a failing sample
-    plant_raw(site, honest, key, b"\x00" * len(data))
+    hostile.put_raw(honest, key, b"\x00" * len(data))
     assert_serves_the_honest_data(reader)
     statuses = {k: status for k, status, _ in reader.validate().bad_files}
     assert statuses[key] in (v.CORRUPT, v.CHANGED)

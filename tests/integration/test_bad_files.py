@@ -12,6 +12,7 @@ import pytest
 from ledger import RowLimits
 from ledger import validation as v
 from ledger.records import to_table
+from tests import hostile
 from tests.factories import round_rows
 
 PEER = "swarm_id=sw/node_id=evil/day=2026-03-01"
@@ -30,17 +31,10 @@ def evil_table(groups=((1, 0),), **overrides) -> pa.Table:
 @pytest.fixture
 def honest(site):
     """A ledger with good data from two honest peers, plus the receiver's own."""
-    led = site.open()
-    led.publish(round_rows("me", 0, [[1, 0]]))
-    led.publish(round_rows("good1", 0, [[1, 0], [0, 1]]))
-    led.publish(round_rows("good2", 0, [[1, 0, 1]]))
-    return led
+    return hostile.seed_honest(site.open())
 
 
-def plant(led, name: str, data: bytes, prefix: str = PEER) -> str:
-    key = f"{prefix}/{name}"
-    assert led.store.put_new(key, data)
-    return key
+plant = hostile.plant
 
 
 def assert_still_serves_the_honest_data(led):
