@@ -42,6 +42,10 @@ def connect(
     at most ``memory_limit_mb`` (a query past it fails instead of exhausting the machine)."""
     con = duckdb.connect(":memory:")
     con.execute("SET autoinstall_known_extensions = false")
+    # DuckDB's cache of file blocks trusts a file whose size and (coarse, ~4 ms) mtime did
+    # not move: a peer that overwrites its file in place would be read as it was. Readers
+    # judge what is in the store now.
+    con.execute("SET enable_external_file_cache = false")
     if memory_limit_mb:
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
     if threads:

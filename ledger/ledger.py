@@ -504,8 +504,8 @@ class Ledger:
         place) and ``source_file``."""
 
         def attempt() -> pl.DataFrame:
-            self.catalog.ensure_views()
             try:
+                self.catalog.ensure_views()  # binding the views reads every file's footer
                 return self.con.execute(sql, params).pl()
             except duckdb.Error as exc:
                 # A file changed under the views is forgotten and the query retried;

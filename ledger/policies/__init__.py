@@ -57,9 +57,12 @@ class _Policy(BaseModel):
 
     @property
     def sql(self) -> str:
-        """The SQL text of this policy (a file under ``ledger/policies``)."""
+        """The SQL text of this policy: its file under ``ledger/policies`` (the candidates
+        and their draw order), then ``fair_draw.sql`` (the caps every policy shares)."""
         kind: str = getattr(self, "kind")  # noqa: B009 - every subclass declares it
-        return resources.files(__package__).joinpath(f"{kind}.sql").read_text()
+        files = resources.files(__package__)
+        own = files.joinpath(f"{kind}.sql").read_text().rstrip()
+        return f"{own},\n{files.joinpath('fair_draw.sql').read_text()}"
 
     def parameters(self, now: datetime) -> dict[str, Any]:
         """Policy-specific SQL parameters (the common ones are added by the sampler)."""

@@ -1,6 +1,6 @@
 -- Variance-weighted sampling (not in the paper): draw peers' groups with probability
--- proportional to the variance of their claimed rewards, at most $max_per_peer from any
--- one peer, optionally only recent ones.
+-- proportional to the variance of their claimed rewards, fairly across peers
+-- (fair_draw.sql), optionally only recent ones.
 --
 -- Why: a GRPO group's advantages scale with its reward spread, so a group where every
 -- completion agrees teaches nothing and one split half/half teaches most. At high J the
@@ -11,19 +11,17 @@
 --
 -- The draw is a weighted sample without replacement (Efraimidis & Spirakis 2006): each
 -- candidate gets key ln(u) / w with u uniform in (0, 1) from hash(group, receiver, seed),
--- and the largest keys win. Replayable and independent between receivers, like paper.sql.
+-- and the largest keys win: its draw is -ln(u) / w, lowest first, as fair_draw.sql takes
+-- them. Replayable and independent between receivers, like paper.sql.
 --
--- Parameters: $node_id, $swarm_id, $seed, $n_groups as in paper.sql, and
+-- Parameters: $node_id, $swarm_id, $seed, $excluded as in paper.sql, and
 --             $min_std       smallest reward standard deviation kept (0: drop only groups
 --                            whose rewards all agree)
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
---             $max_per_peer      hard cap per publishing node
---             $peer_share_cap    soft cap: a peer's groups beyond it come after every
---                                other peer's (max_peer_share)
 WITH candidates AS (
     SELECT group_id, node_id,
-           ln((hash(concat_ws('/', group_id, $node_id, $seed)) % 4294967296 + 0.5) / 4294967296)
+           -ln((hash(concat_ws('/', group_id, $node_id, $seed)) % 4294967296 + 0.5) / 4294967296)
                / (reward_std * reward_std) AS draw
     FROM groups
     WHERE node_id <> $node_id
@@ -32,28 +30,4 @@ WITH candidates AS (
       AND reward_max > reward_min
       AND reward_std > $min_std
       AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
-),
-per_peer AS (
-    -- Each peer's highest keys, in order, as many as the hard cap allows (see
-    -- reward_filtered.sql).
-    SELECT node_id, max_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
-    FROM candidates
-    GROUP BY node_id
-),
-ranked AS (
-    SELECT node_id, unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank
-    FROM per_peer
-),
-budgeted AS (
-    -- Groups of peers not yet known (see $known) beyond $unknown_cap, counted across all
-    -- of them in draw order, come after everything else: many new ids cannot take J.
-    SELECT *, CASE WHEN NOT list_contains($known::VARCHAR[], node_id) THEN row_number() OVER (
-        PARTITION BY list_contains($known::VARCHAR[], node_id) ORDER BY pick.draw DESC) END
-        AS unknown_rank
-    FROM ranked
 )
-SELECT pick.group_id
-FROM budgeted
-ORDER BY peer_rank > $peer_share_cap OR coalesce(unknown_rank > $unknown_cap, false),
-    pick.draw DESC
-LIMIT $n_groups

@@ -1,0 +1,36 @@
+-- The fair draw every policy ends with: the policy's own SQL (paper.sql, ...) defines
+-- `candidates` (group_id, node_id, draw: lower draws first); this takes the lowest draws
+-- with two caps and a budget, so that no peer, and no crowd of new peers, takes a
+-- receiver's whole J. The sampler appends it to the policy's SQL (Policy.sql).
+--
+-- Parameters: $n_groups       how many groups to return
+--             $max_per_peer   hard cap per publishing node (max_per_peer, else $n_groups)
+--             $peer_share_cap soft cap: a peer's groups beyond it come after every other
+--                             peer's (max_peer_share)
+--             $known          peers the receiver has verified enough of (NULL: all known)
+--             $unknown_cap    soft cap on the groups of peers not in $known, all together
+--                             (max_unknown_share)
+per_peer AS (
+    -- Each peer's lowest draws, in order, as many as the hard cap allows: a top-k per
+    -- peer without sorting them all. No answer takes more than $n_groups from one peer,
+    -- so that bounds k as well.
+    SELECT node_id, min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
+    FROM candidates
+    GROUP BY node_id
+),
+ranked AS (
+    SELECT node_id, unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank
+    FROM per_peer
+),
+budgeted AS (
+    -- Groups of peers not yet known beyond $unknown_cap, counted across all of them in
+    -- draw order, come after everything else: many new ids cannot take J.
+    SELECT *, CASE WHEN NOT list_contains($known::VARCHAR[], node_id) THEN row_number() OVER (
+        PARTITION BY list_contains($known::VARCHAR[], node_id) ORDER BY pick.draw) END
+        AS unknown_rank
+    FROM ranked
+)
+SELECT pick.group_id
+FROM budgeted
+ORDER BY peer_rank > $peer_share_cap OR coalesce(unknown_rank > $unknown_cap, false), pick.draw
+LIMIT $n_groups
