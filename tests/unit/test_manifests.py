@@ -44,7 +44,7 @@ def test_for_node_records_the_policy_kind_and_parameters() -> None:
     params = json.loads(m.policy_params)
     assert params["max_per_peer"] == 1 and "kind" not in params
     paper = json.loads(manifest(policy=parse_policy("paper")).policy_params)
-    assert paper == {"max_per_peer": None, "max_peer_share": 0.5}  # the default cap
+    assert paper == {"max_per_peer": None, "max_peer_share": 0.5, "max_unknown_share": 0.25}
 
 
 def test_key_is_under_the_nodes_prefix_and_ignores_the_write_time() -> None:
