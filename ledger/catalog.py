@@ -100,8 +100,6 @@ class FileState:
     """The store's version of the object when it was examined (S3 ETag; local mtime)."""
     status: str = OK
     detail: str = ""
-    current_columns: bool = False
-    """The file holds exactly the current public columns (the usual case)."""
     rows: int = 0
     unpacked: int = 0
     """Bytes its public columns decompress to, by its footer."""
@@ -420,7 +418,6 @@ class Catalog:
         problem = problem or v.schema_problem(kinds)
         if problem:
             state.status, state.detail = v.SCHEMA_MISMATCH, problem
-        state.current_columns = set(kinds) == set(COLUMN_NAMES)
 
     def _judge_content(self, state: FileState, row_groups: int, rows: int, unpacked: int) -> None:
         limits = self.limits
@@ -608,11 +605,16 @@ class Catalog:
             return None
         files = sorted({f for _, f, _ in located})
         self._check_unchanged(files)
-        uniform = all(self._by_path[f].current_columns for f in files if f in self._by_path)
-        scan = scan_sql(sql_list(files), where=f"group_id IN ({wanted})", uniform=uniform)
+        # Always by name: a peer's file may store a column in a narrower type, which a scan
+        # typed by the first file would force onto the others. Only rows the index accepted
+        # (valid_rows) are read out, so a file that repeats one id a million times yields
+        # the group's rows, not the million.
+        scan = scan_sql(sql_list(files), where=f"group_id IN ({wanted})", row_numbers=True)
         try:
             table = self.con.execute(
-                f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM ({scan}) "
+                f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM ({scan}) raw "
+                "SEMI JOIN valid_rows v "
+                "ON raw.filename = v.filename AND raw.file_row_number = v.file_row_number "
                 f"WHERE ({self._reason_sql}) IS NULL",
                 params,
             ).arrow()

@@ -42,14 +42,10 @@ MAX_GROUPS_PER_SAMPLE = 100_000
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-class _ListingMoved(StorageError):
-    """Files listed a moment ago were gone when read: the listing is stale."""
-
-
 READ_ERRORS: tuple[type[BaseException], ...] = (
     duckdb.IOException,  # a file vanished between listing and reading, a bad read
     duckdb.HTTPException,
-    StorageError,  # the store cannot be reached (or _ListingMoved)
+    StorageError,  # the store cannot be reached, or an indexed file changed (FileChanged)
     ConnectionError,
     TimeoutError,
 )
@@ -543,12 +539,17 @@ class Ledger:
         raise AssertionError("unreachable")
 
     def _list(self) -> None:
-        """List the store and index what changed; a listing that went stale while it was
-        read (files vanished) is an error for ``_with_refresh`` to retry."""
+        """List the store and index what changed. A listing that went stale while it was
+        read (files vanished: a compactor's merged file may not be in it yet) is listed
+        once more; files vanished again are left out of this read, never an error: a peer
+        that keeps deleting its own files must not fail everyone's reads."""
         self._last_refresh = stats = self.catalog.refresh()
-        self._listed_at = time.monotonic()
         if stats.vanished:
-            raise _ListingMoved(f"{stats.vanished} listed files vanished before they were read")
+            again = self.catalog.refresh()
+            stats.added += again.added
+            stats.removed += again.removed
+            stats.vanished = again.vanished
+        self._listed_at = time.monotonic()
 
     def _put_new(self, key: str, data: bytes) -> bool:
         """``store.put_new`` under the retry policy: write-once, so a retry is a no-op."""

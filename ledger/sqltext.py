@@ -24,7 +24,7 @@ EMPTY_ROLLOUTS_SQL = f"SELECT {PUBLIC_COLUMNS_SQL} FROM ({TYPED_EMPTY})"
 
 
 def scan_sql(
-    files_expr: str, where: str = "", uniform: bool = False, row_numbers: bool = False
+    files_expr: str, where: str = "", row_numbers: bool = False
 ) -> str:
     """A relation over Parquet files with every public column, whatever version wrote them.
 
@@ -33,8 +33,7 @@ def scan_sql(
     ``UNION ALL BY NAME`` with a typed empty relation fills columns that older files lack
     with NULL; the Hive keys come from the path, which outranks any same-named column a
     peer put inside its file. ``where`` filters inside the scan, where DuckDB can push it
-    down to row-group statistics. ``uniform`` promises that every file has exactly the
-    current columns, which spares the schema union (a hot path when sampling).
+    down to row-group statistics.
     ``row_numbers`` adds ``file_row_number``, each row's position in its file.
     """
     options = (
@@ -46,8 +45,6 @@ def scan_sql(
         options += ", file_row_number = true"
         columns += ", file_row_number"
     filtered = f" WHERE {where}" if where else ""
-    if uniform:
-        return f"SELECT {columns} FROM read_parquet({files_expr}, {options}){filtered}"
     typed_empty = TYPED_EMPTY_NUMBERED if row_numbers else TYPED_EMPTY
     return (
         f"SELECT {columns} FROM (({typed_empty}) UNION ALL BY NAME "

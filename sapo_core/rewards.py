@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,9 +108,15 @@ def _values(value: Any) -> Iterator[Any]:
 
 
 def _numbers(value: Any) -> Iterator[float]:
+    """Every number in a parsed JSON value; integers too large for a float, NaN and
+    infinities come out as ``inf`` (beyond any bound)."""
     for item in _values(value):
         if isinstance(item, int | float) and not isinstance(item, bool):
-            yield float(item)
+            try:
+                number = float(item)
+            except OverflowError:
+                number = math.inf
+            yield number if math.isfinite(number) else math.inf
 
 
 def _depth(value: Any) -> int:

@@ -193,3 +193,10 @@ def test_groups_past_the_verification_budget_are_flagged_not_scored() -> None:
     )
     assert len(scored) == 2
     assert len(problems) == 2 and all("verification budget of 10 s spent" in p for p in problems)
+
+
+def test_huge_or_non_finite_numbers_in_a_peer_config_are_refused_not_raised() -> None:
+    bounds = _bounds()
+    for text in ('{"max_terms": 1' + "0" * 400 + "}", '{"max_terms": NaN}', '{"x": -Infinity}'):
+        problem = bounds.problem("chain_sum", text)
+        assert problem is not None and "beyond this node's bound" in problem

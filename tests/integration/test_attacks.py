@@ -153,6 +153,44 @@ def test_a_peer_cannot_shadow_another_nodes_ids(site, honest):
     assert reader.validate().skipped[v.FOREIGN_ID] == 2
 
 
+def test_a_narrow_column_type_in_one_file_does_not_break_reading_the_others(site, honest):
+    # A peer whose files sort first stores task_index as INT8; an honest file read in the
+    # same scan holds 1000. Reading by name widens both instead of failing the sample.
+    narrow = hostile.attacker_table()
+    narrow = hostile.with_column(narrow, "task_index", pa.array([1, 1], pa.int8()))
+    hostile.plant(
+        honest,
+        "r0-narrow.parquet",
+        hostile.parquet_bytes(narrow),
+        prefix=("swarm_id=sw/node_id=Aevil/day=2026-03-01"),
+    )
+    honest.publish(round_rows("good3", 0, [[1, 0]], task_index=1000))
+    reader = site.open()
+    for seed in range(10):
+        frame = reader.sample("me", 10, seed=seed, swarm_id="sw")
+        assert frame.height > 0
+    assert 1000 in reader.query("SELECT task_index FROM rollouts").get_column("task_index")
+
+
+def test_a_peer_that_keeps_deleting_its_files_does_not_fail_reads(site, honest):
+    reader = site.open()
+    evil = site.open()
+    keys = [
+        hostile.plant(evil, f"r{i}-gone.parquet", hostile.parquet_bytes(hostile.attacker_table()))
+        for i in range(3)
+    ]
+    # Listed, then deleted before they are read: the read goes on without them.
+    listing = reader.store.list
+
+    def list_then_delete(prefix: str = ""):
+        found = listing(prefix)
+        evil.store.delete(keys)
+        return found
+
+    reader.store.list = list_then_delete
+    assert_serves_the_honest_data(reader)
+
+
 def test_a_flooding_peer_is_held_to_its_cap(site, honest):
     honest.publish(hostile.flood(300))
     honest.publish(round_rows("good3", 0, [[1, 0]] * 10))
