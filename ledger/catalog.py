@@ -252,8 +252,8 @@ class Catalog:
             if self.store.size(key) > most:
                 return None
             return self.store.read(key)
-        except (FileNotFoundError, NotRegularFile):
-            return None
+        except (FileNotFoundError, NotRegularFile, PermissionError):
+            return None  # a peer's unreadable object is skipped, never a reader's crash
 
     def _refresh_node_log(self, node_log: node_logs.NodeLog, listing: list[ObjectInfo]) -> None:
         """Keep ``node_log``'s table = the sound lines of its files now in the store."""
@@ -339,6 +339,9 @@ class Catalog:
             data = self.store.read(state.key)
         except FileNotFoundError:
             state.status = VANISHED
+            return
+        except (NotRegularFile, PermissionError) as exc:
+            state.status, state.detail = v.CORRUPT, f"unreadable: {exc}"
             return
         if len(data) != state.size:
             state.status, state.detail = v.CHANGED, "changed while it was examined"

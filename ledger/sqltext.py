@@ -23,9 +23,7 @@ SCANNED_COLUMNS_SQL = PUBLIC_COLUMNS_SQL + ", day, filename"
 EMPTY_ROLLOUTS_SQL = f"SELECT {PUBLIC_COLUMNS_SQL} FROM ({TYPED_EMPTY})"
 
 
-def scan_sql(
-    files_expr: str, where: str = "", row_numbers: bool = False
-) -> str:
+def scan_sql(files_expr: str, where: str = "", row_numbers: bool = False) -> str:
     """A relation over Parquet files with every public column, whatever version wrote them.
 
     Only the public columns (plus ``day`` and ``filename``) are selected by name: whatever

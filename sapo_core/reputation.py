@@ -45,7 +45,8 @@ def evidence(
     """Per publishing peer, what verifying ``groups`` showed: ``scored`` and ``problems``
     as ``score_groups`` returns them (a problem names its row first: ``<rollout_id>: ...``).
     A row dropped only because its group kept fewer than two rows counts as seen, not bad."""
-    failed_ids = {p.split(": ", 1)[0] for p in problems}
+    # Rows left unverified when the round's budget ran out say nothing about their peer.
+    failed_ids = {p.split(": ", 1)[0] for p in problems if "verification budget" not in p}
     kept = {
         r.rollout_id: reward
         for g in scored
@@ -81,8 +82,11 @@ class Reputation:
             self.peers[peer] = self.peers.get(peer, PeerEvidence()) + seen
 
     def bad_share(self, peer: str) -> float:
+        """Failed rows, plus half the misclaimed ones, over rows seen (one good and one bad
+        row as the prior). Misclaims alone stay at or under one half: an honest peer with
+        another verifier setting misclaims every row and is not excluded for it."""
         e = self.peers.get(peer, PeerEvidence())
-        return (e.failed + e.misclaimed + 1) / (e.rows + 2)
+        return (e.failed + 0.5 * e.misclaimed + 1) / (e.rows + 2)
 
     def excluded(self) -> list[str]:
         """Peers with enough evidence against them, sorted."""

@@ -25,9 +25,11 @@ ranked AS (
 budgeted AS (
     -- Groups of peers not yet known beyond $unknown_cap, counted across all of them in
     -- draw order, come after everything else: many new ids cannot take J.
+    -- Ranked by each peer's own order first, so that one flooding newcomer cannot spend
+    -- the whole budget before other newcomers get their first group.
     SELECT *, CASE WHEN NOT list_contains($known::VARCHAR[], node_id) THEN row_number() OVER (
-        PARTITION BY list_contains($known::VARCHAR[], node_id) ORDER BY pick.draw) END
-        AS unknown_rank
+        PARTITION BY list_contains($known::VARCHAR[], node_id) ORDER BY peer_rank, pick.draw)
+        END AS unknown_rank
     FROM ranked
 )
 SELECT pick.group_id
