@@ -447,7 +447,11 @@ class Catalog:
                 self._ingest([state])
 
     def _failure(self, key: str, exc: duckdb.Error) -> tuple[str, str]:
-        """Why reading ``key`` failed: it is corrupt, or it is simply gone."""
+        """Why reading ``key`` failed: it is corrupt, or gone, or the read itself failed (an
+        I/O or HTTP error: like a vanished file, not remembered, so that the next refresh
+        examines it again instead of holding an honest file corrupt until a restart)."""
+        if isinstance(exc, duckdb.IOException | duckdb.HTTPException):
+            return VANISHED, first_line(exc)
         return (v.CORRUPT if self.store.exists(key) else VANISHED), first_line(exc)
 
     def _ingest_query(self, batch: list[FileState]) -> None:
