@@ -32,6 +32,13 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, StorageError) and not isinstance(exc, StoreUnusable)
 
 
+def log_writer(ledger: Ledger, kind: str) -> Any:
+    """The ledger's writer of one node log kind (``LOG_KINDS``)."""
+    if kind not in LOG_KINDS:
+        raise ValueError(f"unknown node log {kind!r}")
+    return ledger.write_training if kind == "training" else ledger.write_evaluation
+
+
 class Backlog:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -73,8 +80,9 @@ class Backlog:
             else:
                 record = json.loads(path.read_text())
                 kind = path.stem.rsplit("-", 1)[1]
-                write = ledger.write_training if kind == "training" else ledger.write_evaluation
-                write(record["swarm_id"], record["node_id"], record["node_round"], record["rows"])
+                log_writer(ledger, kind)(
+                    record["swarm_id"], record["node_id"], record["node_round"], record["rows"]
+                )
             path.unlink()
             written += 1
         if written:

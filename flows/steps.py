@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from flows import checkpoint as checkpoints
-from flows.backlog import is_outage
+from flows.backlog import is_outage, log_writer
 from flows.runtime import NodeRuntime
 from ledger import StorageError
 from sapo_core.assembly import TrainingSet
@@ -249,9 +249,8 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
 
 def write_node_log(node: NodeRuntime, kind: str, round_: int, rows: list[dict[str, Any]]) -> None:
     """Write a training or evaluation log; to the backlog while the ledger is unreachable."""
-    write = node.ledger.write_training if kind == "training" else node.ledger.write_evaluation
     try:
-        write(node.swarm.swarm_id, node.node_id, round_, rows)
+        log_writer(node.ledger, kind)(node.swarm.swarm_id, node.node_id, round_, rows)
     except StorageError as exc:
         if not is_outage(exc):
             raise

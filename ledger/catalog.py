@@ -382,14 +382,12 @@ class Catalog:
                     by_file.setdefault(file_name, []).append(tuple(schema_row))
                 for state in chunk:
                     self._judge_schema(state, by_file.get(state.path, []))
-                passed = [s for s in chunk if s.status == OK]
+                passed = {s.path: s for s in chunk if s.status == OK}
                 if passed:
                     for path, row_groups, rows, unpacked in self._footer_rows(
-                        cursor, CONTENT_SQL, passed
+                        cursor, CONTENT_SQL, list(passed.values())
                     ):
-                        self._judge_content(
-                            self._by_chunk(passed, path), row_groups, rows, unpacked
-                        )
+                        self._judge_content(passed[path], row_groups, rows, unpacked)
             except duckdb.Error:
                 if len(chunk) > 1:
                     for state in chunk:
@@ -410,10 +408,6 @@ class Catalog:
         # Lists go into the SQL text: DuckDB converts a Python list parameter element by
         # element, which costs more than the query on long lists. Keys are safe by then.
         return cursor.execute(sql.format(files=sql_list([s.path for s in chunk]))).fetchall()
-
-    @staticmethod
-    def _by_chunk(chunk: list[FileState], path: str) -> FileState:
-        return next(s for s in chunk if s.path == path)
 
     def _judge_schema(self, state: FileState, rows: list[v.SchemaRow]) -> None:
         problem = v.footer_problem(rows)
