@@ -53,9 +53,11 @@ COLUMNS: Final[tuple[Column, ...]] = (
 
 COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
 
-ID_PATTERN: Final = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}$")
+ID_PATTERN: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,127}$")
 """swarm and node ids become path segments and Hive values: they start with a letter so that
-DuckDB's Hive type inference never reads them as numbers, and hold no path separators."""
+DuckDB's Hive type inference never reads them as numbers, and hold no path separators. They
+hold no dots either: a publisher's group and rollout ids must start with
+``<swarm>.<node>.``, and with dots allowed node ``a.r0`` would own ids of node ``a``."""
 
 
 def arrow_schema(version: int = SCHEMA_VERSION, columns: tuple[Column, ...] = COLUMNS) -> pa.Schema:
@@ -74,7 +76,7 @@ def check_id(kind: str, value: str) -> str:
     """Return ``value`` if it is a valid swarm/node id, else raise ValueError saying why."""
     if not isinstance(value, str) or not ID_PATTERN.match(value):
         raise ValueError(
-            f"invalid {kind} {value!r}: use 1-128 characters from [A-Za-z0-9._-], "
+            f"invalid {kind} {value!r}: use 1-128 characters from [A-Za-z0-9_-] (no dots), "
             "starting with a letter"
         )
     return value

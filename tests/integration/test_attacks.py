@@ -19,6 +19,7 @@ import pytest
 from ledger import Ledger, RecordError, RetryPolicy, RowLimits, StorageError, StoreUnusable
 from ledger import validation as v
 from ledger.policies import RewardFilteredPolicy
+from ledger.records import to_table
 from tests import hostile
 from tests.factories import round_rows
 
@@ -151,6 +152,24 @@ def test_a_peer_cannot_shadow_another_nodes_ids(site, honest):
     )
     assert questions.rows() == [("q0 of good1",)]
     assert reader.validate().skipped[v.FOREIGN_ID] == 2
+
+
+def test_a_node_id_with_a_dot_cannot_claim_another_nodes_namespace(site, honest):
+    # Node `good1.r0` would own ids starting `sw.good1.r0.`, which are good1's round 0.
+    with pytest.raises(ValueError, match="no dots"):
+        honest.publish(to_table(round_rows("good1.r0", 0, [[1, 0]])))
+    gid = "sw.good1.r0.g0"
+    forged = to_table(round_rows("good1.r0", 0, [[1, 0]], question="forged"))
+    forged = hostile.with_column(forged, "group_id", pa.array([gid, gid]))
+    forged = hostile.with_column(forged, "rollout_id", pa.array([f"{gid}.c0", f"{gid}.c1"]))
+    prefix = "swarm_id=sw/node_id=good1.r0/day=2026-03-01"
+    plant(honest, "r0-dotted.parquet", hostile.parquet_bytes(forged), prefix=prefix)
+    reader = site.open()
+    assert_serves_the_honest_data(reader)
+    assert reader.query(
+        f"SELECT DISTINCT question FROM rollouts WHERE group_id = '{gid}'"
+    ).rows() == [("q0 of good1",)]
+    assert reader.validate().bad_files[0][1] == v.MISPLACED
 
 
 def test_a_narrow_column_type_in_one_file_does_not_break_reading_the_others(site, honest):

@@ -55,12 +55,12 @@ def test_columns_added_later_are_not_required_of_older_files():
     assert arrow_schema(2, cols).names == ["a", "b"]
 
 
-@pytest.mark.parametrize("good", ["n", "node-1", "Node_2.b", "a" * 128])
+@pytest.mark.parametrize("good", ["n", "node-1", "Node_2-b", "a" * 128])
 def test_valid_ids(good):
     assert check_id("node_id", good) == good
 
 
-@pytest.mark.parametrize("bad", ["", "1node", "a/b", "x=y", "a b", "a" * 129, "../up"])
+@pytest.mark.parametrize("bad", ["", "1node", "a/b", "x=y", "a b", "a" * 129, "../up", "a.r0"])
 def test_invalid_ids_are_refused(bad):
     with pytest.raises(ValueError, match="invalid node_id"):
         check_id("node_id", bad)
