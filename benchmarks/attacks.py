@@ -175,7 +175,9 @@ def impersonation(site: Site) -> str:
     key = "swarm_id=sw/node_id=good1/day=2026-03-01/r00000007-forged.parquet"
     data = hostile.parquet_bytes(forged)
     store = site.open().store
-    store.put_new(ident.signature_key(key), thief.signature_object(key, data))
+    store.put_new(
+        ident.signature_key(key, ident.sha256_of(data)), thief.signature_object(key, data)
+    )
     store.put_new(key, data)
     return "SELECT count(*) FROM rollouts WHERE node_round = 7"
 

@@ -37,7 +37,7 @@ from ledger.sqltext import (
     sql_list,
     sql_str,
 )
-from ledger.storage import NotRegularFile, ObjectInfo, StorageError, Store
+from ledger.storage import NotRegularFile, ObjectInfo, OversizedObject, StorageError, Store
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +186,20 @@ class Catalog:
         stats = RefreshStats(added=len(added), removed=len(removed))
         if not added and not removed:
             return stats
-        removed_paths = self._forget(removed)
+        # Forgotten files lose their groups at once: whatever fails below, the index never
+        # holds a group whose file it no longer tracks.
+        self._update_groups([], self._forget(removed))
+        self._views_stale = True
         new_states = self._examine_all(added)
         ok = [s for s in new_states if s.status == OK]
-        for start in range(0, len(ok), INGEST_BATCH_FILES):
-            self._ingest(ok[start : start + INGEST_BATCH_FILES])
+        try:
+            for start in range(0, len(ok), INGEST_BATCH_FILES):
+                self._ingest(ok[start : start + INGEST_BATCH_FILES])
+        except BaseException:
+            # Not yet tracked, so not yet served: drop what was indexed of them, and the
+            # next refresh examines them afresh.
+            self._drop_index_rows([s.path for s in ok])
+            raise
         for state in new_states:
             if state.status == VANISHED:
                 stats.added -= 1
@@ -204,8 +213,7 @@ class Catalog:
             elif state.rejected:
                 stats.rejected_rows += sum(state.rejected.values())
                 log.warning("skipping rows of %s: %s", state.key, dict(state.rejected))
-        self._update_groups([s.path for s in ok if s.status == OK], removed_paths)
-        self._views_stale = True
+        self._update_groups([s.path for s in ok if s.status == OK], [])
         return stats
 
     def _forget(self, keys: list[str]) -> list[str]:
@@ -249,10 +257,8 @@ class Catalog:
     def _read_small(self, key: str, most: int) -> bytes | None:
         """The bytes of ``key`` if it is a regular object of at most ``most`` bytes."""
         try:
-            if self.store.size(key) > most:
-                return None
-            return self.store.read(key)
-        except (FileNotFoundError, NotRegularFile, PermissionError):
+            return self.store.read(key, most)
+        except (FileNotFoundError, NotRegularFile, PermissionError, OversizedObject):
             return None  # a peer's unreadable object is skipped, never a reader's crash
 
     def _refresh_node_log(self, node_log: node_logs.NodeLog, listing: list[ObjectInfo]) -> None:
@@ -331,20 +337,25 @@ class Catalog:
             state.status = identity.UNKNOWN_SIGNER
             state.detail = f"no usable key registered for {parts.node_id}: {public or 'none'}"
             return
-        signature = self._read_small(identity.signature_key(state.key), identity.MAX_OBJECT_BYTES)
-        if signature is None:
-            state.status, state.detail = identity.UNSIGNED, "no signature object"
-            return
         try:
-            data = self.store.read(state.key)
+            data = self.store.read(state.key, self.limits.max_file_bytes)
         except FileNotFoundError:
             state.status = VANISHED
             return
         except (NotRegularFile, PermissionError) as exc:
             state.status, state.detail = v.CORRUPT, f"unreadable: {exc}"
             return
+        except OversizedObject:
+            state.status, state.detail = v.CHANGED, "grew while it was examined"
+            return
         if len(data) != state.size:
             state.status, state.detail = v.CHANGED, "changed while it was examined"
+            return
+        signature = self._read_small(
+            identity.signature_key(state.key, identity.sha256_of(data)), identity.MAX_OBJECT_BYTES
+        )
+        if signature is None:
+            state.status, state.detail = identity.UNSIGNED, "no signature for these bytes"
             return
         problem = identity.verify(public, state.key, signature, data)
         if problem:
@@ -519,8 +530,7 @@ class Catalog:
             f"WHERE list_contains({removed}, source_file)"
         )
         if removed_paths:
-            con.execute(f"DELETE FROM valid_rows WHERE list_contains({removed}, filename)")
-            con.execute(f"DELETE FROM group_index WHERE list_contains({removed}, source_file)")
+            self._drop_index_rows(removed_paths)
             con.execute(f"DELETE FROM groups WHERE list_contains({removed}, source_file)")
         con.execute(
             f"""INSERT INTO groups
@@ -531,6 +541,13 @@ class Catalog:
             QUALIFY row_number() OVER (PARTITION BY gi.group_id ORDER BY gi.source_file) = 1"""
         )
         con.execute("DROP TABLE _orphaned")
+
+    def _drop_index_rows(self, paths: list[str]) -> None:
+        """Forget the indexed groups and accepted rows of the files at ``paths``."""
+        if paths:
+            listed = sql_list(paths)
+            self.con.execute(f"DELETE FROM valid_rows WHERE list_contains({listed}, filename)")
+            self.con.execute(f"DELETE FROM group_index WHERE list_contains({listed}, source_file)")
 
     def ensure_views(self) -> None:
         """(Re)define ``rollouts`` and ``ledger_files`` after the file set changed.

@@ -24,6 +24,7 @@ from ledger import identity
 from ledger.catalog import Catalog
 from ledger.keys import compacted_key, parse_key
 from ledger.sqltext import PUBLIC_COLUMNS_SQL, scan_sql, sql_list
+from ledger.storage import OversizedObject
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +106,69 @@ def plan_compaction(
     return jobs
 
 
+class UnverifiedInput(ValueError):
+    """An input of a signing compaction that its node's key did not sign (or that changed
+    since it was indexed): the job is skipped rather than vouch for bytes no one checked."""
+
+
+def _local_copy(folder: Path, job: CompactionJob, i: int) -> Path:
+    """Where input ``i`` is copied: under its partition's path, which readers take the
+    swarm, node and day from."""
+    path = folder / job.partition / f"in-{i}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _fetch_inputs(
+    catalog: Catalog, job: CompactionJob, folder: Path, signer: identity.NodeKey | None
+) -> dict[str, str]:
+    """Copy ``job``'s inputs into ``folder``, each checked against what was indexed (size,
+    and with a ``signer`` its own signature over the bytes); key -> SHA-256.
+
+    The merge reads these copies, never the store: what is merged (and signed) is exactly
+    what was checked, however the objects change meanwhile.
+    """
+    digests = {}
+    for i, key in enumerate(job.inputs):
+        state = catalog.files.get(key)
+        try:
+            data = catalog.store.read(key, catalog.limits.max_file_bytes)
+        except OversizedObject as exc:
+            raise UnverifiedInput(f"{key} changed since it was indexed") from exc
+        if state is None or len(data) != state.size:
+            raise UnverifiedInput(f"{key} changed since it was indexed")
+        sha = identity.sha256_of(data)
+        if signer is not None:
+            where = identity.signature_key(key, sha)
+            try:
+                signature = catalog.store.read(where, identity.MAX_OBJECT_BYTES)
+            except (FileNotFoundError, OversizedObject) as exc:
+                raise UnverifiedInput(f"{key} has no usable signature") from exc
+            problem = identity.verify(signer.private.public_key(), key, signature, data)
+            if problem:
+                raise UnverifiedInput(f"{key}: {problem}")
+        _local_copy(folder, job, i).write_bytes(data)
+        digests[key] = sha
+    return digests
+
+
 def run_job(catalog: Catalog, job: CompactionJob, signer: identity.NodeKey | None = None) -> int:
     """Merge ``job.inputs`` into ``job.output`` (signed by ``signer`` if given), then delete
-    the inputs and their signatures. Returns rows written."""
+    the inputs and their signatures. Returns rows written.
+
+    FileNotFoundError if an input vanished (another compactor got there first),
+    UnverifiedInput if one is not what was indexed or not signed by ``signer``.
+    """
     store, con = catalog.store, catalog.con
-    paths = [store.reader_path(k) for k in job.inputs]
-    merged = f"""SELECT {PUBLIC_COLUMNS_SQL} FROM ({scan_sql(sql_list(paths))})
-        QUALIFY rollout_id IS NULL
-             OR row_number() OVER (PARTITION BY rollout_id ORDER BY filename, completion) = 1
-        ORDER BY group_id, rollout_id"""
     with tempfile.TemporaryDirectory(prefix="sapo-compact-") as tmp:
-        out = Path(tmp) / "merged.parquet"
+        folder = Path(tmp)
+        digests = _fetch_inputs(catalog, job, folder, signer)
+        paths = [str(_local_copy(folder, job, i)) for i in range(len(job.inputs))]
+        merged = f"""SELECT {PUBLIC_COLUMNS_SQL} FROM ({scan_sql(sql_list(paths))})
+            QUALIFY rollout_id IS NULL
+                 OR row_number() OVER (PARTITION BY rollout_id ORDER BY filename, completion) = 1
+            ORDER BY group_id, rollout_id"""
+        out = folder / "merged.parquet"
         con.execute(
             f"COPY ({merged}) TO '{out}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)"
         )
@@ -128,13 +181,14 @@ def run_job(catalog: Catalog, job: CompactionJob, signer: identity.NodeKey | Non
         data = out.read_bytes()
         if signer is not None:
             store.put_new(
-                identity.signature_key(job.output), signer.signature_object(job.output, data)
+                identity.signature_key(job.output, identity.sha256_of(data)),
+                signer.signature_object(job.output, data),
             )
         store.put_new(job.output, data)
     # Inputs go only after the merged object is durable and visible.
     inputs = [k for k in job.inputs if k != job.output]
     store.delete(inputs)
-    store.delete([identity.signature_key(k) for k in inputs])
+    store.delete([identity.signature_key(k, digests[k]) for k in inputs])
     log.info("compacted %d files of %s into %s", len(job.inputs), job.partition, job.output)
     return int(written[0])
 
@@ -177,7 +231,9 @@ def compact(
             continue
         try:
             report.rows += run_job(catalog, job, signer if own else None)
-        except duckdb.Error as exc:  # an input vanished: another compactor got there first
+        except (duckdb.Error, FileNotFoundError, UnverifiedInput) as exc:
+            # An input vanished (another compactor got there first), or is not what was
+            # checked when it was indexed: leave the partition as it is.
             log.warning("skipping %s: %s", job.partition, exc)
             report.skipped_partitions.append(job.partition)
             continue

@@ -4,11 +4,14 @@ Anyone who can write to the bucket is a peer, and a path is only a claim. So eac
 a signing key, and every Parquet file it publishes gets a signature object beside it::
 
     <root>/_keys/swarm_id=<S>/node_id=<N>/key.jsonl              the node's public key
-    <root>/_signatures/<the file's key minus .parquet>.jsonl     its signature
+    <root>/_signatures/<the file's key minus .parquet>/<sha256>.jsonl   its signature
     <root>/_swarms/swarm_id=<S>/swarm.jsonl                      the swarm's rules
 
 The signature covers ``sapo-signature-v1``, the file's key and the SHA-256 of its bytes, so
 a signature cannot be replayed for another file, another name, or another node's prefix.
+Signatures are named by the digest of the bytes they sign, and written before the file: a
+publish that wrote its signature and failed before the file is retried with new bytes (a new
+``published_at``), which get a signature of their own instead of meeting the old one.
 
 **Which key is a node's: a key object per node, written once, first writer wins.** Both
 writes are conditional (S3 ``If-None-Match``, a local hard link), so exactly one key object
@@ -78,8 +81,9 @@ def swarm_rules_key(swarm_id: str) -> str:
     return f"{SWARMS_PREFIX}swarm_id={check_id('swarm_id', swarm_id)}/swarm.jsonl"
 
 
-def signature_key(file_key: str) -> str:
-    return f"{SIGNATURES_PREFIX}{file_key.removesuffix('.parquet')}.jsonl"
+def signature_key(file_key: str, sha256: str) -> str:
+    """Where the signature of ``file_key`` holding bytes of digest ``sha256`` lives."""
+    return f"{SIGNATURES_PREFIX}{file_key.removesuffix('.parquet')}/{sha256}.jsonl"
 
 
 def signed_message(file_key: str, sha256: str) -> bytes:

@@ -187,11 +187,11 @@ class Ledger:
             )
             buffer = io.BytesIO()
             pq.write_table(part, buffer, compression="zstd")
+            data = buffer.getvalue()
             if signer is not None:  # the signature first: a reader never sees it missing
-                self._put_new(
-                    identity.signature_key(key), signer.signature_object(key, buffer.getvalue())
-                )
-            if self._put_new(key, buffer.getvalue()):
+                sha = identity.sha256_of(data)
+                self._put_new(identity.signature_key(key, sha), signer.signature_object(key, data))
+            if self._put_new(key, data):
                 log.debug("published %d rows to %s", part.num_rows, key)
             else:
                 log.info("%s already holds these rows: nothing written", key)

@@ -66,7 +66,7 @@ from pydantic import (
 
 from ledger.keys import digest, node_prefix
 from ledger.schema import check_id
-from ledger.storage import ObjectInfo, StorageError, Store
+from ledger.storage import ObjectInfo, OversizedObject, StorageError, Store
 
 log = logging.getLogger(__name__)
 
@@ -341,9 +341,11 @@ class ManifestIndex:
             size = obj.size if obj.size is not None else self.store.size(key)
             if size > MAX_MANIFEST_BYTES:  # never read an oversized object
                 return key, Skipped(key, OVERSIZED, f"{size} bytes > {MAX_MANIFEST_BYTES}")
-            data = self.store.read(key)
+            data = self.store.read(key, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             return None
+        except OversizedObject:  # grew since it was listed
+            return key, Skipped(key, OVERSIZED, f"more than {MAX_MANIFEST_BYTES} bytes")
         except OSError as exc:  # the ledger's retry policy owns storage failures
             raise StorageError(f"reading manifest {key} failed: {exc}") from exc
         try:

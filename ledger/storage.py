@@ -44,8 +44,19 @@ class NotRegularFile(OSError):
     would block its reader forever, a link could point anywhere)."""
 
 
+class OversizedObject(ValueError):
+    """An object larger than its reader reads: never read past the bound, whatever a listing
+    said its size was when it was checked."""
+
+
 MAX_UNSAFE_KEYS = 1000
 """Unsafe keys a store remembers for ``sapo ledger validate`` (a peer could make millions)."""
+
+
+def _bounded(key: str, data: bytes, most: int | None) -> bytes:
+    if most is not None and len(data) > most:
+        raise OversizedObject(f"{key} holds more than {most} bytes")
+    return data
 
 
 def _check_key(key: str) -> str:
@@ -86,7 +97,10 @@ class Store(Protocol):
     def size(self, key: str) -> int: ...
     def stat(self, key: str) -> tuple[int, str | None]: ...
     def put_new(self, key: str, data: bytes) -> bool: ...
-    def read(self, key: str) -> bytes: ...
+    def read(self, key: str, most: int | None = None) -> bytes:
+        """The object's bytes; OversizedObject once more than ``most`` arrive."""
+        ...
+
     def exists(self, key: str) -> bool: ...
     def delete(self, keys: Sequence[str]) -> None: ...
     def reader_path(self, key: str) -> str: ...
@@ -188,9 +202,21 @@ class LocalStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def read(self, key: str) -> bytes:
-        self.size(key)  # never open a FIFO or follow a link
-        return self._path(key).read_bytes()
+    def read(self, key: str, most: int | None = None) -> bytes:
+        # Checked on the open descriptor, not the name: the entry may be swapped for a link
+        # or FIFO after a stat (O_NONBLOCK: opening a FIFO does not wait for a writer).
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(os.path.join(self._root, _check_key(key)), flags)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotRegularFile(f"{key} is not a regular file") from exc
+            raise
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotRegularFile(f"{key} is not a regular file")
+            data = handle.read() if most is None else handle.read(most + 1)
+        return _bounded(key, data, most)
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
@@ -288,9 +314,12 @@ class S3Store:
             raise
         return True
 
-    def read(self, key: str) -> bytes:
-        data: bytes = self._call("get", self.fs.cat_file, self._path(key))
-        return data
+    def read(self, key: str, most: int | None = None) -> bytes:
+        # A ranged GET: an object overwritten since its size was checked still costs at most
+        # ``most`` + 1 bytes.
+        bounds = {} if most is None else {"start": 0, "end": most + 1}
+        data: bytes = self._call("get", self.fs.cat_file, self._path(key), **bounds)
+        return _bounded(key, data, most)
 
     def size(self, key: str) -> int:
         return self.stat(key)[0]

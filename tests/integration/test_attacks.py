@@ -20,6 +20,7 @@ from ledger import Ledger, RecordError, RetryPolicy, RowLimits, StorageError, St
 from ledger import validation as v
 from ledger.policies import RewardFilteredPolicy
 from ledger.records import to_table
+from ledger.storage import NotRegularFile, OversizedObject
 from tests import hostile
 from tests.factories import round_rows
 
@@ -123,6 +124,31 @@ def test_links_and_fifos_in_a_local_ledger_are_never_opened(local_site, kind, tm
         with open(target, "wb"):  # unblock the reader so the test run can end
             pass
     assert done.is_set(), "the reader blocked"
+
+
+def test_reads_stop_at_their_bound_whatever_the_object_became(site, honest):
+    # A key or signature object is checked small, then swapped for a large one: the read
+    # itself is bounded (a ranged GET on S3), not only the size check before it.
+    key = plant(honest, "r0-grown.parquet", b"x" * 5000)
+    with pytest.raises(OversizedObject):
+        honest.store.read(key, 4096)
+    assert honest.store.read(key, 5000) == b"x" * 5000
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_local_read_refuses_links_and_fifos_swapped_in_after_a_stat(local_site, kind, tmp_path):
+    led = local_site.open()
+    key = plant(led, "r0-swap.parquet", b"small")
+    path = os.path.join(led.store.root, key)
+    assert led.store.stat(key)[0] == 5
+    os.unlink(path)
+    if kind == "fifo":
+        os.mkfifo(path)  # a plain open() would wait for a writer forever
+    else:
+        (tmp_path / "secret").write_bytes(b"not the ledger's")
+        os.symlink(tmp_path / "secret", path)
+    with pytest.raises(NotRegularFile):
+        led.store.read(key, 4096)
 
 
 def test_a_decompression_bomb_is_refused_by_its_footer(site, honest):

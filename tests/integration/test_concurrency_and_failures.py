@@ -80,6 +80,26 @@ def test_stale_paths_fail_loudly_rather_than_silently(site):
     assert reader.sample("b", 3, seed=0).get_column("group_id").n_unique() == 3
 
 
+def test_a_refresh_that_fails_midway_leaves_no_group_of_a_forgotten_file(site, monkeypatch):
+    writer, reader = site.open(), site.open()
+    (gone,) = writer.publish(round_rows("a", 0, [[1, 0]]))
+    reader.refresh()
+    writer.store.delete([gone])
+    writer.publish(round_rows("a", 1, [[1, 0]]))
+
+    def fail(batch):
+        raise StorageError("connection reset while reading the new file")
+
+    monkeypatch.setattr(reader.catalog, "_ingest", fail)
+    with pytest.raises(StorageError):
+        reader.catalog.refresh()
+    assert reader.catalog.con.execute("SELECT count(*) FROM groups").fetchone() == (0,)
+    monkeypatch.undo()
+    drawn = reader.sample("b", 10, seed=0)
+    assert drawn.get_column("group_id").unique().to_list() == ["sw.a.r1.g0"]
+    assert reader.validate().clean
+
+
 def test_unreachable_storage_is_a_clear_error_and_loses_nothing(s3_server):
     dead = {
         "key": "k",

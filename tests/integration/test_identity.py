@@ -50,7 +50,9 @@ def test_a_file_signed_with_another_key_is_skipped(site, swarm):
     key = "swarm_id=sw/node_id=a/day=2026-03-01/r00000001-forged.parquet"
     data = parquet_bytes(rows)
     writer = site.open()
-    writer.store.put_new(ident.signature_key(key), thief.signature_object(key, data))
+    writer.store.put_new(
+        ident.signature_key(key, ident.sha256_of(data)), thief.signature_object(key, data)
+    )
     writer.store.put_new(key, data)
     reader = site.open()
     assert statuses(reader)[key] == ident.BAD_SIGNATURE
@@ -74,15 +76,52 @@ def test_a_signature_replayed_for_another_node_or_name_is_skipped(site, swarm):
         k for k in writer.catalog.store.list() if k.key.startswith("swarm_id=sw/node_id=a/")
     )
     data = writer.store.read(original.key)
-    signature = writer.store.read(ident.signature_key(original.key))
+    sha = ident.sha256_of(data)
+    signature = writer.store.read(ident.signature_key(original.key, sha))
     for copy in (
         original.key.replace("node_id=a", "node_id=b"),  # b's prefix, a's signature
         original.key.replace(".parquet", "0.parquet"),  # a's prefix, another name
     ):
-        writer.store.put_new(ident.signature_key(copy), signature)
+        writer.store.put_new(ident.signature_key(copy, sha), signature)
         writer.store.put_new(copy, data)
     found = statuses(site.open())
     assert len(found) == 2 and set(found.values()) == {ident.BAD_SIGNATURE}
+
+
+def test_bytes_changed_beside_their_signature_are_unsigned(site, swarm):
+    # Someone with the bucket's write access replaces a signed file: its signature names
+    # the old bytes' digest, so the new bytes have none.
+    writer = site.open()
+    original = next(
+        o.key for o in writer.store.list() if o.key.startswith("swarm_id=sw/node_id=b/")
+    )
+    writer.store.delete([original])
+    writer.store.put_new(original, parquet_bytes(to_table(round_rows("b", 0, [[1, 1]]))))
+    reader = site.open()
+    assert statuses(reader) == {original: ident.UNSIGNED}
+    assert served_nodes(reader) == {"a"}
+
+
+def test_a_publish_that_failed_after_its_signature_succeeds_when_retried(site, swarm, monkeypatch):
+    # The signature landed, the file did not; the retry (a later round, a new published_at)
+    # writes other bytes, which get their own signature instead of meeting the first one.
+    a = site.open(signer=swarm["a"])
+
+    def put_signature_only(key, data):
+        if key.endswith(".parquet"):
+            raise OSError("connection reset while writing the file")
+        return real(key, data)
+
+    real = a.store.put_new
+    monkeypatch.setattr(a.store, "put_new", put_signature_only)
+    rows = round_rows("a", 1, [[1, 0]])
+    with pytest.raises(OSError):
+        a.publish(rows, now=datetime(2026, 3, 1, 10, tzinfo=UTC))
+    monkeypatch.setattr(a.store, "put_new", real)
+    a.publish(rows, now=datetime(2026, 3, 1, 11, tzinfo=UTC))
+    reader = site.open()
+    assert reader.validate().clean
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_round = 1").item() == 2
 
 
 def test_a_node_id_holds_the_first_key_registered(site, swarm):
@@ -108,6 +147,18 @@ def test_only_a_node_compacts_its_signed_files(site, swarm):
     reader = site.open()
     assert reader.validate().clean
     assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'a'").item() == 6
+
+
+def test_a_node_never_signs_a_merge_of_files_it_did_not_sign(site, swarm):
+    # An unsigned file in a's own prefix (a shared credential, or a signature lost). Even a
+    # ledger that indexes it (signature checks off) will not merge it under a's signature.
+    later = datetime(2100, 1, 1, tzinfo=UTC).date()
+    site.open().publish(round_rows("a", 3, [[1, 0]]))
+    own = site.open(signer=swarm["a"], signatures="off").compact(["a"], before=later)
+    assert own.jobs == 0 and own.skipped_partitions
+    reader = site.open()
+    assert list(statuses(reader).values()) == [ident.UNSIGNED]
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'a'").item() == 4
 
 
 def test_open_swarms_serve_unsigned_files_unless_the_reader_requires_signatures(site):
