@@ -120,9 +120,9 @@ class RewardConfig(Strict):
     max_config_number: float = Field(
         1000.0,
         gt=0.0,
-        description="A peer's task_config may hold no number larger in magnitude than this, "
-        "or than 10x the largest in this node's own config of the task, whichever is larger; "
-        "others are refused before the dataset is built (a legal config can cost minutes).",
+        description="Largest number a peer's task_config may hold in a field this node does "
+        "not set itself (a field it sets may reach 10x its own value); others are refused "
+        "before the dataset is built (a legal config can cost minutes).",
     )
     verify_budget_s: float = Field(
         120.0,

@@ -52,28 +52,39 @@ MAX_CONFIG_DEPTH = 4
 MAX_CONFIG_ITEMS = 64
 
 
+FIELD_FLOOR = 10.0
+"""The least bound of a field the node sets itself: own values of 0 or 1 (flags, minima)
+would otherwise refuse any other setting."""
+
+
 @dataclass(frozen=True)
 class ConfigBounds:
     """Which task configs this node builds for a peer: its own, or any whose numbers stay
-    within per-task bounds (``RewardConfig.max_config_number``, or 10x the largest number of
-    the node's own config of that task)."""
+    within per-field bounds. A field the node sets in its own config of the task may be up to
+    10x its own largest value (at least ``FIELD_FLOOR``); any other field, and every field
+    of a task the node has no config of, up to ``default`` (``RewardConfig.max_config_number``).
+    """
 
     own: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Per task, the canonical JSON of the node's own configs (always accepted)."""
-    largest: Mapping[str, float] = field(default_factory=dict)
-    """Per task, the largest number in the node's own configs."""
+    largest: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Per task and field path, the largest number the node's own configs hold there."""
     default: float = 1000.0
 
     @classmethod
     def of(cls, own: Mapping[str, Sequence[Mapping[str, Any]]], default: float) -> ConfigBounds:
         texts = {t: frozenset(canonical_config(dict(c)) for c in cs) for t, cs in own.items()}
-        largest = {
-            t: max([abs(x) for c in cs for x in _numbers(c)] or [0.0]) for t, cs in own.items()
-        }
+        largest: dict[str, dict[str, float]] = {}
+        for task, configs in own.items():
+            fields = largest.setdefault(task, {})
+            for config in configs:
+                for path, number in _numbers(config):
+                    fields[path] = max(fields.get(path, 0.0), abs(number))
         return cls(texts, largest, default)
 
-    def bound(self, task: str) -> float:
-        return max(self.default, 10 * self.largest.get(task, 0.0))
+    def bound(self, task: str, path: str) -> float:
+        own = self.largest.get(task, {}).get(path)
+        return self.default if own is None else max(10 * own, FIELD_FLOOR)
 
     def problem(self, task: str, task_config: str) -> str | None:
         """Why this node refuses to build ``task`` with ``task_config``, or None."""
@@ -87,36 +98,39 @@ class ConfigBounds:
             return "task_config is not a JSON object"
         if _depth(config) > MAX_CONFIG_DEPTH:
             return f"task_config nested deeper than {MAX_CONFIG_DEPTH}"
-        if any(isinstance(v, list) and len(v) > MAX_CONFIG_ITEMS for v in _values(config)):
+        if any(isinstance(v, list) and len(v) > MAX_CONFIG_ITEMS for _, v in _values(config)):
             return f"task_config holds a list longer than {MAX_CONFIG_ITEMS}"
-        bound = self.bound(task)
-        big = [x for x in _numbers(config) if abs(x) > bound]
-        if big:
-            return f"task_config number {big[0]} beyond this node's bound {bound:g} for {task}"
+        for path, number in _numbers(config):
+            bound = self.bound(task, path)
+            if abs(number) > bound:
+                return (
+                    f"task_config {path} = {number:g} beyond this node's bound {bound:g} for {task}"
+                )
         return None
 
 
-def _values(value: Any) -> Iterator[Any]:
-    stack = [value]
+def _values(value: Any) -> Iterator[tuple[str, Any]]:
+    """Every value in a parsed JSON value, with its path (``a.b``; list items ``a[]``)."""
+    stack: list[tuple[str, Any]] = [("", value)]
     while stack:
-        item = stack.pop()
-        yield item
+        path, item = stack.pop()
+        yield path, item
         if isinstance(item, dict):
-            stack.extend(item.values())
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend((f"{path}[]", v) for v in item)
 
 
-def _numbers(value: Any) -> Iterator[float]:
-    """Every number in a parsed JSON value; integers too large for a float, NaN and
-    infinities come out as ``inf`` (beyond any bound)."""
-    for item in _values(value):
+def _numbers(value: Any) -> Iterator[tuple[str, float]]:
+    """Every number in a parsed JSON value, with its path; integers too large for a float,
+    NaN and infinities come out as ``inf`` (beyond any bound)."""
+    for path, item in _values(value):
         if isinstance(item, int | float) and not isinstance(item, bool):
             try:
                 number = float(item)
             except OverflowError:
                 number = math.inf
-            yield number if math.isfinite(number) else math.inf
+            yield path, (number if math.isfinite(number) else math.inf)
 
 
 def _depth(value: Any) -> int:

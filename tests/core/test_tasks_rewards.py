@@ -157,12 +157,31 @@ def test_an_expensive_peer_config_is_refused_before_it_is_built(monkeypatch) -> 
         Group("peer.g", "external", tuple(rows)), RewardConfig(), _bounds()
     )
     assert scored is None and len(problems) == 4
-    assert all("beyond this node's bound 1000" in p for p in problems)
+    assert all("max_terms = 2e+07 beyond this node's bound 20 for chain_sum" in p for p in problems)
     assert built == []
     # The node's own config, and a peer's within bounds, are built and scored.
     harder = dataclasses.replace(q, task_config=canonical_config({"min_terms": 2, "max_terms": 3}))
     assert _bounds().problem(q.task, q.task_config) is None
     assert _bounds().problem(harder.task, harder.task_config) is None
+
+
+def test_each_config_field_has_its_own_bound() -> None:
+    # The node sets chain_sum's min_terms and max_terms to 2: each may reach 20 (10x). A
+    # field it does not set, and any field of a task it has no config of, may reach 1000.
+    bounds = _bounds()
+    assert bounds.problem("chain_sum", canonical_config({"max_terms": 20})) is None
+    assert "max_terms = 21 beyond this node's bound 20" in str(
+        bounds.problem("chain_sum", canonical_config({"max_terms": 21}))
+    )
+    assert bounds.problem("chain_sum", canonical_config({"max_digits": 1000})) is None
+    assert "max_digits = 1001 beyond" in str(
+        bounds.problem("chain_sum", canonical_config({"max_digits": 1001}))
+    )
+    assert bounds.problem("products", canonical_config({"max_terms": 999})) is None
+    nested = canonical_config({"spec": {"sizes": [1, 2, 5000]}})
+    assert "spec.sizes[] = 5000 beyond this node's bound 1000" in str(
+        bounds.problem("products", nested)
+    )
 
 
 def test_a_group_rebuilds_its_question_once(monkeypatch) -> None:
