@@ -167,6 +167,12 @@ def shadowing(site: Site) -> str:
     return "SELECT count(*) FROM rollouts WHERE question = 'forged'"
 
 
+def dotted_namespace(site: Site) -> str:
+    prefix, data = hostile.dotted_namespace("good1")
+    hostile.plant(site.open(), "r0-dotted.parquet", data, prefix=prefix)
+    return "SELECT count(*) FROM rollouts WHERE question = 'forged'"
+
+
 def impersonation(site: Site) -> str:
     """publish() as the victim, in a swarm that requires signatures (the sapo default)."""
     thief = NodeKey.generate("sw", "evil")
@@ -223,6 +229,7 @@ ATTACKS: dict[str, Callable[[Site], str]] = {
     "bomb-dictionary-4gib": bomb_dictionary(4.0),
     "10M-tiny-rows": tiny_rows(10_000_000),
     "shadow-ids": shadowing,
+    "dotted-node-id": dotted_namespace,
     "impersonation": impersonation,
     "flood-1200": flood(1200),
     "sybil-300": flood(1200, sybils=300),

@@ -97,6 +97,17 @@ def shadowing(victim: str, victim_round: int = 0) -> bytes:
     return parquet_bytes(with_column(table, "question", pa.array(["forged", "forged"])))
 
 
+def dotted_namespace(victim: str, victim_round: int = 0) -> tuple[str, bytes]:
+    """(prefix, file) of node ``<victim>.r<round>``, whose namespace ``sw.<victim>.r<round>.``
+    would hold the victim's own group ids if node ids could contain dots."""
+    node = f"{victim}.r{victim_round}"
+    gid = f"sw.{victim}.r{victim_round}.g0"
+    table = to_table(round_rows(node, victim_round, [[1, 0]], question="forged"))
+    table = with_column(table, "group_id", pa.array([gid, gid]))
+    table = with_column(table, "rollout_id", pa.array([f"{gid}.c0", f"{gid}.c1"]))
+    return f"swarm_id=sw/node_id={node}/day=2026-03-01", parquet_bytes(table)
+
+
 def from_the_future(node_round: int = 0) -> pa.Table:
     stamp = datetime(2100, 1, 1, tzinfo=UTC)
     return to_table(round_rows(ATTACKER, node_round, [[1, 0]], published_at=stamp))

@@ -185,11 +185,8 @@ def test_a_node_id_with_a_dot_cannot_claim_another_nodes_namespace(site, honest)
     with pytest.raises(ValueError, match="no dots"):
         honest.publish(to_table(round_rows("good1.r0", 0, [[1, 0]])))
     gid = "sw.good1.r0.g0"
-    forged = to_table(round_rows("good1.r0", 0, [[1, 0]], question="forged"))
-    forged = hostile.with_column(forged, "group_id", pa.array([gid, gid]))
-    forged = hostile.with_column(forged, "rollout_id", pa.array([f"{gid}.c0", f"{gid}.c1"]))
-    prefix = "swarm_id=sw/node_id=good1.r0/day=2026-03-01"
-    plant(honest, "r0-dotted.parquet", hostile.parquet_bytes(forged), prefix=prefix)
+    prefix, forged = hostile.dotted_namespace("good1")
+    plant(honest, "r0-dotted.parquet", forged, prefix=prefix)
     reader = site.open()
     assert_serves_the_honest_data(reader)
     assert reader.query(
