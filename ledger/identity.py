@@ -221,6 +221,8 @@ class Registry:
     def __init__(self) -> None:
         self.keys: dict[tuple[str, str], Ed25519PublicKey | IdentityError] = {}
         self.rules: dict[str, SignatureMode | IdentityError] = {}
+        self.pinned: set[str] = set()
+        """Swarms this reader requires signatures of, whatever their rules object says."""
         self._seen: set[str] = set()
 
     def learn(self, key: str, data: bytes | None) -> None:
@@ -246,12 +248,17 @@ class Registry:
     def unseen(self, keys: list[str]) -> list[str]:
         return [k for k in keys if k not in self._seen and _place(k) is not None]
 
+    def pin_required(self, swarm_id: str) -> None:
+        self.pinned.add(swarm_id)
+
     def requires_signatures(self, swarm_id: str, mode: str) -> bool:
         """Whether files of ``swarm_id`` must be signed, under the reader's ``mode``
         ('swarm': as its rules say, 'required': always, 'off': never). Unreadable rules
         count as required: a peer cannot open a swarm by corrupting them."""
         if mode != "swarm":
             return mode == "required"
+        if swarm_id in self.pinned:
+            return True
         rules = self.rules.get(swarm_id, "open")
         return rules != "open"
 

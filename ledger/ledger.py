@@ -206,7 +206,9 @@ class Ledger:
         if self._put_new(where, key.key_object()):
             log.info("registered the key of %s/%s", key.swarm_id, key.node_id)
             return
-        data = self._store_call(f"reading {where}", self.store.read, where)
+        data = self._store_call(
+            f"reading {where}", self.store.read, where, identity.MAX_OBJECT_BYTES
+        )
         try:
             registered = identity.parse_public_key(data, key.swarm_id, key.node_id)
         except identity.IdentityError as exc:
@@ -222,11 +224,17 @@ class Ledger:
     @_serialized
     def declare_swarm(self, swarm_id: str, signatures: identity.SignatureMode) -> str:
         """Write ``swarm_id``'s rules unless written already; return the rules in force
-        (the first written)."""
+        (the first written). A ledger that declares ``required`` requires signatures of that
+        swarm's files from then on, whatever the rules object says or comes to say: a node
+        trusts its own configuration over an object in the bucket."""
+        if signatures == "required":
+            self.catalog.registry.pin_required(swarm_id)
         where = identity.swarm_rules_key(swarm_id)
         if self._put_new(where, identity.rules_object(signatures)):
             return signatures
-        data = self._store_call(f"reading {where}", self.store.read, where)
+        data = self._store_call(
+            f"reading {where}", self.store.read, where, identity.MAX_OBJECT_BYTES
+        )
         try:
             mode = identity.parse_rules(data)
         except identity.IdentityError as exc:
