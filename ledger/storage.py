@@ -104,6 +104,11 @@ class Store(Protocol):
     def exists(self, key: str) -> bool: ...
     def delete(self, keys: Sequence[str]) -> None: ...
     def reader_path(self, key: str) -> str: ...
+    def check_exists(self) -> None:
+        """StoreUnusable unless the ledger's place exists (a folder, a bucket): what readers
+        call first, so that a mistyped path is an error rather than an empty ledger."""
+        ...
+
     def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None: ...
 
 
@@ -231,6 +236,10 @@ class LocalStore:
     def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None:
         return None
 
+    def check_exists(self) -> None:
+        if not self.root.is_dir():
+            raise StoreUnusable(f"no ledger at {self.root}: the folder does not exist")
+
 
 class S3Store:
     """A ledger under ``s3://bucket/prefix`` on AWS, MinIO or any S3-compatible store."""
@@ -291,6 +300,9 @@ class S3Store:
                 etag = info.get("ETag") or info.get("etag")
                 out.append(ObjectInfo(key, int(info.get("size", 0)), etag and str(etag)))
         return sorted(out, key=lambda o: o.key)
+
+    def check_exists(self) -> None:
+        self._check_bucket()
 
     def _check_bucket(self) -> None:
         """StoreUnusable unless the bucket exists: an empty listing of a missing bucket

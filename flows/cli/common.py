@@ -91,12 +91,20 @@ def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
 
 
 def open_ledger(url: str, storage_options: list[str] | None) -> Ledger:
+    """An existing ledger to read: a path or bucket that does not exist is an error here, not
+    an empty ledger (only writers create one)."""
     from ledger import Ledger
 
     try:
-        return Ledger(url, parse_storage_options(storage_options))
+        led = Ledger(url, parse_storage_options(storage_options))
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from exc
+    try:
+        led.store.check_exists()
+    except (ValueError, RuntimeError) as exc:
+        led.close()
+        raise fail(str(exc).splitlines()[0]) from exc
+    return led
 
 
 def print_frame(frame: pl.DataFrame, fmt: str) -> None:

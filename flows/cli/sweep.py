@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import SetOpt, StorageOpt, fail, guarded, parse_storage_options, require
+from flows.cli.common import (
+    SetOpt,
+    StorageOpt,
+    fail,
+    guarded,
+    open_ledger,
+    parse_storage_options,
+    require,
+)
 
 
 def experiment(
@@ -71,6 +79,7 @@ def report(
         require("flows", "mlflow")
     from flows.reporting import report_ledger
 
+    open_ledger(ledger, storage_option).close()  # a mistyped ledger is an error, not empty
     made = guarded(
         lambda: report_ledger(
             ledger,

@@ -195,3 +195,55 @@ def test_s3_settings_come_from_the_standard_aws_variables(s3_server, monkeypatch
     )
     assert out.exit_code == 0, out.output
     assert json.loads(out.output) == [{"n": 2}]
+
+
+def test_a_ledger_that_does_not_exist_is_an_error_for_readers(tmp_path):
+    missing = str(tmp_path / "mistyped")
+    for args in (
+        ["ledger", "query", missing, "SELECT count(*) FROM rollouts"],
+        ["ledger", "validate", missing],
+        ["ledger", "sample", missing, "--node-id", "a", "--groups", "1"],
+        ["ledger", "compact", missing, "--node-id", "a"],
+        ["report", "--ledger", missing, "--out", str(tmp_path / "report")],
+    ):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2, (args, out.output)
+        assert out.output.strip() == f"error: no ledger at {missing}: the folder does not exist"
+    (tmp_path / "empty").mkdir()  # an empty ledger that exists is just empty
+    empty = runner.invoke(app, ["ledger", "validate", str(tmp_path / "empty")])
+    assert empty.exit_code == 0 and "files    0" in empty.output
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_is_an_error_for_readers(s3_server):
+    opts = [f"--storage-option={k}={v}" for k, v in s3_server.storage_options.items()]
+    out = runner.invoke(app, ["ledger", "validate", "s3://no-such-bucket/ledger", *opts])
+    assert out.exit_code == 2 and "bucket 'no-such-bucket' does not exist" in out.output
+
+
+def test_version_and_unexpected_errors(monkeypatch, capsys):
+    from importlib.metadata import version
+
+    import flows.cli as cli
+    import flows.cli.ledger as ledger_cli
+
+    shown = runner.invoke(app, ["--version"])
+    assert shown.exit_code == 0 and shown.output == f"sapo {version('sapo-swarm')}\n"
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug no command anticipated")
+
+    monkeypatch.setattr(ledger_cli, "open_ledger", broken)
+    monkeypatch.setenv(cli.DEBUG_ENV, "")  # off; and --debug's setting is undone after
+    monkeypatch.setattr(sys, "argv", ["sapo", "ledger", "validate", "anywhere"])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "error: KeyError: 'a bug no command anticipated' "
+        "(rerun as `sapo --debug ...` for the traceback)"
+    )
+    monkeypatch.setattr(sys, "argv", ["sapo", "--debug", "ledger", "validate", "anywhere"])
+    with pytest.raises(KeyError):
+        cli.main()
