@@ -31,15 +31,19 @@ def load(
 
 
 def check_ledger(swarm: SwarmConfig) -> None:
-    """Fail before anything starts when the ledger cannot be listed."""
-    from ledger import Ledger
+    """Fail before any model loads when the ledger cannot be listed or written: it lists
+    the ledger, then declares the swarm's rules (a write the swarm's first node makes anyway,
+    and a no-op once made), so a missing bucket or read-only credentials stop here."""
+    from ledger import IdentityError, Ledger
     from ledger.storage import StorageError
 
     try:
         with Ledger.from_config(swarm.ledger) as ledger:
             ledger.refresh()
-    except (StorageError, OSError) as exc:
-        raise fail(f"ledger unreachable at {swarm.ledger.url}: {exc}") from exc
+            ledger.declare_swarm(swarm.swarm_id, swarm.signatures)
+    except (StorageError, OSError, IdentityError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise fail(f"cannot use the ledger at {swarm.ledger.url}: {first}") from exc
 
 
 def where(cfg: SwarmConfig) -> str:

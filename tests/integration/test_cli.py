@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -247,3 +248,19 @@ def test_version_and_unexpected_errors(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["sapo", "--debug", "ledger", "validate", "anywhere"])
     with pytest.raises(KeyError):
         cli.main()
+
+
+@pytest.mark.s3
+def test_a_swarm_on_a_missing_bucket_stops_before_any_model_loads(s3_server, tmp_path):
+    sets = [f"ledger.storage_options.{k}={v}" for k, v in s3_server.storage_options.items()]
+    args = ["swarm", "--workdir", str(tmp_path), "--set", "ledger.url=s3://no-such-bucket/l"]
+    for item in sets:
+        args += ["--set", item]
+    started = time.monotonic()
+    out = runner.invoke(app, args)
+    assert out.exit_code == 2, out.output
+    assert out.output.strip().splitlines() == [
+        "error: cannot use the ledger at s3://no-such-bucket/l: bucket 'no-such-bucket' does not "
+        "exist (s3://no-such-bucket/l)"
+    ]
+    assert time.monotonic() - started < 30 and not (tmp_path / "nodes").exists()

@@ -82,8 +82,12 @@ def node_credentials(server: dict[str, Any]) -> dict[str, dict[str, str]]:
     return found
 
 
-def test_a_node_writes_only_its_own_prefixes_and_reads_everything(iam_server):
-    creds = node_credentials(iam_server)
+@pytest.fixture(scope="module")
+def creds(iam_server: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return node_credentials(iam_server)
+
+
+def test_a_node_writes_only_its_own_prefixes_and_reads_everything(creds):
     url = "s3://swarm/ledger"
     keys = {node: NodeKey.generate("sw", node) for node in creds}
     ledgers = {node: Ledger(url, creds[node], signer=keys[node]) for node in creds}
@@ -107,3 +111,21 @@ def test_a_node_writes_only_its_own_prefixes_and_reads_everything(iam_server):
     report = a.compact(["a"], before=datetime(2100, 1, 1, tzinfo=UTC).date())
     assert report.files_in == 2 and report.files_out == 1
     assert Ledger(url, creds["b"]).query("SELECT count(*) FROM rollouts").item() == 8
+
+
+def test_a_swarm_whose_credentials_cannot_write_stops_before_any_model_loads(creds, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    # Node a's credentials may write swarm sw's places only: a swarm named otherwise is
+    # refused at the launcher's pre-flight, in one line, before a node process starts.
+    args = ["swarm", "--workdir", str(tmp_path), "--set", "swarm_id=other"]
+    args += ["--set", "ledger.url=s3://swarm/ledger"]
+    for name, value in creds["a"].items():
+        args += ["--set", f"ledger.storage_options.{name}={value}"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 2, out.output
+    assert out.output.startswith("error: cannot use the ledger at s3://swarm/ledger: ")
+    assert "refused" in out.output and "check the credentials" in out.output
+    assert len(out.output.strip().splitlines()) == 1 and not (tmp_path / "nodes").exists()
