@@ -28,6 +28,8 @@ class Checkpoint:
     next_round: int
     policy_version: int
     cumulative_reward: float = 0.0
+    config: dict[str, str] | None = None
+    """The node's configuration when it was saved (flat keys); None in older checkpoints."""
 
 
 def node_dir(workdir: Path, node_id: str) -> Path:
@@ -48,15 +50,22 @@ def latest(workdir: Path, node_id: str) -> Checkpoint | None:
                     int(data["next_round"]),
                     int(data["policy_version"]),
                     float(data.get("cumulative_reward", 0.0)),
+                    data.get("config"),
                 )
             )
     return max(found, key=lambda c: c.next_round, default=None)
 
 
 def save(
-    workdir: Path, node_id: str, learner: Any, next_round: int, cumulative_reward: float = 0.0
+    workdir: Path,
+    node_id: str,
+    learner: Any,
+    next_round: int,
+    cumulative_reward: float = 0.0,
+    config: dict[str, str] | None = None,
 ) -> Checkpoint:
-    """Write a checkpoint after `next_round - 1` finished; prune old ones."""
+    """Write a checkpoint after `next_round - 1` finished, with the node's ``config`` (what
+    a resume is compared against); prune old ones."""
     import torch
 
     root = node_dir(workdir, node_id) / "checkpoints"
@@ -73,6 +82,7 @@ def save(
         "next_round": next_round,
         "policy_version": learner.policy_version,
         "cumulative_reward": cumulative_reward,
+        "config": config,
     }
     (tmp / STATE).write_text(json.dumps(state))
     if target.exists():
@@ -80,7 +90,7 @@ def save(
     tmp.rename(target)
     for old in sorted(root.glob("round-*"))[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
-    return Checkpoint(target, next_round, learner.policy_version, cumulative_reward)
+    return Checkpoint(target, next_round, learner.policy_version, cumulative_reward, config)
 
 
 def model_files(checkpoint: Path) -> list[Path]:
@@ -97,3 +107,14 @@ def restore_into(learner: Any, checkpoint: Checkpoint) -> None:
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     learner.policy_version = checkpoint.policy_version
+
+
+def config_differences(saved: dict[str, str], current: dict[str, str]) -> list[str]:
+    """What changed between a checkpoint's configuration and the current one, one
+    ``key: saved -> now`` per key, sorted."""
+    keys = sorted(set(saved) | set(current))
+    return [
+        f"{k}: {saved.get(k, '(unset)')} -> {current.get(k, '(unset)')}"
+        for k in keys
+        if saved.get(k) != current.get(k)
+    ]

@@ -97,6 +97,24 @@ class NodeRuntime:
         self.ledger.close()
 
 
+def node_config(spec: NodeSpec) -> dict[str, str]:
+    """The node's whole configuration as flat keys: its MLflow params, and what a
+    checkpoint keeps so that a resume can say what changed."""
+    params = flatten("", spec.node.model_dump(mode="json"))
+    params.update(flatten("sampling", spec.sampling.model_dump(mode="json")))
+    return params
+
+
+def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
+    """How the node's configuration differs from its newest checkpoint's (empty: none, no
+    checkpoint, or one from before configurations were saved). The number of rounds is the
+    swarm's, not the node's: changing it is how a swarm is continued."""
+    saved = checkpoint.latest(swarm.workdir, spec.node_id)
+    if saved is None or saved.config is None:
+        return []
+    return checkpoint.config_differences(saved.config, node_config(spec))
+
+
 def node_key(swarm: SwarmConfig, node_id: str) -> NodeKey:
     """The node's signing key, made on its first start and kept with its checkpoints."""
     path = swarm.workdir / "keys" / swarm.swarm_id / f"{node_id}.pem"
@@ -181,8 +199,7 @@ def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None)
         return None
     node = spec.node
     tags = {"sapo.swarm_id": swarm.swarm_id, "sapo.node_id": node.node_id}
-    params = flatten("", node.model_dump(mode="json"))
-    params.update(flatten("sampling", spec.sampling.model_dump(mode="json")))
+    params = node_config(spec)
     params["ledger.url"] = swarm.ledger.url
     run_id = tracker.run(node.node_id, tags, params, parent_id=parent_run_id)
     if run_id is None:

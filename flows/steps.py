@@ -21,7 +21,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from flows import checkpoint as checkpoints
 from flows.backlog import is_outage, log_writer
-from flows.runtime import NodeRuntime
+from flows.runtime import NodeRuntime, node_config
 from ledger import StorageError
 from sapo_core.assembly import TrainingSet
 from sapo_core.evaluation import overall_accuracy
@@ -269,7 +269,14 @@ def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> 
     done = state.round + 1
     if not checkpoint_due(done, node.swarm.checkpoint_every, force=force):
         return None
-    saved = checkpoints.save(node.workdir, node.node_id, node.learner, done, node.cumulative_reward)
+    saved = checkpoints.save(
+        node.workdir,
+        node.node_id,
+        node.learner,
+        done,
+        node.cumulative_reward,
+        config=node_config(node.spec),
+    )
     node.next_round = done
     state.checkpoint = str(saved.path)
     return state.checkpoint

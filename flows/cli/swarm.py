@@ -46,6 +46,38 @@ def check_ledger(swarm: SwarmConfig) -> None:
         raise fail(f"cannot use the ledger at {swarm.ledger.url}: {first}") from exc
 
 
+FORCE_ENV = "SAPO_RESUME_FORCE"
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        envvar=FORCE_ENV,
+        help="Resume even if the configuration differs from the checkpoints'.",
+    ),
+]
+
+
+def check_resume(cfg: SwarmConfig, node_ids: list[str], force: bool) -> None:
+    """Refuse to resume nodes whose configuration changed since their checkpoint (the
+    number of rounds aside), listing what changed, unless ``force``."""
+    from flows.runtime import resume_differences
+
+    for node_id in node_ids:
+        changed = resume_differences(cfg, cfg.node(node_id))
+        if not changed:
+            continue
+        listed = "; ".join(changed[:5]) + (
+            f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
+        )
+        if force:
+            typer.secho(f"{node_id} resumes with a changed configuration: {listed}", err=True)
+            continue
+        raise fail(
+            f"{node_id}'s checkpoint was made with another configuration: {listed}. Rerun "
+            "with --force to resume with this one, or use another --workdir to start afresh"
+        )
+
+
 def where(cfg: SwarmConfig) -> str:
     return (
         f"ledger: {cfg.ledger.url}  (sapo ledger query {cfg.ledger.url} "
@@ -60,13 +92,25 @@ def swarm(
     rounds: Annotated[int | None, typer.Option(min=1, help="Rounds per node (total).")] = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
     require("flows")
+    from flows.experiment import is_complete
     from flows.swarm import run_swarm, write_resolved
 
     cfg = load(config, overrides, nodes, rounds, workdir)
+    check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
+    if force:
+        os.environ[FORCE_ENV] = "1"  # the node processes it starts check again
     check_ledger(cfg)
+    if is_complete(cfg):
+        print(
+            f"swarm {cfg.swarm_id}: every node has finished its {cfg.rounds} rounds; nothing "
+            "to do (--rounds N continues it)"
+        )
+        print(where(cfg))
+        return
     resolved = write_resolved(cfg)
     print(
         f"swarm {cfg.swarm_id}: {len(cfg.nodes)} nodes x {cfg.rounds} rounds; "
@@ -90,6 +134,7 @@ def node(
     parent_run_id: Annotated[
         str | None, typer.Option(envvar="SAPO_PARENT_RUN_ID", help="MLflow parent run.")
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Run one node against any ledger URL (a swarm can span machines sharing a bucket)."""
     require("flows")
@@ -101,6 +146,7 @@ def node(
         cfg.node(node_id)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
+    check_resume(cfg, [node_id], force)
     check_ledger(cfg)
     if os.environ.get("PREFECT_HOME"):
         Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)

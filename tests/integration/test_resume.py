@@ -1,0 +1,63 @@
+"""Resuming honestly: a finished swarm says so and does nothing; a node whose configuration
+changed since its checkpoint is not resumed without --force."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.cli.swarm import check_resume
+from flows.config import load_swarm
+from flows.runtime import node_config
+
+runner = CliRunner()
+OLD = ["defaults.grpo.learning_rate=1e-5"]
+
+
+def checkpoint_at(workdir: Path, node_id: str, next_round: int, config: dict[str, str]) -> None:
+    """A node's checkpoint as `flows.checkpoint.save` leaves it (its state; no weights are
+    read before a resume is allowed)."""
+    path = workdir / "nodes" / node_id / "checkpoints" / f"round-{next_round:06d}"
+    path.mkdir(parents=True)
+    state = {"next_round": next_round, "policy_version": next_round, "config": config}
+    (path / "state.json").write_text(json.dumps(state))
+
+
+def test_a_node_resumed_with_another_configuration_is_refused_unless_forced(tmp_path, capsys):
+    old = load_swarm(None, OLD, nodes=2, rounds=4, workdir=tmp_path)
+    checkpoint_at(tmp_path, "node-0", 2, node_config(old.node("node-0")))
+    changed = ["--set", "defaults.grpo.learning_rate=2e-5"]
+    args = ["node", "--node-id", "node-0", "--workdir", str(tmp_path), *changed]
+    out = runner.invoke(app, [*args, "--rounds", "4"])
+    assert out.exit_code == 2
+    assert out.output.strip() == (
+        "error: node-0's checkpoint was made with another configuration: "
+        "grpo.learning_rate: 1e-05 -> 2e-05. Rerun with --force to resume with this one, "
+        "or use another --workdir to start afresh"
+    )
+    # Only the number of rounds may change freely; --force accepts the rest, and says so.
+    again = load_swarm(None, OLD, nodes=2, rounds=9, workdir=tmp_path)
+    check_resume(again, ["node-0", "node-1"], force=False)
+    new = load_swarm(None, changed[1:], nodes=2, rounds=4, workdir=tmp_path)
+    check_resume(new, ["node-0"], force=True)
+    assert "node-0 resumes with a changed configuration: grpo.learning_rate" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_finished_swarm_says_so_and_does_nothing(tmp_path):
+    cfg = load_swarm(None, nodes=2, rounds=3, workdir=tmp_path)
+    for spec in cfg.nodes:
+        checkpoint_at(tmp_path, spec.node_id, 3, node_config(spec))
+    args = ["swarm", "--nodes", "2", "--rounds", "3", "--workdir", str(tmp_path)]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0, out.output
+    first = out.output.splitlines()[0]
+    assert first == (
+        f"swarm {cfg.swarm_id}: every node has finished its 3 rounds; nothing to do "
+        "(--rounds N continues it)"
+    )
+    assert "registered" not in out.output and not (tmp_path / "mlflow.db").exists()
