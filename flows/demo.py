@@ -29,7 +29,7 @@ def run_ledger_demo(
     """Run the demo; return its swarm id (one new swarm per run)."""
     started = datetime.now(UTC)
     swarm_id = "demo-" + started.strftime("%Y%m%dT%H%M%S")
-    root = (workdir / "ledger").resolve()
+    root = (workdir / "synthetic-ledger").resolve()  # apart from the real demo's ledger
     root.mkdir(parents=True, exist_ok=True)
     node_ids = [f"node-{i}" for i in range(nodes)]
     skills = {n: 0.15 + 0.7 * i / max(1, nodes - 1) for i, n in enumerate(node_ids)}

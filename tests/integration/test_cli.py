@@ -178,7 +178,8 @@ def test_the_installed_command_runs_the_demo(tmp_path):
         timeout=300,
     )
     assert "round 1: 12 groups published" in run.stdout
-    led = Ledger(str(tmp_path / "ledger"))
+    assert not (tmp_path / "ledger").exists()  # the real demo's ledger stays its own
+    led = Ledger(str(tmp_path / "synthetic-ledger"))
     assert led.query("SELECT count(*) FROM rollouts").item() == 3 * 2 * 4 * 8
     assert led.validate().clean
 
