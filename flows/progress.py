@@ -35,6 +35,13 @@ def parse(line: str) -> Event | None:
     return event if isinstance(event, dict) and "node" in event else None
 
 
+def _label(node: str, round_: int, total: Any, step: str) -> str:
+    """The bar's label: rounds numbered from 0 as in the logs and the ledger, with how many
+    of the total this one makes."""
+    of = f" ({round_ + 1} of {int(total)})" if total else ""
+    return f"{node} round {round_}{of}: {step}"
+
+
 class SwarmProgress:
     """Rich progress bars: per node, rounds done and this round's completions."""
 
@@ -86,14 +93,14 @@ class SwarmProgress:
                 rounds,
                 total=stop,
                 completed=round_,
-                description=f"{node} round {round_ + 1}/{stop}: generate",
+                description=_label(node, round_, stop, "generate"),
             )
             self.progress.reset(generation, total=None)
         elif kind == "step":
             round_ = int(event["round"])
             total = self.progress.tasks[rounds].total
             self.progress.update(
-                rounds, description=f"{node} round {round_ + 1}/{total}: {event['step']}"
+                rounds, description=_label(node, round_, total, str(event["step"]))
             )
         elif kind == "generate":
             self.progress.update(

@@ -37,5 +37,5 @@ def test_launcher_moves_bars_on_events_and_prints_everything_else() -> None:
     assert printed == ["[node-0] node-0 round 1: reward 0.500"]
     rounds, generation = (display.progress.tasks[i] for i in (0, 1))
     assert (rounds.completed, rounds.total) == (2, 4)
-    assert rounds.description == "node-0 round 2/4: update"
+    assert rounds.description == "node-0 round 1 (2 of 4): update"  # numbered as in the logs
     assert (generation.completed, generation.total) == (6, 8)
