@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,11 +85,12 @@ class NodeRuntime:
             return
         saved = checkpoint.latest(self.workdir, self.node_id)
         if log_model and saved is not None:
-            # Only the model: the optimizer state would triple what every run stores.
-            with tempfile.TemporaryDirectory(dir=saved.path.parent) as staging:
-                for path in checkpoint.model_files(saved.path):
-                    os.link(path, Path(staging) / path.name)  # same disk: no copy
-                self.run.tracker.log_artifacts(self.run.run_id, staging, "model")
+            # The policy in memory is the newest checkpoint's (saved after the last update);
+            # only the model goes, the optimizer state would triple what every run stores.
+            policy = self.learner.policy
+            self.run.tracker.log_model(
+                self.run.run_id, policy.model, policy.tokenizer, scratch=saved.path.parent
+            )
         self.run.tracker.finish(self.run.run_id)
 
     def close(self) -> None:

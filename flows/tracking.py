@@ -9,8 +9,10 @@ calls, under a ``RetryPolicy`` (ledger/retrying.py says which layer retries what
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.retrying import RetryPolicy, call_with_retry, first_line
@@ -153,6 +155,29 @@ class Tracker:
             "log artifacts",
             _heavy(self.retry),
         )
+
+    def log_model(self, run_id: str, model: Any, tokenizer: Any, scratch: Path) -> None:
+        """Log a causal LM in MLflow's transformers flavor at the run's `model` path, so
+        that `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model` load it (and the
+        registered versions made from it). Saved under `scratch` first, then uploaded."""
+        import mlflow.transformers
+        import torch
+        import transformers
+
+        with tempfile.TemporaryDirectory(dir=scratch, prefix=".mlflow-model-") as tmp:
+            saved = Path(tmp) / "model"
+            # Requirements named here: inferring them imports every optional module
+            # transformers knows (torchvision, ...) and fails where they are absent.
+            mlflow.transformers.save_model(
+                transformers_model={"model": model, "tokenizer": tokenizer},
+                path=str(saved),
+                task="text-generation",
+                pip_requirements=[
+                    f"torch=={torch.__version__.split('+')[0]}",
+                    f"transformers=={transformers.__version__}",
+                ],
+            )
+            self.log_artifacts(run_id, str(saved), "model")
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)

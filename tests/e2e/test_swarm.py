@@ -151,6 +151,12 @@ def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) ->
     best = max(run["metrics"]["cumulative_reward"][1] for run in nodes.values())
     assert registered.data.metrics["cumulative_reward"] == best
     assert f"registered {registered.data.tags['sapo.node_id']}'s model" in out
+    import mlflow
+    import transformers
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
+    loaded = mlflow.transformers.load_model(f"models:/e2e-swarm-policy/{version.version}")
+    assert isinstance(loaded, transformers.TextGenerationPipeline)
     check_report_of_a_plain_swarm(tmp_path)
 
 
