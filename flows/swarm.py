@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING
 
 from flows.config import SwarmConfig, swarm_yaml
 from flows.progress import PROGRESS_ENV, SwarmProgress
+from flows.stopping import NodeStopper, SwarmStopped, stopped_lines
 
 if TYPE_CHECKING:
     from flows.tracking import Tracker
@@ -114,8 +115,13 @@ def run_swarm(
     prepare_models(config, out)
     opened = open_parent_run(config, parent_run_id)
     parent = opened[1] if opened else None
-    with SwarmProgress(enabled=show_progress) as display:
-        failed = _run_nodes(config, resolved, parent, display, out)
+    try:
+        with SwarmProgress(enabled=show_progress) as display:
+            failed = _run_nodes(config, resolved, parent, display, out)
+    except SwarmStopped:
+        if opened is not None:
+            opened[0].finish(opened[1], "KILLED")  # and nothing is registered
+        raise
     if opened is not None:
         tracker, run_id = opened
         _register(config, tracker, run_id, out)
@@ -158,6 +164,7 @@ def _run_nodes(
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
+            start_new_session=True,  # with its Prefect server; see flows/stopping.py
         )
         assert proc.stdout is not None
         thread = threading.Thread(
@@ -166,11 +173,19 @@ def _run_nodes(
         thread.start()
         procs.append((node_id, proc))
         threads.append(thread)
+    stopper = NodeStopper([proc for _, proc in procs])
     failed = 0
-    for node_id, proc in procs:
-        if proc.wait() != 0:
-            failed += 1
-            out(f"[{node_id}] exited with status {proc.returncode}")
+    try:
+        with stopper.installed():
+            for node_id, proc in procs:
+                if proc.wait() != 0 and stopper.received is None:
+                    failed += 1
+                    out(f"[{node_id}] exited with status {proc.returncode}")
+    finally:
+        stopper.reap()
     for thread in threads:
         thread.join(timeout=5)
+    if stopper.received is not None:
+        lines = stopped_lines(config.workdir, [node_id for node_id, _ in procs])
+        raise SwarmStopped(stopper.received.name, lines)
     return failed

@@ -58,9 +58,16 @@ def _root(
 def main() -> None:
     """The `sapo` command: expected failures are already one line (exit 2); anything else
     is one line too, naming the exception, unless --debug asks for the traceback."""
+    from flows.stopping import EXIT_STATUS, SwarmStopped
+
     apply_offline_defaults()
     try:
         app()
+    except SwarmStopped as stopped:
+        for line in stopped.lines:
+            typer.echo(line, err=True)
+        typer.echo(f"{stopped}: rerun the same command to resume", err=True)
+        sys.exit(EXIT_STATUS)
     except Exception as exc:  # what no command anticipated
         if os.environ.get(DEBUG_ENV):
             raise

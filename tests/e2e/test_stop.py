@@ -1,0 +1,79 @@
+"""Ctrl-C stops a local swarm quickly and cleanly (flows/stopping.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import stop_process_group
+from tests.e2e.test_swarm import sapo, swarm_file, tiny_model  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of the running processes whose command line or environment mention
+    ``text`` (a node names its swarm file; its Prefect server has PREFECT_HOME)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline or text in environ:
+            found.append(cmdline)
+    return found
+
+
+def test_ctrl_c_stops_a_swarm_within_seconds_and_leaves_no_process(
+    tmp_path: Path,
+    tiny_model: Path,  # noqa: F811
+) -> None:
+    path = swarm_file(tmp_path, tiny_model, rounds=200, node_count=2, peer_wait_s=0)
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "swarm", "-c", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any("node-0 round 1: reward" in line for line in list(lines)):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.1)
+        # a terminal's Ctrl-C goes to the foreground process group: the launcher's
+        os.killpg(proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        stop_process_group(proc)
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert proc.returncode == 130, output[-3000:]
+    assert took < 15, f"{took:.1f} s from Ctrl-C to exit"
+    assert "Traceback" not in output, output[-3000:]
+    tail = output.strip().splitlines()[-3:]
+    assert tail[0].startswith("node-0: stopped; rounds 0-"), tail
+    assert tail[1].startswith("node-1: stopped"), tail
+    assert tail[2] == "stopped by SIGINT: rerun the same command to resume"
+    assert processes_mentioning(str(work)) == []
+    # ... and the same command resumes where the checkpoints are (here: one more round).
+    out = sapo("swarm", "-c", str(path), "--rounds", "3")
+    assert "every node has finished" in out or "round 2: reward" in out
