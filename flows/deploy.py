@@ -7,7 +7,9 @@ Two ways to run them:
   installed and access to the ledger and the tracking store; the swarm file travels as a
   parameter.
 - serve (one machine): `sapo deploy -c FILE --serve` registers the same deployments and
-  runs their schedules in this process until stopped.
+  runs their schedules in this process until stopped. Schedules need a Prefect server (the
+  ephemeral mode creates no scheduled runs); without PREFECT_API_URL it starts one on
+  127.0.0.1 for as long as it serves (`local_prefect_server`).
 
 Each scheduled run runs `rounds_per_run` rounds past the node's checkpoint, so a schedule
 advances the node step by step and a missed run loses nothing.
@@ -15,6 +17,13 @@ advances the node step by step and a missed run loses nothing.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -96,3 +105,47 @@ def register_with_pool(
         )
         ids.append(str(deployment_id))
     return ids
+
+
+SERVER_START_S = 180.0
+
+
+@contextmanager
+def local_prefect_server(home: Path) -> Iterator[str]:
+    """A Prefect server on 127.0.0.1 (a free port, its database under ``home``), for as
+    long as the block runs; yields its API URL. It stays in this process's group, so a
+    Ctrl-C or a stop of the group stops it with the deployments it serves."""
+    import httpx
+
+    home.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api}
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
+    with open(home / "server.log", "ab") as log:
+        server = subprocess.Popen(
+            [*cmd, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the local Prefect server did not start (see {home / 'server.log'})"
+                )
+            time.sleep(0.5)
+        yield api
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

@@ -200,10 +200,30 @@ def deploy(
             f"with: prefect worker start --pool {work_pool}"
         )
         return
+    api = os.environ.get("PREFECT_API_URL")
+    if api:
+        serve_deployments(cfg, cron, interval, rounds_per_run, api)
+        return
+    # Schedules need a server: Prefect's ephemeral mode creates no scheduled runs.
+    with deploying.local_prefect_server(cfg.workdir / "prefect" / "server") as api:
+        os.environ["PREFECT_API_URL"] = api  # before Prefect is imported
+        print(f"started a Prefect server for these schedules at {api.removesuffix('/api')}")
+        serve_deployments(cfg, cron, interval, rounds_per_run, api)
+
+
+def serve_deployments(
+    cfg: SwarmConfig, cron: str | None, interval: float | None, rounds_per_run: int, api: str
+) -> None:
     from prefect import serve as prefect_serve
 
+    from flows import deploy as deploying
+
     made = deploying.deployments(cfg, cron=cron, interval_s=interval, rounds_per_run=rounds_per_run)
-    print(f"serving {len(made)} deployments of swarm {cfg.swarm_id}; Ctrl-C stops")
+    first = f"sapo-node/{cfg.swarm_id}-{cfg.nodes[0].node_id}"
+    print(
+        f"serving {len(made)} deployments of swarm {cfg.swarm_id}; Ctrl-C stops. A run now, "
+        f"from another terminal: PREFECT_API_URL={api} prefect deployment run '{first}'"
+    )
     prefect_serve(*made)
 
 

@@ -87,3 +87,36 @@ def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> 
         for proc in (served, server):
             if proc is not None:
                 stop_process_group(proc)
+
+
+def test_serving_with_no_prefect_server_starts_one_and_runs_a_round(
+    tmp_path: Path,
+    tiny_model: Path,  # noqa: F811
+) -> None:
+    from tests.e2e.test_stop import processes_mentioning
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "user-prefect-home")  # as a fresh user's
+    path = swarm_file(tmp_path, tiny_model, node_count=1, peer_wait_s=0)
+    served = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
+         "--interval", "5", "--rounds-per-run", "1"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    work = tmp_path / "work"
+    state = work / "nodes" / "node-0" / "checkpoints"
+    try:
+
+        def ran_a_round() -> bool:
+            assert served.poll() is None, "sapo deploy --serve exited"
+            done = [json.loads(p.read_text()) for p in state.glob("round-*/state.json")]
+            return any(d["next_round"] >= 1 for d in done)
+
+        _wait(ran_a_round, 420, "a scheduled round")
+    finally:
+        stop_process_group(served)
+    output = served.stdout.read() if served.stdout else ""
+    assert "started a Prefect server for these schedules at http://127.0.0.1:" in output
+    assert "prefect deployment run 'sapo-node/e2e-swarm-node-0'" in output
+    assert processes_mentioning(str(work)) == []  # the server went with it
