@@ -255,3 +255,18 @@ def demo(
         print(f"\nreward per node and round ({cfg.swarm_id}, claimed by each publisher):")
         frame = ledger.query(dashboards.query("reward_per_node_round"))
         print_frame(frame.filter(pl.col("swarm_id") == cfg.swarm_id), "table")
+    write_demo_report(cfg)
+
+
+def write_demo_report(cfg: SwarmConfig) -> None:
+    """End the demo with the report of its ledger (figures and tables), when the
+    dashboards extra is installed."""
+    from importlib.util import find_spec
+
+    if find_spec("matplotlib") is None:
+        print("for the report's figures: pip install 'sapo-swarm[dashboards]'; sapo report")
+        return
+    from flows.reporting import report_ledger
+
+    made = report_ledger(cfg.ledger.url, cfg.workdir / "report", tracking_uri=cfg.tracking_uri())
+    print(f"report (figures and tables): {made.html}")

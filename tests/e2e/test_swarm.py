@@ -157,6 +157,12 @@ def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) ->
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
     loaded = mlflow.transformers.load_model(f"models:/e2e-swarm-policy/{version.version}")
     assert isinstance(loaded, transformers.TextGenerationPipeline)
+    # What `sapo demo` ends with: the report of its swarm, beside the ledger.
+    from flows.cli.swarm import write_demo_report
+    from flows.config import load_swarm
+
+    write_demo_report(load_swarm(path))
+    assert (tmp_path / "work" / "report" / "report.html").stat().st_size > 10_000
     check_report_of_a_plain_swarm(tmp_path)
 
 
