@@ -189,3 +189,28 @@ def _run_nodes(
         lines = stopped_lines(config.workdir, [node_id for node_id, _ in procs])
         raise SwarmStopped(stopper.received.name, lines)
     return failed
+
+
+def disk_usage(root: Path) -> dict[str, int]:
+    """Bytes under each top-level entry of ``root`` (a file linked twice counts once)."""
+    seen: set[tuple[int, int]] = set()
+    usage: dict[str, int] = {}
+    for top in sorted(root.iterdir()) if root.is_dir() else []:
+        total = 0
+        paths = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
+        for path in paths:
+            info = path.lstat()
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_size
+        usage[top.name] = total
+    return usage
+
+
+def disk_line(root: Path) -> str:
+    """What a swarm's working directory holds, largest first: for the end of a run."""
+    usage = disk_usage(root)
+    parts = ", ".join(
+        f"{name} {size / 1e9:.2f}" for name, size in sorted(usage.items(), key=lambda x: -x[1])
+    )
+    return f"disk: {root} holds {sum(usage.values()) / 1e9:.2f} GB ({parts})"

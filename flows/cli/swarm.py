@@ -97,7 +97,7 @@ def swarm(
     """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
     require("flows")
     from flows.experiment import is_complete
-    from flows.swarm import run_swarm, write_resolved
+    from flows.swarm import disk_line, run_swarm, write_resolved
 
     cfg = load(config, overrides, nodes, rounds, workdir)
     check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
@@ -118,6 +118,7 @@ def swarm(
     )
     failed = run_swarm(cfg, resolved)
     print(where(cfg))
+    print(disk_line(cfg.workdir))
     if failed:
         raise fail(f"{failed} node(s) failed")
 
