@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -115,8 +116,6 @@ def local_prefect_server(home: Path) -> Iterator[str]:
     """A Prefect server on 127.0.0.1 (a free port, its database under ``home``), for as
     long as the block runs; yields its API URL. It stays in this process's group, so a
     Ctrl-C or a stop of the group stops it with the deployments it serves."""
-    import httpx
-
     home.mkdir(parents=True, exist_ok=True)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -132,9 +131,10 @@ def local_prefect_server(home: Path) -> Iterator[str]:
         deadline = time.monotonic() + SERVER_START_S
         while True:
             try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
+                with urllib.request.urlopen(f"{api}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:  # refused, reset, timed out, HTTP errors: not up yet
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
