@@ -46,13 +46,19 @@ def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
 class NodeStopper:
     """Stops the node process groups when the launcher gets a stop signal."""
 
-    def __init__(self, procs: Sequence[subprocess.Popen[str]]) -> None:
+    def __init__(
+        self, procs: Sequence[subprocess.Popen[str]], stopping: threading.Event | None = None
+    ) -> None:
         self.procs = list(procs)
         self.received: signal.Signals | None = None
+        self.stopping = stopping or threading.Event()
+        """Set at the first stop signal: what nodes print while they die (Prefect's
+        "Crash detected!" for a flow run it sees aborted) is not shown."""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum)
+            self.stopping.set()
             for proc in self.procs:
                 _signal_group(proc, signal.SIGTERM)
             threading.Thread(target=self._kill_later, daemon=True).start()

@@ -85,10 +85,15 @@ def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> di
 
 
 def _pump(
-    stream: IO[str], node_id: str, display: SwarmProgress, out: Callable[[str], None]
+    stream: IO[str],
+    node_id: str,
+    display: SwarmProgress,
+    out: Callable[[str], None],
+    stopping: threading.Event,
 ) -> None:
     for line in stream:
-        display.feed(node_id, line.rstrip(), out)
+        if not stopping.is_set():
+            display.feed(node_id, line.rstrip(), out)
 
 
 def prepare_models(config: SwarmConfig, out: Callable[[str], None] = print) -> None:
@@ -145,6 +150,35 @@ def _register(
         out(f"registered {node_id}'s model as {name!r} version {version}")
 
 
+def _start_node(
+    config: SwarmConfig,
+    resolved: Path,
+    parent: str | None,
+    node_id: str,
+    display: SwarmProgress,
+    out: Callable[[str], None],
+    stopping: threading.Event,
+) -> tuple[subprocess.Popen[str], threading.Thread]:
+    """One node process (in its own process group, with the Prefect server it starts; see
+    flows/stopping.py) and the thread that streams its output."""
+    cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(resolved), "--node-id", node_id]
+    proc = subprocess.Popen(
+        cmd,
+        env=node_env(config, node_id, parent),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    thread = threading.Thread(
+        target=_pump, args=(proc.stdout, node_id, display, out, stopping), daemon=True
+    )
+    thread.start()
+    return proc, thread
+
+
 def _run_nodes(
     config: SwarmConfig,
     resolved: Path,
@@ -152,31 +186,23 @@ def _run_nodes(
     display: SwarmProgress,
     out: Callable[[str], None],
 ) -> int:
-    procs = []
+    procs: list[tuple[str, subprocess.Popen[str]]] = []
     threads = []
-    for spec in config.nodes:
-        node_id = spec.node_id
-        cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(resolved), "--node-id", node_id]
-        proc = subprocess.Popen(
-            cmd,
-            env=node_env(config, node_id, parent),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,  # with its Prefect server; see flows/stopping.py
-        )
-        assert proc.stdout is not None
-        thread = threading.Thread(
-            target=_pump, args=(proc.stdout, node_id, display, out), daemon=True
-        )
-        thread.start()
-        procs.append((node_id, proc))
-        threads.append(thread)
-    stopper = NodeStopper([proc for _, proc in procs])
+    stopping = threading.Event()
+    # Handlers first: a stop that comes while nodes start stops those started, and no more.
+    stopper = NodeStopper([], stopping)
     failed = 0
     try:
         with stopper.installed():
+            for spec in config.nodes:
+                if stopper.received is not None:
+                    break
+                proc, thread = _start_node(
+                    config, resolved, parent, spec.node_id, display, out, stopping
+                )
+                stopper.procs.append(proc)
+                procs.append((spec.node_id, proc))
+                threads.append(thread)
             for node_id, proc in procs:
                 if proc.wait() != 0 and stopper.received is None:
                     failed += 1

@@ -164,6 +164,9 @@ class Tracker:
         import torch
         import transformers
 
+        # Its warnings are about the Hugging Face Hub (no model card or licence for a local
+        # model): noise in every run's output.
+        logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)
         with tempfile.TemporaryDirectory(dir=scratch, prefix=".mlflow-model-") as tmp:
             saved = Path(tmp) / "model"
             # Requirements named here: inferring them imports every optional module

@@ -68,7 +68,8 @@ def test_ctrl_c_stops_a_swarm_within_seconds_and_leaves_no_process(
     output = "".join(lines)
     assert proc.returncode == 130, output[-3000:]
     assert took < 15, f"{took:.1f} s from Ctrl-C to exit"
-    assert "Traceback" not in output, output[-3000:]
+    for noise in ("Traceback", "Crash detected", "Error logging to API"):
+        assert noise not in output, output[-3000:]  # what dying nodes print is not shown
     tail = output.strip().splitlines()[-3:]
     assert tail[0].startswith("node-0: stopped; rounds 0-"), tail
     assert tail[1].startswith("node-1: stopped"), tail

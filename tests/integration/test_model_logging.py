@@ -9,7 +9,7 @@ from flows.tracking import open_tracker
 from tests.tiny_models import build_tiny_model
 
 
-def test_a_logged_and_registered_model_loads_with_both_flavors(tmp_path: Path) -> None:
+def test_a_logged_and_registered_model_loads_with_both_flavors(tmp_path: Path, caplog) -> None:
     import mlflow
     import transformers
 
@@ -21,6 +21,8 @@ def test_a_logged_and_registered_model_loads_with_both_flavors(tmp_path: Path) -
     run_id = tracker.run("node-0", {"sapo.node_id": "node-0"})
     assert run_id is not None
     tracker.log_model(run_id, model, tokenizer, scratch=tmp_path)
+    hub_noise = [r for r in caplog.records if r.name == "mlflow.transformers"]
+    assert hub_noise == []  # no model card or licence warnings for a local model
     version = tracker.register("tiny-policy", run_id)
     assert not list(tmp_path.glob(".mlflow-model-*"))  # the scratch copy is gone
 
