@@ -349,6 +349,11 @@ def _short(value: Any) -> bool:
 
 
 def _first_line(exc: Exception) -> str:
+    """One line for an error; for YAML, its problem and where (not PyYAML's multi-line
+    excerpt, whose caret means nothing on one line)."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
     return " ".join(str(exc).split())[:200]
 
 

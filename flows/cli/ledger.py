@@ -64,9 +64,12 @@ def query(
         text = dashboards.query(dashboard)
     else:
         text = str(sql)
-    if text.startswith("@"):
-        text = guarded(lambda: Path(text[1:]).read_text())
     with open_ledger(url, storage_option) as led:
+        if text.startswith("@"):
+            try:
+                text = Path(text[1:]).read_text()
+            except OSError as exc:
+                raise fail(f"cannot read the query file {text[1:]}: {exc.strerror or exc}") from exc
         print_frame(guarded(lambda: led.query(text)), fmt)
 
 

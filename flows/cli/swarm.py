@@ -59,22 +59,24 @@ ForceOpt = Annotated[
 
 def check_resume(cfg: SwarmConfig, node_ids: list[str], force: bool) -> None:
     """Refuse to resume nodes whose configuration changed since their checkpoint (the
-    number of rounds aside), listing what changed, unless ``force``."""
+    number of rounds aside), listing what changed for each, unless ``force``."""
     from flows.runtime import resume_differences
 
+    changed: dict[str, str] = {}  # what changed -> the nodes it changed for
     for node_id in node_ids:
-        changed = resume_differences(cfg, cfg.node(node_id))
-        if not changed:
-            continue
-        listed = "; ".join(changed[:5]) + (
-            f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
-        )
+        found = resume_differences(cfg, cfg.node(node_id))
+        if found:
+            more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
+            listed = "; ".join(found[:5]) + more
+            changed[listed] = f"{changed[listed]}, {node_id}" if listed in changed else node_id
+    for listed, nodes in changed.items():
         if force:
-            typer.secho(f"{node_id} resumes with a changed configuration: {listed}", err=True)
-            continue
+            typer.secho(f"{nodes} resume with a changed configuration: {listed}", err=True)
+    if changed and not force:
+        what = " | ".join(f"{nodes}: {listed}" for listed, nodes in changed.items())
         raise fail(
-            f"{node_id}'s checkpoint was made with another configuration: {listed}. Rerun "
-            "with --force to resume with this one, or use another --workdir to start afresh"
+            f"checkpoints made with another configuration ({what}). Rerun with --force to "
+            "resume with this one, or use another --workdir to start afresh"
         )
 
 

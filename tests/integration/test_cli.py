@@ -265,3 +265,21 @@ def test_a_swarm_on_a_missing_bucket_stops_before_any_model_loads(s3_server, tmp
         "exist (s3://no-such-bucket/l)"
     ]
     assert time.monotonic() - started < 30 and not (tmp_path / "nodes").exists()
+
+
+def test_config_and_query_file_errors_say_what_and_where(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: [1\n")
+    out = runner.invoke(app, ["swarm", "-c", str(bad)])
+    assert out.exit_code == 2
+    assert out.output.strip() == (
+        f"error: bad swarm configuration: {bad}: not valid YAML: expected ',' or ']', but "
+        "got '<stream end>' at line 2, column 1"
+    )
+    (tmp_path / "ledger").mkdir()
+    missing = runner.invoke(app, ["ledger", "query", str(tmp_path / "ledger"), "@nope.sql"])
+    assert missing.exit_code == 2
+    assert (
+        missing.output.strip()
+        == "error: cannot read the query file nope.sql: No such file or directory"
+    )

@@ -34,16 +34,21 @@ def test_a_node_resumed_with_another_configuration_is_refused_unless_forced(tmp_
     out = runner.invoke(app, [*args, "--rounds", "4"])
     assert out.exit_code == 2
     assert out.output.strip() == (
-        "error: node-0's checkpoint was made with another configuration: "
-        "grpo.learning_rate: 1e-05 -> 2e-05. Rerun with --force to resume with this one, "
-        "or use another --workdir to start afresh"
+        "error: checkpoints made with another configuration (node-0: grpo.learning_rate: "
+        "1e-05 -> 2e-05). Rerun with --force to resume with this one, or use another "
+        "--workdir to start afresh"
     )
+    # Every node that changed is named, once per distinct change.
+    checkpoint_at(tmp_path, "node-1", 2, node_config(old.node("node-1")))
+    both = runner.invoke(app, ["swarm", "--nodes", "2", "--workdir", str(tmp_path), *changed])
+    assert both.exit_code == 2
+    assert "(node-0, node-1: grpo.learning_rate: 1e-05 -> 2e-05)" in both.output
     # Only the number of rounds may change freely; --force accepts the rest, and says so.
     again = load_swarm(None, OLD, nodes=2, rounds=9, workdir=tmp_path)
     check_resume(again, ["node-0", "node-1"], force=False)
     new = load_swarm(None, changed[1:], nodes=2, rounds=4, workdir=tmp_path)
     check_resume(new, ["node-0"], force=True)
-    assert "node-0 resumes with a changed configuration: grpo.learning_rate" in (
+    assert "node-0 resume with a changed configuration: grpo.learning_rate" in (
         capsys.readouterr().err
     )
 
