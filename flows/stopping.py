@@ -46,12 +46,10 @@ def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
 class NodeStopper:
     """Stops the node process groups when the launcher gets a stop signal."""
 
-    def __init__(
-        self, procs: Sequence[subprocess.Popen[str]], stopping: threading.Event | None = None
-    ) -> None:
+    def __init__(self, procs: Sequence[subprocess.Popen[str]] = ()) -> None:
         self.procs = list(procs)
         self.received: signal.Signals | None = None
-        self.stopping = stopping or threading.Event()
+        self.stopping = threading.Event()
         """Set at the first stop signal: what nodes print while they die (Prefect's
         "Crash detected!" for a flow run it sees aborted) is not shown."""
 

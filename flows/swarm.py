@@ -188,9 +188,8 @@ def _run_nodes(
 ) -> int:
     procs: list[tuple[str, subprocess.Popen[str]]] = []
     threads = []
-    stopping = threading.Event()
     # Handlers first: a stop that comes while nodes start stops those started, and no more.
-    stopper = NodeStopper([], stopping)
+    stopper = NodeStopper()
     failed = 0
     try:
         with stopper.installed():
@@ -198,7 +197,7 @@ def _run_nodes(
                 if stopper.received is not None:
                     break
                 proc, thread = _start_node(
-                    config, resolved, parent, spec.node_id, display, out, stopping
+                    config, resolved, parent, spec.node_id, display, out, stopper.stopping
                 )
                 stopper.procs.append(proc)
                 procs.append((spec.node_id, proc))

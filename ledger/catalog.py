@@ -337,29 +337,35 @@ class Catalog:
             state.status = identity.UNKNOWN_SIGNER
             state.detail = f"no usable key registered for {parts.node_id}: {public or 'none'}"
             return
+        found = self.read_checked(state, public)
+        if isinstance(found, tuple):
+            state.status, state.detail = found
+
+    def read_checked(
+        self, state: FileState, public: identity.Ed25519PublicKey | None
+    ) -> bytes | tuple[str, str]:
+        """The bytes of an examined file if they are still what was examined (its size, read
+        with that bound) and, given ``public``, signed by that key over exactly these bytes;
+        otherwise (status, why). What the caller then uses are these bytes, not a re-read."""
         try:
             data = self.store.read(state.key, self.limits.max_file_bytes)
         except FileNotFoundError:
-            state.status = VANISHED
-            return
+            return VANISHED, ""
         except (NotRegularFile, PermissionError) as exc:
-            state.status, state.detail = v.CORRUPT, f"unreadable: {exc}"
-            return
+            return v.CORRUPT, f"unreadable: {exc}"
         except OversizedObject:
-            state.status, state.detail = v.CHANGED, "grew while it was examined"
-            return
+            return v.CHANGED, "grew while it was examined"
         if len(data) != state.size:
-            state.status, state.detail = v.CHANGED, "changed while it was examined"
-            return
+            return v.CHANGED, "changed while it was examined"
+        if public is None:
+            return data
         signature = self._read_small(
             identity.signature_key(state.key, identity.sha256_of(data)), identity.MAX_OBJECT_BYTES
         )
         if signature is None:
-            state.status, state.detail = identity.UNSIGNED, "no signature for these bytes"
-            return
+            return identity.UNSIGNED, "no signature for these bytes"
         problem = identity.verify(public, state.key, signature, data)
-        if problem:
-            state.status, state.detail = identity.BAD_SIGNATURE, problem
+        return (identity.BAD_SIGNATURE, problem) if problem else data
 
     def _place_and_size(self, obj: ObjectInfo) -> FileState:
         state = FileState(obj.key, obj.size or 0, self.store.reader_path(obj.key), obj.version)

@@ -24,7 +24,6 @@ from ledger import identity
 from ledger.catalog import Catalog
 from ledger.keys import compacted_key, parse_key
 from ledger.sqltext import PUBLIC_COLUMNS_SQL, scan_sql, sql_list
-from ledger.storage import OversizedObject
 
 log = logging.getLogger(__name__)
 
@@ -129,26 +128,16 @@ def _fetch_inputs(
     what was checked, however the objects change meanwhile.
     """
     digests = {}
+    public = signer.private.public_key() if signer is not None else None
     for i, key in enumerate(job.inputs):
         state = catalog.files.get(key)
-        try:
-            data = catalog.store.read(key, catalog.limits.max_file_bytes)
-        except OversizedObject as exc:
-            raise UnverifiedInput(f"{key} changed since it was indexed") from exc
-        if state is None or len(data) != state.size:
+        if state is None:
             raise UnverifiedInput(f"{key} changed since it was indexed")
-        sha = identity.sha256_of(data)
-        if signer is not None:
-            where = identity.signature_key(key, sha)
-            try:
-                signature = catalog.store.read(where, identity.MAX_OBJECT_BYTES)
-            except (FileNotFoundError, OversizedObject) as exc:
-                raise UnverifiedInput(f"{key} has no usable signature") from exc
-            problem = identity.verify(signer.private.public_key(), key, signature, data)
-            if problem:
-                raise UnverifiedInput(f"{key}: {problem}")
-        _local_copy(folder, job, i).write_bytes(data)
-        digests[key] = sha
+        found = catalog.read_checked(state, public)
+        if isinstance(found, tuple):
+            raise UnverifiedInput(f"{key}: {found[0]} ({found[1]})")
+        _local_copy(folder, job, i).write_bytes(found)
+        digests[key] = identity.sha256_of(found)
     return digests
 
 
@@ -156,8 +145,8 @@ def run_job(catalog: Catalog, job: CompactionJob, signer: identity.NodeKey | Non
     """Merge ``job.inputs`` into ``job.output`` (signed by ``signer`` if given), then delete
     the inputs and their signatures. Returns rows written.
 
-    FileNotFoundError if an input vanished (another compactor got there first),
-    UnverifiedInput if one is not what was indexed or not signed by ``signer``.
+    UnverifiedInput if an input vanished (another compactor got there first), is not what
+    was indexed, or is not signed by ``signer``.
     """
     store, con = catalog.store, catalog.con
     with tempfile.TemporaryDirectory(prefix="sapo-compact-") as tmp:
@@ -231,7 +220,7 @@ def compact(
             continue
         try:
             report.rows += run_job(catalog, job, signer if own else None)
-        except (duckdb.Error, FileNotFoundError, UnverifiedInput) as exc:
+        except (duckdb.Error, UnverifiedInput) as exc:
             # An input vanished (another compactor got there first), or is not what was
             # checked when it was indexed: leave the partition as it is.
             log.warning("skipping %s: %s", job.partition, exc)

@@ -94,6 +94,7 @@ def open_ledger(url: str, storage_options: list[str] | None) -> Ledger:
     """An existing ledger to read: a path or bucket that does not exist is an error here, not
     an empty ledger (only writers create one)."""
     from ledger import Ledger
+    from ledger.retrying import first_line
 
     try:
         led = Ledger(url, parse_storage_options(storage_options))
@@ -103,7 +104,7 @@ def open_ledger(url: str, storage_options: list[str] | None) -> Ledger:
         led.store.check_exists()
     except (ValueError, RuntimeError) as exc:
         led.close()
-        raise fail(str(exc).splitlines()[0]) from exc
+        raise fail(first_line(exc)) from exc
     return led
 
 

@@ -35,6 +35,7 @@ def check_ledger(swarm: SwarmConfig) -> None:
     the ledger, then declares the swarm's rules (a write the swarm's first node makes anyway,
     and a no-op once made), so a missing bucket or read-only credentials stop here."""
     from ledger import IdentityError, Ledger
+    from ledger.retrying import first_line
     from ledger.storage import StorageError
 
     try:
@@ -42,8 +43,7 @@ def check_ledger(swarm: SwarmConfig) -> None:
             ledger.refresh()
             ledger.declare_swarm(swarm.swarm_id, swarm.signatures)
     except (StorageError, OSError, IdentityError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise fail(f"cannot use the ledger at {swarm.ledger.url}: {first}") from exc
+        raise fail(f"cannot use the ledger at {swarm.ledger.url}: {first_line(exc)}") from exc
 
 
 FORCE_ENV = "SAPO_RESUME_FORCE"
