@@ -5,6 +5,10 @@ files, optimizer.pt, rng.pt and state.json (written last: a directory without it
 interrupted write and is ignored). A checkpoint is written to a temporary directory and
 renamed into place before older ones are removed, so keeping only the newest is safe; with
 the 135M model one checkpoint is ~1.6 GB (fp32 weights plus Adam's two moments).
+
+A node that finishes under ``checkpoint_keep: final-model`` keeps only its final model
+(`keep_final_model`): the training state goes, and so do the weights when the model was
+logged to MLflow (state.json then names where it is). Such a checkpoint cannot be resumed.
 """
 
 from __future__ import annotations
@@ -13,13 +17,17 @@ import json
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 STATE = "state.json"
 KEEP = 1
-TRAINING_STATE = ("optimizer.pt", "rng.pt", STATE)  # the rest of a checkpoint is the model
+TRAINING_STATE = ("optimizer.pt", "rng.pt")
+
+
+class NotResumable(RuntimeError):
+    """A checkpoint that kept only the final model was asked to continue training."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,10 @@ class Checkpoint:
     cumulative_reward: float = 0.0
     config: dict[str, str] | None = None
     """The node's configuration when it was saved (flat keys); None in older checkpoints."""
+    resumable: bool = True
+    """False once `keep_final_model` dropped the training state."""
+    final_model: str | None = None
+    """Where the final model went when it is no longer in the directory (an MLflow URI)."""
 
 
 def node_dir(workdir: Path, node_id: str) -> Path:
@@ -51,6 +63,8 @@ def latest(workdir: Path, node_id: str) -> Checkpoint | None:
                     int(data["policy_version"]),
                     float(data.get("cumulative_reward", 0.0)),
                     data.get("config"),
+                    bool(data.get("resumable", True)),
+                    data.get("final_model"),
                 )
             )
     return max(found, key=lambda c: c.next_round, default=None)
@@ -95,7 +109,26 @@ def save(
 
 def model_files(checkpoint: Path) -> list[Path]:
     """The files of a checkpoint that make up the model (weights, config, tokenizer)."""
-    return sorted(p for p in checkpoint.iterdir() if p.is_file() and p.name not in TRAINING_STATE)
+    rest = (*TRAINING_STATE, STATE)
+    return sorted(p for p in checkpoint.iterdir() if p.is_file() and p.name not in rest)
+
+
+def keep_final_model(saved: Checkpoint, logged_at: str | None) -> Checkpoint:
+    """Drop what only a resume needs (optimizer and RNG state, ~2/3 of a checkpoint), and
+    the model files too when ``logged_at`` says the model is kept elsewhere. state.json is
+    rewritten first (atomically), so a kill midway leaves a checkpoint that says what it
+    lacks, never one that claims files it no longer has."""
+    data = json.loads((saved.path / STATE).read_text())
+    data.update(resumable=False, final_model=logged_at)
+    tmp = saved.path / f".{STATE}.tmp"
+    tmp.write_text(json.dumps(data))
+    tmp.replace(saved.path / STATE)
+    gone = [saved.path / name for name in TRAINING_STATE]
+    if logged_at is not None:
+        gone += model_files(saved.path)
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return replace(saved, resumable=False, final_model=logged_at)
 
 
 def restore_into(learner: Any, checkpoint: Checkpoint) -> None:

@@ -107,6 +107,13 @@ class SwarmConfig(Strict):
     checkpoint_every: int = Field(
         1, ge=1, description="Checkpoint every K rounds; always at the end."
     )
+    checkpoint_keep: Literal["resume", "final-model"] = Field(
+        "resume",
+        description="What a node keeps when it finishes its rounds: 'resume' (its newest "
+        "checkpoint: weights, optimizer and RNG state, so --rounds N continues it) or "
+        "'final-model' (the final fp32 model only: in MLflow when it was logged there, else "
+        "in its checkpoint directory; a third of the disk, and the swarm cannot be continued).",
+    )
     peer_wait_s: float = Field(
         0.0,
         ge=0.0,

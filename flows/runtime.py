@@ -80,18 +80,25 @@ class NodeRuntime:
         return Backlog(checkpoint.node_dir(self.workdir, self.node_id) / "backlog")
 
     def finish(self, *, log_model: bool) -> None:
-        """Close the node's run; log its final model (the newest checkpoint)."""
-        if self.run is None:
-            return
+        """Close the node's run; log its final model (the newest checkpoint). A node done
+        with its rounds under `checkpoint_keep: final-model` then keeps only that model:
+        in MLflow when it was logged there, else in its checkpoint directory."""
         saved = checkpoint.latest(self.workdir, self.node_id)
-        if log_model and saved is not None:
-            # The policy in memory is the newest checkpoint's (saved after the last update);
-            # only the model goes, the optimizer state would triple what every run stores.
-            policy = self.learner.policy
-            self.run.tracker.log_model(
-                self.run.run_id, policy.model, policy.tokenizer, scratch=saved.path.parent
-            )
-        self.run.tracker.finish(self.run.run_id)
+        if saved is not None:
+            logged_at = None
+            if self.run is not None and log_model:
+                # The policy in memory is the newest checkpoint's (saved after the last
+                # update); only the model goes, the optimizer state would triple it.
+                policy = self.learner.policy
+                logged_at = self.run.tracker.log_model(
+                    self.run.run_id, policy.model, policy.tokenizer, scratch=saved.path.parent
+                )
+            done = saved.next_round >= self.swarm.rounds
+            if done and saved.resumable and self.swarm.checkpoint_keep == "final-model":
+                kept = checkpoint.keep_final_model(saved, logged_at)
+                log.info("%s keeps only its final model: %s", self.node_id, logged_at or kept.path)
+        if self.run is not None:
+            self.run.tracker.finish(self.run.run_id)
 
     def close(self) -> None:
         self.ledger.close()
@@ -113,6 +120,17 @@ def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
     if saved is None or saved.config is None:
         return []
     return checkpoint.config_differences(saved.config, node_config(spec))
+
+
+def not_resumable(node_id: str, saved: checkpoint.Checkpoint) -> str:
+    """Why a node that kept only its final model cannot train on, and what to do."""
+    where = saved.final_model or str(saved.path)
+    return (
+        f"{node_id} finished round {saved.next_round - 1} keeping only its final model "
+        f"(checkpoint_keep: final-model; the model is at {where}), so it cannot train "
+        "on: start afresh with another --workdir, or keep the training state with "
+        "checkpoint_keep: resume"
+    )
 
 
 def node_key(swarm: SwarmConfig, node_id: str) -> NodeKey:
@@ -182,6 +200,8 @@ def restore_learner(
     saved = checkpoint.latest(swarm.workdir, spec.node_id)
     if saved is None:
         return Learner(spec.node, id_prefix=prefix), None
+    if not saved.resumable:
+        raise checkpoint.NotResumable(not_resumable(spec.node_id, saved))
     learner = Learner.from_checkpoint(spec.node, saved.path, id_prefix=prefix)
     checkpoint.restore_into(learner, saved)
     return learner, saved

@@ -149,17 +149,20 @@ class Tracker:
         batch = [RunTag(k, v) for k, v in tags.items()]
         attempt(lambda: self.client.log_batch(run_id, tags=batch), "set tags", self.retry)
 
-    def log_artifacts(self, run_id: str, local_dir: str, path: str) -> None:
-        attempt(
-            lambda: self.client.log_artifacts(run_id, local_dir, path),
-            "log artifacts",
-            _heavy(self.retry),
-        )
+    def log_artifacts(self, run_id: str, local_dir: str, path: str) -> str | None:
+        """Upload a directory; the URI of what was logged, or None when it failed."""
 
-    def log_model(self, run_id: str, model: Any, tokenizer: Any, scratch: Path) -> None:
+        def upload() -> str:
+            self.client.log_artifacts(run_id, local_dir, path)
+            return f"runs:/{run_id}/{path}"
+
+        return attempt(upload, "log artifacts", _heavy(self.retry))
+
+    def log_model(self, run_id: str, model: Any, tokenizer: Any, scratch: Path) -> str | None:
         """Log a causal LM in MLflow's transformers flavor at the run's `model` path, so
         that `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model` load it (and the
-        registered versions made from it). Saved under `scratch` first, then uploaded."""
+        registered versions made from it). Saved under `scratch` first, then uploaded.
+        Returns its ``runs:/`` URI, or None when the upload failed."""
         import mlflow.transformers
         import torch
         import transformers
@@ -180,7 +183,7 @@ class Tracker:
                     f"transformers=={transformers.__version__}",
                 ],
             )
-            self.log_artifacts(run_id, str(saved), "model")
+            return self.log_artifacts(run_id, str(saved), "model")
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)

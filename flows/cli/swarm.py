@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -46,6 +47,28 @@ def check_ledger(swarm: SwarmConfig) -> None:
         raise fail(f"cannot use the ledger at {swarm.ledger.url}: {first_line(exc)}") from exc
 
 
+class Keep(StrEnum):
+    """What a node keeps when it finishes (SwarmConfig.checkpoint_keep)."""
+
+    resume = "resume"
+    final_model = "final-model"
+
+
+KeepOpt = Annotated[
+    Keep | None,
+    typer.Option(
+        "--keep",
+        help="What a node keeps when done: 'resume' (training state too: --rounds N "
+        "continues) or 'final-model' (the final model only, a third of the disk).",
+    ),
+]
+
+
+def with_keep(overrides: list[str] | None, keep: Keep | None) -> list[str]:
+    """The --set overrides plus --keep's (a flag wins over a --set of the same key)."""
+    return [*(overrides or []), *([f"checkpoint_keep={keep.value}"] if keep else [])]
+
+
 FORCE_ENV = "SAPO_RESUME_FORCE"
 ForceOpt = Annotated[
     bool,
@@ -57,10 +80,20 @@ ForceOpt = Annotated[
 ]
 
 
-def check_resume(cfg: SwarmConfig, node_ids: list[str], force: bool) -> None:
+def check_resume(
+    cfg: SwarmConfig, node_ids: list[str], force: bool, more_rounds: int | None = None
+) -> None:
     """Refuse to resume nodes whose configuration changed since their checkpoint (the
-    number of rounds aside), listing what changed for each, unless ``force``."""
-    from flows.runtime import resume_differences
+    number of rounds aside), listing what changed for each, unless ``force``; and nodes
+    that kept only their final model but are asked for more rounds, always."""
+    from flows import checkpoint
+    from flows.runtime import not_resumable, resume_differences
+
+    for node_id in node_ids:
+        saved = checkpoint.latest(cfg.workdir, node_id)
+        wants_more = saved is not None and (more_rounds or saved.next_round < cfg.rounds)
+        if saved is not None and not saved.resumable and wants_more:
+            raise fail(not_resumable(node_id, saved))
 
     changed: dict[str, str] = {}  # what changed -> the nodes it changed for
     for node_id in node_ids:
@@ -95,21 +128,26 @@ def swarm(
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
     force: ForceOpt = False,
+    keep: KeepOpt = None,
 ) -> None:
     """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
     require("flows")
     from flows.experiment import is_complete
     from flows.swarm import disk_line, run_swarm, write_resolved
 
-    cfg = load(config, overrides, nodes, rounds, workdir)
+    cfg = load(config, with_keep(overrides, keep), nodes, rounds, workdir)
     check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
     if force:
         os.environ[FORCE_ENV] = "1"  # the node processes it starts check again
     check_ledger(cfg)
     if is_complete(cfg):
+        from flows import checkpoint
+
+        saved = [checkpoint.latest(cfg.workdir, spec.node_id) for spec in cfg.nodes]
+        final = any(c is not None and not c.resumable for c in saved)  # no training state
         print(
             f"swarm {cfg.swarm_id}: every node has finished its {cfg.rounds} rounds; nothing "
-            "to do (--rounds N continues it)"
+            f"to do{'' if final else ' (--rounds N continues it)'}"
         )
         print(where(cfg))
         return
@@ -141,6 +179,7 @@ def node(
 ) -> None:
     """Run one node against any ledger URL (a swarm can span machines sharing a bucket)."""
     require("flows")
+    from flows import checkpoint
     from flows.config import ConfigError
     from flows.swarm import write_resolved
 
@@ -149,7 +188,12 @@ def node(
         cfg.node(node_id)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
-    check_resume(cfg, [node_id], force)
+    check_resume(cfg, [node_id], force, more_rounds)
+    saved = checkpoint.latest(cfg.workdir, node_id)
+    if saved is not None and not saved.resumable:  # and has nothing more to do
+        where = saved.final_model or saved.path
+        print(f"{node_id} has finished its {cfg.rounds} rounds; its final model is at {where}")
+        return
     check_ledger(cfg)
     if os.environ.get("PREFECT_HOME"):
         Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -237,6 +281,7 @@ def demo(
     synthetic: Annotated[
         bool, typer.Option(help="Only exercise the ledger with synthetic nodes (no model).")
     ] = False,
+    keep: KeepOpt = Keep.final_model,
 ) -> None:
     """The embedded CPU swarm (3 nodes, bundled model), then the ledger's dashboards."""
     if synthetic:  # the ledger alone: the base install runs it
@@ -252,8 +297,8 @@ def demo(
     import dashboards
     from ledger import Ledger
 
-    swarm(config=None, nodes=nodes, rounds=rounds, workdir=workdir, overrides=None)
-    cfg = load(None, None, nodes=nodes, rounds=rounds, workdir=workdir)
+    swarm(config=None, nodes=nodes, rounds=rounds, workdir=workdir, overrides=None, keep=keep)
+    cfg = load(None, with_keep(None, keep), nodes=nodes, rounds=rounds, workdir=workdir)
     with Ledger.from_config(cfg.ledger) as ledger:
         print(f"\nreward per node and round ({cfg.swarm_id}, claimed by each publisher):")
         frame = ledger.query(dashboards.query("reward_per_node_round"))

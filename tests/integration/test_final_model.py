@@ -1,0 +1,102 @@
+"""`checkpoint_keep: final-model`: a node done with its rounds keeps only its final model
+(in MLflow when it was logged there, else in its checkpoint), and cannot be continued."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flows import checkpoint
+from flows.cli import app
+from flows.runtime import open_node
+from tests.integration.test_round_steps import make_swarm, run_round
+
+runner = CliRunner()
+
+
+def sizes(path: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()}
+
+
+def test_without_mlflow_the_checkpoint_keeps_the_model_and_drops_the_training_state(
+    tmp_path: Path,
+) -> None:
+    swarm = make_swarm(tmp_path, rounds=1, checkpoint_keep="final-model")
+    node = open_node(swarm, "a")
+    try:
+        run_round(node, 0, force=True)
+        before = checkpoint.latest(swarm.workdir, "a")
+        assert before is not None and before.resumable
+        assert {"optimizer.pt", "rng.pt"} <= set(sizes(before.path))
+        weights = {k: v.clone() for k, v in node.learner.policy.model.state_dict().items()}
+        node.finish(log_model=True)
+    finally:
+        node.close()
+    after = checkpoint.latest(swarm.workdir, "a")
+    assert after is not None and after.path == before.path
+    assert (after.resumable, after.final_model, after.next_round) == (False, None, 1)
+    kept = sizes(after.path)
+    assert "optimizer.pt" not in kept and "rng.pt" not in kept
+    assert "model.safetensors" in kept and "state.json" in kept
+    # The weights kept are the trained ones, at full precision.
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(after.path, dtype=torch.float32)
+    for name, tensor in loaded.state_dict().items():
+        assert tensor.dtype == torch.float32 and tensor.equal(weights[name]), name
+    # It cannot train on: opening it for more rounds says why and what to do.
+    more = make_swarm(tmp_path, rounds=2, checkpoint_keep="final-model")
+    with pytest.raises(checkpoint.NotResumable, match="a finished round 0 keeping only its final"):
+        open_node(more, "a")
+
+
+def test_with_mlflow_the_model_lives_only_there(tmp_path: Path) -> None:
+    import mlflow
+    import transformers
+
+    swarm = make_swarm(
+        tmp_path, rounds=1, checkpoint_keep="final-model", tracking={"enabled": True}
+    )
+    node = open_node(swarm, "a")
+    try:
+        run_round(node, 0, force=True)
+        weights = {k: v.clone() for k, v in node.learner.policy.model.state_dict().items()}
+        node.finish(log_model=True)
+    finally:
+        node.close()
+    after = checkpoint.latest(swarm.workdir, "a")
+    assert after is not None and not after.resumable
+    assert sorted(sizes(after.path)) == ["state.json"]  # no second copy of the model
+    assert after.final_model is not None and after.final_model.startswith("runs:/")
+    mlflow.set_tracking_uri(swarm.tracking_uri())
+    pipeline = mlflow.transformers.load_model(after.final_model)
+    assert isinstance(pipeline, transformers.TextGenerationPipeline)
+    for name, tensor in pipeline.model.state_dict().items():
+        assert tensor.equal(weights[name]), name
+
+
+def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: Path) -> None:
+    swarm = make_swarm(tmp_path, rounds=1, checkpoint_keep="final-model")
+    node = open_node(swarm, "a")
+    try:
+        run_round(node, 0, force=True)
+        node.finish(log_model=False)
+    finally:
+        node.close()
+    config = swarm.workdir / "swarm.yaml"
+    from flows.swarm import write_resolved
+
+    write_resolved(swarm, config)
+    base = ["node", "--node-id", "a", "-c", str(config)]
+    more = runner.invoke(app, [*base, "--rounds", "3"])
+    assert more.exit_code == 2
+    assert "a finished round 0 keeping only its final model" in more.output
+    assert "start afresh with another --workdir" in more.output
+    extra = runner.invoke(app, [*base, "--more-rounds", "1"])
+    assert extra.exit_code == 2 and "cannot train on" in extra.output
+    done = runner.invoke(app, base)
+    assert done.exit_code == 0, done.output
+    assert done.output.strip().startswith("a has finished its 1 rounds; its final model is at")
