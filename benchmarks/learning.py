@@ -106,7 +106,7 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         row = {
             "round": r,
-            "reward": report.reward_mean,
+            "reward": report.training_reward,
             "generation_s": generated.seconds,
             "update_s": report.update_s,
             "round_s": seconds,

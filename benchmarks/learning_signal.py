@@ -78,7 +78,7 @@ def main() -> None:
                 row["medium"] += 0.25 <= statistics.fmean(rewards) <= 0.75
             print(
                 f"{config.node_id} round {round_}: {generated.seconds:.1f}s, "
-                f"{generated.tokens} tokens, reward {generated.reward_mean:.3f}",
+                f"{generated.tokens} tokens, reward {generated.own_reward:.3f}",
                 flush=True,
             )
     table = []

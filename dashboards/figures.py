@@ -93,7 +93,7 @@ def reward_panels(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> P
         mine = rewards.filter(pl.col("swarm_id") == swarm["swarm_id"])
         for (node,), part in mine.sort("node_round").group_by("node_id", maintain_order=True):
             x = part["node_round"].to_list()
-            y = part["reward_mean"].to_list()
+            y = part["claimed_reward"].to_list()
             line = ax.plot(x, y, alpha=0.25, linewidth=0.8)[0]
             ax.plot(x, moving_average(y), color=line.get_color(), linewidth=1.8, label=node)
         ax.set_title(label(swarm), fontsize=9)
@@ -116,18 +116,18 @@ def cumulative_curves(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) 
         per_round = (
             rewards.filter(pl.col("swarm_id") == swarm["swarm_id"])
             .group_by("node_round")
-            .agg(pl.col("reward_mean").sum())
+            .agg(pl.col("claimed_reward").sum())
             .sort("node_round")
         )
         gain = swarm.get("gain_over_baseline")
         tag = "" if gain is None or not swarm["external_groups"] else f" {gain:+.1%}"
         ax.plot(
             per_round["node_round"].to_list(),
-            per_round["reward_mean"].cum_sum().to_list(),
+            per_round["claimed_reward"].cum_sum().to_list(),
             label=label(swarm) + tag,
             linewidth=1.8,
         )
-    _round_axes(ax, "cumulative reward (all nodes)", "Cumulative reward per swarm")
+    _round_axes(ax, "cumulative claimed reward (all nodes)", "Cumulative claimed reward per swarm")
     return _save(fig, path)
 
 
@@ -184,11 +184,11 @@ def configuration_curves(node_rounds: pl.DataFrame, path: Path) -> Path:
         conf = f"{conf} ({seeds} seed{'' if seeds == 1 else 's'})"  # thin evidence shows
         evaluated = part.filter(pl.col("accuracy").is_not_null())
         per_seed = (
-            part.filter(pl.col("reward_mean").is_not_null())
+            part.filter(pl.col("claimed_reward").is_not_null())
             .group_by("seed", "node_round")
-            .agg(pl.col("reward_mean").mean())
+            .agg(pl.col("claimed_reward").mean())
             .sort("node_round")
-            .with_columns(pl.col("reward_mean").cum_sum().over("seed").alias("cumulative"))
+            .with_columns(pl.col("claimed_reward").cum_sum().over("seed").alias("cumulative"))
         )
         mean_acc = (
             evaluated.group_by("node_round").agg(pl.col("accuracy").mean()).sort("node_round")
@@ -210,5 +210,6 @@ def configuration_curves(node_rounds: pl.DataFrame, path: Path) -> Path:
             linewidth=2,
         )
     _round_axes(acc, "held-out accuracy (mean of nodes and seeds)", "Held-out accuracy")
-    _round_axes(cum, "cumulative reward (mean node)", "Cumulative reward (seeds faint)")
+    title = "Cumulative claimed reward (seeds faint)"
+    _round_axes(cum, "cumulative claimed reward (mean node)", title)
     return _save(fig, path)

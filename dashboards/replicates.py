@@ -5,9 +5,10 @@ The experiment file fixes, before anything runs, the configurations, the seeds, 
 and the baseline; this module only reads what the ledger holds for those runs (a run is one
 configuration with one replicate seed: one swarm). Two metrics, both decided up front:
 
-- cumulative reward: the paper's measure, here the mean reward of each node's own
-  completions summed over its rounds, averaged over the swarm's nodes (the policy's skill
-  on fresh questions, the same measure whatever the configuration);
+- cumulative claimed reward: the paper's measure, here each node's claimed_reward (the
+  mean reward of its own completions as it published them) summed over its rounds,
+  averaged over the swarm's nodes (the policy's skill on fresh questions, the same measure
+  whatever the configuration);
 - final held-out accuracy: the mean over nodes of the last evaluation (the policy after
   the last round) on the fixed evaluation set.
 
@@ -27,7 +28,7 @@ import dashboards
 from dashboards.statistics import paired_gains, per_configuration
 
 Query = Callable[[str], pl.DataFrame]
-METRICS = ("cumulative_reward", "final_accuracy")
+METRICS = ("cumulative_claimed_reward", "final_accuracy")
 DESCRIBED = (*METRICS, "oscillation")  # intervals per configuration; gains for METRICS only
 
 
@@ -54,7 +55,7 @@ def node_rounds(query: Query, runs: pl.DataFrame) -> pl.DataFrame:
     """Per run, node and round: own reward, held-out accuracy where evaluated, and the
     informative groups trained (own and from peers)."""
     keys = ["swarm_id", "node_id", "node_round"]
-    rewards = query(dashboards.query("reward_per_node_round")).select(*keys, "reward_mean")
+    rewards = query(dashboards.query("reward_per_node_round")).select(*keys, "claimed_reward")
     accuracy = query(dashboards.query("heldout_accuracy")).select(*keys, "accuracy")
     informative = query(dashboards.query("informative_groups")).select(
         *keys, "informative_trained", "informative_local", "informative_external"
@@ -69,21 +70,21 @@ def node_rounds(query: Query, runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl.DataFrame:
-    """One row per run: cumulative reward (mean over nodes of each node's sum over rounds
+    """One row per run: cumulative claimed reward (mean over nodes of each node's sum over rounds
     0..rounds-1) and final held-out accuracy (mean over nodes, evaluation at `rounds`).
 
     A run missing nodes (fewer than `nodes`), rounds or final evaluations gets null metrics
     and `complete` false: a partial sum would bias the comparison, so it is left out of
     the pairing visibly rather than averaged in."""
-    trained = rows.filter(pl.col("node_round") < rounds, pl.col("reward_mean").is_not_null())
+    trained = rows.filter(pl.col("node_round") < rounds, pl.col("claimed_reward").is_not_null())
     per_node = (
         trained.sort("node_round")
         .group_by("configuration", "seed", "swarm_id", "node_id")
         .agg(
-            pl.col("reward_mean").sum().alias("cumulative_reward"),
+            pl.col("claimed_reward").sum().alias("cumulative_claimed_reward"),
             pl.len().alias("rounds_done"),
             # the paper's instability at high J: how much reward jumps from round to round
-            pl.col("reward_mean").diff().std().alias("oscillation"),
+            pl.col("claimed_reward").diff().std().alias("oscillation"),
         )
     )
     final = rows.filter(pl.col("node_round") == rounds, pl.col("accuracy").is_not_null())
@@ -96,7 +97,7 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     summary = (
         per_node.group_by("configuration", "seed", "swarm_id")
         .agg(
-            pl.col("cumulative_reward").mean(),
+            pl.col("cumulative_claimed_reward").mean(),
             pl.col("oscillation").mean(),
             pl.len().alias("nodes"),
             pl.col("rounds_done").min(),
@@ -109,7 +110,9 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     trained_all = (pl.col("rounds_done") >= rounds) & (pl.col("nodes") >= expected)
     evaluated_all = pl.col("evaluated_nodes").fill_null(0) >= expected
     return summary.with_columns(
-        pl.when(trained_all).then(pl.col("cumulative_reward")).alias("cumulative_reward"),
+        pl.when(trained_all)
+        .then(pl.col("cumulative_claimed_reward"))
+        .alias("cumulative_claimed_reward"),
         pl.when(trained_all & evaluated_all).then(pl.col("final_accuracy")).alias("final_accuracy"),
         (trained_all & evaluated_all).alias("complete"),
     )
@@ -213,7 +216,10 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
     missing = [f"{r['configuration']} seed {r['seed']}" for r in partial.iter_rows(named=True)]
     if missing:
         lines.append(f"Incomplete runs, left out of the statistics: {', '.join(missing)}.")
-    names = {"cumulative_reward": "cumulative reward", "final_accuracy": "final held-out accuracy"}
+    names = {
+        "cumulative_claimed_reward": "cumulative claimed reward",
+        "final_accuracy": "final held-out accuracy",
+    }
     for metric, name in names.items():
         if metric not in tables.gains:
             continue

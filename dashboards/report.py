@@ -1,17 +1,17 @@
 """The report of a ledger: its SQL (dashboards/sql/sweep_*.sql and swarm_nodes.sql) turned
 into summary tables, figures, one self-contained HTML page and a JSON file of the numbers.
 
-Any ledger has a report. Every swarm gets its per-node reward per round, its cumulative
-reward, its share of zero-variance groups and who sampled whom. Swarms whose node manifests
-name an experiment (`sapo experiment`) are also compared as a sweep: one row per
-configuration, with the gain over the experiment's J = 0 baseline. A swarm's configuration
-(I, J, policy, experiment) is read from its nodes' manifests, never from its id; swarms
-without manifests (older ledgers) are reported with those unknown.
+Any ledger has a report. Every swarm gets its per-node claimed_reward per round, its
+cumulative_claimed_reward, its share of zero-variance groups and who sampled whom. Swarms
+whose node manifests name an experiment (`sapo experiment`) are also compared as a sweep:
+one row per configuration, with the gain over the experiment's J = 0 baseline. A swarm's
+configuration (I, J, policy, experiment) is read from its nodes' manifests, never from
+its id; swarms without manifests (older ledgers) are reported with those unknown.
 
 Every number comes from the ledger. MLflow, when given, only cross-checks: each node's
-`generated_reward_mean` per round must equal the ledger's mean over what it published,
-and its training-set reward (the paper's measure, which counts peers' groups too) is shown
-beside the ledger's.
+`own_reward` per round must equal the ledger's `claimed_reward` (its mean over what the
+node published), and its `cumulative_training_reward` (which counts peers' groups too) is
+shown beside the ledger's. The names are README's "Rewards, by name".
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class CrossCheck:
     matched: int = 0
     max_abs_diff: float = 0.0
     missing_in_mlflow: int = 0
-    training_set_reward: dict[str, float] = field(default_factory=dict)  # swarm -> sum
+    cumulative_training_reward: dict[str, float] = field(default_factory=dict)  # swarm -> sum
 
     @property
     def consistent(self) -> bool:
@@ -67,7 +67,8 @@ class Report:
     markdown: str
     figures: list[str]
     summary: list[dict[str, Any]]
-    """One row per swarm (sweep_summary.sql), plus MLflow's training-set reward if checked."""
+    """One row per swarm (sweep_summary.sql), plus MLflow's cumulative_training_reward
+    when checked."""
     check: CrossCheck | None
     nodes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -112,26 +113,26 @@ def report_tables(query: Query, experiment: str | None = None) -> ReportTables:
 
 
 def cross_check(rewards: pl.DataFrame, tracked: pl.DataFrame) -> CrossCheck:
-    """Compare the ledger's per node-round reward with MLflow's metrics.
+    """Compare the ledger's per node-round claimed_reward with MLflow's own_reward.
 
-    `tracked` has columns swarm_id, node_id, node_round, generated_reward_mean, reward_mean.
+    `tracked` has columns swarm_id, node_id, node_round, own_reward, training_reward.
     """
     keys = ["swarm_id", "node_id", "node_round"]
-    joined = rewards.select(*keys, pl.col("reward_mean").alias("ledger")).join(
-        tracked.select(*keys, "generated_reward_mean"), on=keys, how="left"
+    joined = rewards.select(*keys, pl.col("claimed_reward").alias("ledger")).join(
+        tracked.select(*keys, "own_reward"), on=keys, how="left"
     )
-    found = joined.filter(pl.col("generated_reward_mean").is_not_null())
-    diff = (found["ledger"] - found["generated_reward_mean"]).abs().max()
+    found = joined.filter(pl.col("own_reward").is_not_null())
+    diff = (found["ledger"] - found["own_reward"]).abs().max()
     training = (
         tracked.filter(pl.col("swarm_id").is_in(rewards["swarm_id"].unique().to_list()))
         .group_by("swarm_id")
-        .agg(pl.col("reward_mean").sum())
+        .agg(pl.col("training_reward").sum())
     )
     return CrossCheck(
         matched=found.height,
         max_abs_diff=float(diff) if isinstance(diff, int | float) else 0.0,
         missing_in_mlflow=joined.height - found.height,
-        training_set_reward=dict(training.select("swarm_id", "reward_mean").rows()),
+        cumulative_training_reward=dict(training.select("swarm_id", "training_reward").rows()),
     )
 
 
@@ -152,7 +153,8 @@ def summary_rows(tables: ReportTables, check: CrossCheck | None) -> list[dict[st
     rows = []
     for row in tables.summary.to_dicts():
         if check is not None:
-            row["training_set_reward_mlflow"] = check.training_set_reward.get(row["swarm_id"])
+            tracked = check.cumulative_training_reward.get(row["swarm_id"])
+            row["cumulative_training_reward_mlflow"] = tracked
         rows.append(row)
     return rows
 
@@ -176,13 +178,13 @@ def table_cells(rows: list[dict[str, Any]], *, sweep: bool) -> tuple[list[str], 
 
     A sweep table has one row per configuration and the gain over J = 0; a swarm table
     names each swarm instead."""
-    with_mlflow = any("training_set_reward_mlflow" in r for r in rows)
+    with_mlflow = any("cumulative_training_reward_mlflow" in r for r in rows)
     first = ["configuration (I/J)"] if sweep else ["swarm", "I/J"]
-    head = [*first, "policy", "nodes x rounds", "cumulative reward", "± s.e."]
+    head = [*first, "policy", "nodes x rounds", "cumulative claimed reward", "± s.e."]
     head += ["gain vs J=0"] if sweep else []
     head += ["first-quarter mean", "last-quarter mean"]
     if with_mlflow:
-        head.append("training-set reward (MLflow)")
+        head.append("cumulative training reward (MLflow)")
     body = []
     for r in rows:
         no_peers = r["external_groups"] == 0  # no peers, no policy
@@ -190,22 +192,22 @@ def table_cells(rows: list[dict[str, Any]], *, sweep: bool) -> tuple[list[str], 
         cells += [
             "-" if no_peers else _fmt(r["policy"], ""),
             f"{r['nodes']} x {r['rounds']}",
-            _fmt(r["cumulative_reward"], ".2f"),
-            _fmt(r["cumulative_reward_se"], ".2f"),
+            _fmt(r["cumulative_claimed_reward"], ".2f"),
+            _fmt(r["cumulative_claimed_reward_se"], ".2f"),
         ]
         if sweep:
             cells.append("baseline" if no_peers else _fmt(r["gain_over_baseline"], "+.1%"))
         cells += [_fmt(r["first_quarter_mean"], ".3f"), _fmt(r["last_quarter_mean"], ".3f")]
         if with_mlflow:
-            cells.append(_fmt(r.get("training_set_reward_mlflow"), ".2f"))
+            cells.append(_fmt(r.get("cumulative_training_reward_mlflow"), ".2f"))
         body.append([str(c) for c in cells])
     return head, body
 
 
 def node_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """One swarm's per-node table (swarm_nodes.sql rows)."""
-    head = ["node", "I/J", "policy", "model", "rounds", "cumulative reward", "mean reward",
-            "zero-variance groups", "groups drawn (peers)"]  # fmt: skip
+    head = ["node", "I/J", "policy", "model", "rounds", "cumulative claimed reward",
+            "mean claimed reward", "zero-variance groups", "groups drawn (peers)"]  # fmt: skip
     body = [
         [
             r["node_id"],
@@ -213,8 +215,8 @@ def node_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
             _fmt(r["policy"], ""),
             _fmt(r["model_id"], ""),
             str(r["rounds"]),
-            _fmt(r["cumulative_reward"], ".2f"),
-            _fmt(r["mean_reward"], ".3f"),
+            _fmt(r["cumulative_claimed_reward"], ".2f"),
+            _fmt(r["mean_claimed_reward"], ".3f"),
             _fmt(r["zero_variance_fraction"], ".0%"),
             f"{r['groups_drawn']} ({r['peers_drawn_from']})",
         ]
@@ -262,7 +264,8 @@ def _check_text(check: CrossCheck | None) -> str:
         return "MLflow cross-check: not run (no tracking URI given)."
     verdict = "consistent" if check.consistent else "INCONSISTENT"
     return (
-        f"MLflow cross-check: {verdict}: {check.matched} node-rounds matched, largest "
+        f"MLflow cross-check (own_reward vs the ledger's claimed_reward): {verdict}: "
+        f"{check.matched} node-rounds matched, largest "
         f"difference {check.max_abs_diff:.2e}, {check.missing_in_mlflow} node-rounds missing "
         "in MLflow."
     )
@@ -308,9 +311,10 @@ def render_report(
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
 img{{max-width:100%;margin:1em 0}}code{{background:#f4f4f4}}</style></head><body>
 <h1>SAPO report: {html.escape(what)}</h1>
-<p>Ledger <code>{html.escape(source)}</code>, written {stamp}. Rewards are each node's own
-completions (what it generated and published each round, scored by its verifier); the
-cumulative reward sums every node's mean reward over every round. I (local groups), J
+<p>Ledger <code>{html.escape(source)}</code>, written {stamp}. The claimed reward of a node
+in a round is the mean reward its published completions claim (its own completions, scored
+by its verifier: for an honest node its <code>own_reward</code>); the cumulative claimed
+reward sums every node's claimed reward over every round. I (local groups), J
 (external groups), the sampling policy and the experiment come from each node's manifest
 ("unknown" where a swarm's nodes wrote none).</p>
 {tables_html}

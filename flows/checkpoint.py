@@ -17,13 +17,40 @@ import json
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 STATE = "state.json"
 KEEP = 1
 TRAINING_STATE = ("optimizer.pt", "rng.pt")
+
+
+@dataclass
+class RewardTotals:
+    """A node's running sums over its rounds, kept in its checkpoints: each is the sum of
+    that round's figure of the same name (README, "Rewards, by name")."""
+
+    cumulative_own_reward: float = 0.0
+    cumulative_training_reward: float = 0.0
+
+    def add(self, *, own_reward: float, training_reward: float) -> None:
+        self.cumulative_own_reward += own_reward
+        self.cumulative_training_reward += training_reward
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "cumulative_own_reward": self.cumulative_own_reward,
+            "cumulative_training_reward": self.cumulative_training_reward,
+        }
+
+    @classmethod
+    def from_state(cls, data: dict[str, Any]) -> RewardTotals:
+        """From state.json (zeros in checkpoints older than these names)."""
+        return cls(
+            float(data.get("cumulative_own_reward", 0.0)),
+            float(data.get("cumulative_training_reward", 0.0)),
+        )
 
 
 class NotResumable(RuntimeError):
@@ -35,7 +62,7 @@ class Checkpoint:
     path: Path
     next_round: int
     policy_version: int
-    cumulative_reward: float = 0.0
+    totals: RewardTotals = field(default_factory=RewardTotals)
     config: dict[str, str] | None = None
     """The node's configuration when it was saved (flat keys); None in older checkpoints."""
     resumable: bool = True
@@ -61,7 +88,7 @@ def latest(workdir: Path, node_id: str) -> Checkpoint | None:
                     path,
                     int(data["next_round"]),
                     int(data["policy_version"]),
-                    float(data.get("cumulative_reward", 0.0)),
+                    RewardTotals.from_state(data),
                     data.get("config"),
                     bool(data.get("resumable", True)),
                     data.get("final_model"),
@@ -75,7 +102,7 @@ def save(
     node_id: str,
     learner: Any,
     next_round: int,
-    cumulative_reward: float = 0.0,
+    totals: RewardTotals | None = None,
     config: dict[str, str] | None = None,
 ) -> Checkpoint:
     """Write a checkpoint after `next_round - 1` finished, with the node's ``config`` (what
@@ -95,7 +122,7 @@ def save(
     state = {
         "next_round": next_round,
         "policy_version": learner.policy_version,
-        "cumulative_reward": cumulative_reward,
+        **(totals or RewardTotals()).as_metrics(),
         "config": config,
     }
     (tmp / STATE).write_text(json.dumps(state))
@@ -104,7 +131,8 @@ def save(
     tmp.rename(target)
     for old in sorted(root.glob("round-*"))[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
-    return Checkpoint(target, next_round, learner.policy_version, cumulative_reward, config)
+    kept = replace(totals or RewardTotals())  # a copy: the node's own goes on counting
+    return Checkpoint(target, next_round, learner.policy_version, kept, config)
 
 
 def model_files(checkpoint: Path) -> list[Path]:

@@ -53,7 +53,7 @@ class TrackingConfig(Strict):
     log_models: bool = Field(True, description="Log each node's final model to its run.")
     registered_model: str | None = Field(
         "",
-        description="Register the model of the node with the highest cumulative reward under "
+        description="Register the model of the node with the highest cumulative_own_reward under "
         "this name when the swarm ends ('' : '<swarm_id>-policy'; null: register nothing).",
     )
     retry: RetryPolicy = Field(

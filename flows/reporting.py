@@ -18,7 +18,7 @@ from flows.config import SwarmConfig
 from flows.experiment import ExperimentConfig
 from ledger import Ledger
 
-CHECKED_METRICS = ("generated_reward_mean", "reward_mean")
+CHECKED_METRICS = ("own_reward", "training_reward")
 
 
 def tracked_metrics(tracking_uri: str, experiment: str | None = None) -> pl.DataFrame:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flows import checkpoint
@@ -46,7 +46,7 @@ class NodeRuntime:
     progress: NodeProgress
     run: NodeRun | None = None
     next_round: int = 0  # the first round not yet in a checkpoint
-    cumulative_reward: float = 0.0  # sum of the training-set rewards of every round
+    totals: checkpoint.RewardTotals = field(default_factory=checkpoint.RewardTotals)
 
     @property
     def node_id(self) -> str:
@@ -166,7 +166,7 @@ def open_node(
         )
         if saved is not None:
             runtime.next_round = saved.next_round
-            runtime.cumulative_reward = saved.cumulative_reward
+            runtime.totals = replace(saved.totals)
             log.info("%s resumes at round %d from %s", node_id, saved.next_round, saved.path)
         if swarm.tracking.enabled:
             runtime.run = open_node_run(swarm, spec, parent_run_id)

@@ -238,13 +238,15 @@ def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
 
 @timed("update")
 def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    """The GRPO step; adds the training set's rewards to the node's cumulative reward and
-    records in the ledger which groups it trained on (for the sharing diagnostics)."""
+    """The GRPO step; adds the round's own and training rewards to the node's running
+    sums and records in the ledger which groups it trained on (for the sharing
+    diagnostics)."""
     chosen = _require(state.chosen, state, "update", "reward")
+    generated = _require(state.generated, state, "update", "generate")
     state.report = node.learner.update(state.round, chosen, state.flagged)
     write_node_log(node, "training", state.round, chosen.records())
-    node.cumulative_reward += sum(chosen.rewards())
-    return {"reward_mean": state.report.reward_mean, "cumulative_reward": node.cumulative_reward}
+    node.totals.add(own_reward=generated.own_reward, training_reward=state.report.training_reward)
+    return node.totals.as_metrics()
 
 
 def write_node_log(node: NodeRuntime, kind: str, round_: int, rows: list[dict[str, Any]]) -> None:
@@ -274,7 +276,7 @@ def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> 
         node.node_id,
         node.learner,
         done,
-        node.cumulative_reward,
+        node.totals,
         config=node_config(node.spec),
     )
     node.next_round = done
@@ -292,12 +294,13 @@ def round_metrics(
     report = _require(state.report, state, "metrics", "update")
     generated = _require(state.generated, state, "metrics", "generate")
     metrics: dict[str, float] = {
-        # The mean over the training set (own and peers' groups, this node's verifier).
-        "reward_mean": report.reward_mean,
-        "cumulative_reward": node.cumulative_reward,
-        # The mean over everything the node generated (and published) this round: the
-        # policy's own accuracy, what the ledger's per-publisher SQL recomputes.
-        "generated_reward_mean": generated.reward_mean,
+        # The names of README's "Rewards, by name". Own: the mean over everything the node
+        # generated (and published, as its claim) this round: the policy's own accuracy.
+        "own_reward": generated.own_reward,
+        # Training: the mean over the training set (own and peers' groups kept for the
+        # update), both scored by this node's verifier.
+        "training_reward": report.training_reward,
+        **node.totals.as_metrics(),
         "zero_variance_fraction": report.zero_variance_fraction,
         "external_groups_used": float(report.external_groups_used),
         "groups_trained": float(report.groups_trained),
@@ -308,10 +311,10 @@ def round_metrics(
         "peers_excluded": float(state.peers_excluded),
         "backlog_files": float(len(node.backlog)),
     }
-    if report.local_reward_mean is not None:
-        metrics["local_reward_mean"] = report.local_reward_mean
-    if report.external_reward_mean is not None:
-        metrics["external_reward_mean"] = report.external_reward_mean
+    if report.training_reward_local is not None:
+        metrics["training_reward_local"] = report.training_reward_local
+    if report.training_reward_external is not None:
+        metrics["training_reward_external"] = report.training_reward_external
     for key, name in UPDATE_METRICS.items():
         if key in report.update:
             metrics[name] = report.update[key]
@@ -345,13 +348,17 @@ def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
 
 def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:
     """The one-line summary printed after each round."""
-    ext = metrics.get("external_reward_mean")
+
+    def share(name: str) -> str:
+        value = metrics.get(name)
+        return "-" if value is None else f"{value:.3f}"
+
     return (
-        f"{node_id} round {round_}: reward {metrics['reward_mean']:.3f} "
-        f"(local {metrics.get('local_reward_mean', float('nan')):.3f}, "
-        f"external {'-' if ext is None else f'{ext:.3f}'}, "
+        f"{node_id} round {round_}: own_reward {metrics['own_reward']:.3f} "
+        f"(cumulative {metrics['cumulative_own_reward']:.2f}), "
+        f"training_reward {metrics['training_reward']:.3f} "
+        f"(local {share('training_reward_local')}, external {share('training_reward_external')}, "
         f"{int(metrics['external_groups_used'])} peer groups), "
-        f"cumulative {metrics['cumulative_reward']:.1f}, "
         f"{sum(v for k, v in metrics.items() if k.startswith('seconds_')):.1f}s"
     )
 

@@ -137,7 +137,7 @@ def run_swarm(
 def _register(
     config: SwarmConfig, tracker: Tracker, parent: str, out: Callable[[str], None]
 ) -> None:
-    """Register the best node's model (by cumulative reward) in MLflow's model registry."""
+    """Register the best node's model (by cumulative own reward) in MLflow's model registry."""
     tracking = config.tracking
     if not tracking.log_models or tracking.registered_model is None:
         return

@@ -221,7 +221,7 @@ def sharing_tags(local_groups: int, external_groups: int, policy: str) -> dict[s
 
 
 def register_best(
-    tracker: Tracker, parent_id: str, name: str, metric: str = "cumulative_reward"
+    tracker: Tracker, parent_id: str, name: str, metric: str = "cumulative_own_reward"
 ) -> tuple[str, str, str] | None:
     """Register the model of the parent's child run with the highest `metric`.
 

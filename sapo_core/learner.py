@@ -61,8 +61,9 @@ class Generated:
     tokens: int
 
     @property
-    def reward_mean(self) -> float:
-        """Mean claimed reward over every completion made: the policy's own accuracy."""
+    def own_reward(self) -> float:
+        """Mean reward over every completion made (this node's verifier, and what it
+        publishes as its claim): the policy's own accuracy."""
         rewards = [r.reward for g in self.groups for r in g.rollouts if r.reward is not None]
         return _mean(rewards) or 0.0
 
@@ -72,9 +73,9 @@ class RoundReport:
     """What one round of training did; the names flows log as metrics."""
 
     round: int
-    reward_mean: float
-    local_reward_mean: float | None
-    external_reward_mean: float | None
+    training_reward: float
+    training_reward_local: float | None
+    training_reward_external: float | None
     zero_variance_fraction: float
     external_groups_used: int
     groups_trained: int
@@ -285,9 +286,9 @@ class Learner:
             self.policy_version += cfg.grpo.iterations
         return RoundReport(
             round=round_,
-            reward_mean=_mean(chosen.rewards()) or 0.0,
-            local_reward_mean=_mean(chosen.rewards("local")),
-            external_reward_mean=_mean(chosen.rewards("external")),
+            training_reward=_mean(chosen.rewards()) or 0.0,
+            training_reward_local=_mean(chosen.rewards("local")),
+            training_reward_external=_mean(chosen.rewards("external")),
             zero_variance_fraction=chosen.zero_variance_fraction,
             external_groups_used=chosen.external_used,
             groups_trained=len(segments),

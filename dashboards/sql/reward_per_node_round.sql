@@ -1,4 +1,5 @@
--- Mean claimed reward of each node's own completions, per round.
+-- claimed_reward: the mean reward each node's published completions claim, per round (its
+-- own completions, scored by its verifier: for an honest node, MLflow's own_reward).
 -- Relations: `rollouts` (one row per completion). In a plain DuckDB session, define it as
 --   CREATE VIEW rollouts AS SELECT * FROM read_parquet('<ledger>/**/*.parquet',
 --       hive_partitioning = true, union_by_name = true);
@@ -6,7 +7,7 @@ SELECT
     swarm_id,
     node_id,
     node_round,
-    avg(reward)               AS reward_mean,
+    avg(reward)               AS claimed_reward,
     count(DISTINCT group_id)  AS groups,
     count(*)                  AS completions
 FROM rollouts

@@ -1,19 +1,19 @@
 -- One row per node of every swarm: what its manifest declares (experiment, I, J, sampling
 -- policy, model; NULL for a node without a manifest), the rounds it published, its
--- cumulative reward (the sum of its mean reward per round), the share of its groups whose
+-- cumulative_claimed_reward (the sum of its claimed_reward per round), the share of its groups whose
 -- rewards all agree, and how many groups it drew from how many peers (sample log).
 -- `manifest_revisions` > 1: the node was resumed with another configuration (the first
 -- one is shown).
 -- Relations: `rollouts`, `manifests` (see sweep_reward_per_round.sql), `groups` (see
 -- zero_variance_groups.sql) and `samples` (see most_sampled_peers.sql).
 WITH per_round AS (
-    SELECT swarm_id, node_id, node_round, avg(reward) AS reward_mean
+    SELECT swarm_id, node_id, node_round, avg(reward) AS claimed_reward
     FROM rollouts
     GROUP BY swarm_id, node_id, node_round
 ),
 per_node AS (
-    SELECT swarm_id, node_id, count(*) AS rounds, sum(reward_mean) AS cumulative_reward,
-           avg(reward_mean) AS mean_reward
+    SELECT swarm_id, node_id, count(*) AS rounds, sum(claimed_reward) AS cumulative_claimed_reward,
+           avg(claimed_reward) AS mean_claimed_reward
     FROM per_round
     GROUP BY swarm_id, node_id
 ),
@@ -38,8 +38,8 @@ SELECT
     m.model_id,
     m.revisions                  AS manifest_revisions,
     p.rounds,
-    p.cumulative_reward,
-    p.mean_reward,
+    p.cumulative_claimed_reward,
+    p.mean_claimed_reward,
     z.groups,
     z.zero_variance_fraction,
     coalesce(d.groups_drawn, 0)  AS groups_drawn,

@@ -1,5 +1,5 @@
--- Every swarm, per node and round: the mean reward of the node's own completions (what it
--- generated and published that round, scored by its verifier), with the node's sharing
+-- Every swarm, per node and round: claimed_reward, the mean reward of the node's own
+-- completions as it published them (scored by its verifier), with the node's sharing
 -- configuration from its manifest: experiment, I (local_groups), J (external_groups) and
 -- sampling policy. A node without a manifest (ledgers written before manifests existed)
 -- keeps its rows, with those columns NULL; experiment is NULL outside `sapo experiment`.
@@ -20,7 +20,7 @@
 --  node_id VARCHAR, experiment VARCHAR, local_groups INTEGER, external_groups INTEGER,
 --  policy VARCHAR, model_id VARCHAR, revisions BIGINT)).
 WITH per_round AS (
-    SELECT swarm_id, node_id, node_round, avg(reward) AS reward_mean, count(*) AS completions
+    SELECT swarm_id, node_id, node_round, avg(reward) AS claimed_reward, count(*) AS completions
     FROM rollouts
     GROUP BY swarm_id, node_id, node_round
 )
@@ -32,7 +32,7 @@ SELECT
     m.policy,
     r.node_id,
     r.node_round,
-    r.reward_mean,
+    r.claimed_reward,
     r.completions
 FROM per_round r
 LEFT JOIN manifests m ON m.swarm_id = r.swarm_id AND m.node_id = r.node_id

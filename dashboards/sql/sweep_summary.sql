@@ -1,7 +1,8 @@
--- One row per swarm (a sweep's configuration): cumulative reward (the paper's measure:
--- rewards summed over every node and round; here each node-round counts its mean reward, so
+-- One row per swarm (a sweep's configuration): cumulative_claimed_reward (the paper's
+-- measure: rewards summed over every node and round; here each node-round counts its
+-- claimed_reward, the mean over its published completions, so
 -- swarms with equal nodes x rounds compare directly), its standard error (node-rounds taken
--- as independent), the mean reward in the first and last quarter of the rounds, and, for a
+-- as independent), the mean claimed_reward in the first and last quarter of the rounds, and, for a
 -- swarm in an experiment, the gain over that experiment's no-sharing baseline (J = 0).
 -- experiment, I, J and policy are the value every node's manifest agrees on: NULL where no
 -- node has a manifest or nodes disagree.
@@ -25,23 +26,23 @@ per_swarm AS (
         count(DISTINCT node_id)                       AS nodes,
         any_value(swarm_rounds)                       AS rounds,
         count(*)                                      AS node_rounds,
-        sum(reward_mean)                              AS cumulative_reward,
-        stddev_samp(reward_mean) * sqrt(count(*))     AS cumulative_reward_se,
-        avg(reward_mean) FILTER (WHERE node_round < greatest(swarm_rounds // 4, 1))
+        sum(claimed_reward)                              AS cumulative_claimed_reward,
+        stddev_samp(claimed_reward) * sqrt(count(*))     AS cumulative_claimed_reward_se,
+        avg(claimed_reward) FILTER (WHERE node_round < greatest(swarm_rounds // 4, 1))
                                                       AS first_quarter_mean,
-        avg(reward_mean) FILTER (WHERE node_round >= swarm_rounds - greatest(swarm_rounds // 4, 1))
+        avg(claimed_reward) FILTER (WHERE node_round >= swarm_rounds - greatest(swarm_rounds // 4, 1))
                                                       AS last_quarter_mean
     FROM marked
     GROUP BY swarm_id
 ),
 baseline AS (
-    SELECT experiment, arg_min(cumulative_reward, swarm_id) AS baseline_reward
+    SELECT experiment, arg_min(cumulative_claimed_reward, swarm_id) AS baseline_reward
     FROM per_swarm
     WHERE experiment IS NOT NULL AND external_groups = 0
     GROUP BY experiment
 )
 SELECT
     per_swarm.*,
-    cumulative_reward / baseline_reward - 1 AS gain_over_baseline
+    cumulative_claimed_reward / baseline_reward - 1 AS gain_over_baseline
 FROM per_swarm LEFT JOIN baseline USING (experiment)
 ORDER BY experiment NULLS LAST, external_groups, policy, swarm_id;

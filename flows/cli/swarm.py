@@ -300,7 +300,7 @@ def demo(
     swarm(config=None, nodes=nodes, rounds=rounds, workdir=workdir, overrides=None, keep=keep)
     cfg = load(None, with_keep(None, keep), nodes=nodes, rounds=rounds, workdir=workdir)
     with Ledger.from_config(cfg.ledger) as ledger:
-        print(f"\nreward per node and round ({cfg.swarm_id}, claimed by each publisher):")
+        print(f"\nclaimed_reward per node and round ({cfg.swarm_id}, from the ledger):")
         frame = ledger.query(dashboards.query("reward_per_node_round"))
         print_frame(frame.filter(pl.col("swarm_id") == cfg.swarm_id), "table")
     write_demo_report(cfg)

@@ -35,16 +35,17 @@ def test_newest_only_stale_temporaries_removed_model_files_listed(
     tmp_path: Path, tiny_model_dir: Any
 ) -> None:
     me = learner(tiny_model_dir)
-    first = checkpoint.save(tmp_path, "n", me, 1, 0.5)
+    first = checkpoint.save(tmp_path, "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
     stale = first.path.parent / ".tmp-killed"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half a file")
     me.policy_version = 3
-    second = checkpoint.save(tmp_path, "n", me, 2, 1.5)
+    second = checkpoint.save(tmp_path, "n", me, 2, checkpoint.RewardTotals(1.5, 0.75))
     kept = sorted(p.name for p in second.path.parent.iterdir())
     assert kept == ["round-000002"]  # the old one and the interrupted one are gone
     assert checkpoint.latest(tmp_path, "n") == second
-    assert (second.next_round, second.policy_version, second.cumulative_reward) == (2, 3, 1.5)
+    assert (second.next_round, second.policy_version) == (2, 3)
+    assert second.totals == checkpoint.RewardTotals(1.5, 0.75)
     names = {p.name for p in checkpoint.model_files(second.path)}
     assert "model.safetensors" in names and "config.json" in names
     assert not names & {"optimizer.pt", "rng.pt", "state.json"}
@@ -85,7 +86,7 @@ def test_resume_keeps_the_initial_weights_as_kl_reference(
         group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>"
     )
     report = me.train(0, [Group(group.group_id, "local", (right, *group.rollouts[1:]))])
-    assert report.reward_mean == 0.5 and report.groups_trained == 1
+    assert report.training_reward == 0.5 and report.groups_trained == 1
     saved = checkpoint.save(tmp_path, "n", me, 1)
 
     again = Learner.from_checkpoint(config, saved.path, id_prefix="s.")

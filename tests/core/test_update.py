@@ -231,4 +231,4 @@ def test_silo_node_trains_on_its_own_groups(tiny_model_dir: Any) -> None:
     me = Learner(_node(tiny_model_dir, "solo", local_groups=2, external_groups=0))
     report = me.train(0, me.generate(0).groups)
     assert report.external_groups_used == 0 and report.groups_trained == 2
-    assert report.external_reward_mean is None
+    assert report.training_reward_external is None

@@ -88,7 +88,7 @@ def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
     assert set(runs) == {(c, s) for c in ("2/0", "1/1-reward-filtered") for s in (0, 1)}
     for (conf, seed), row in runs.items():
         swarm = f"mini-{conf.replace('/', 'x', 1)}-s{seed}"
-        assert row["cumulative_reward"] == pytest.approx(cumulative[swarm] / 2)  # mean node
+        assert row["cumulative_claimed_reward"] == pytest.approx(cumulative[swarm] / 2)  # mean node
     final = dict(
         duckdb.sql(
             f"""SELECT swarm_id, avg(accuracy) FROM read_json(
@@ -148,7 +148,7 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
             sapo("report", "--ledger", str(work / "ledger"), "--out", str(folder),
                  "--mlflow", f"sqlite:///{work / 'mlflow.db'}", "--experiment", "mini")  # fmt: skip
         report = json.loads((folder / "report.json").read_text())
-        got = {r["swarm_id"]: r["cumulative_reward"] for r in report["summary"]}
+        got = {r["swarm_id"]: r["cumulative_claimed_reward"] for r in report["summary"]}
         assert got == pytest.approx(expected, abs=1e-9)
         assert report["cross_check"]["consistent"] is True
         assert report["cross_check"]["matched"] == 4 * 2 * 2  # runs x nodes x rounds

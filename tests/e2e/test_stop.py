@@ -54,7 +54,7 @@ def test_ctrl_c_stops_a_swarm_within_seconds_and_leaves_no_process(
     reader.start()
     try:
         deadline = time.monotonic() + 300
-        while not any("node-0 round 1: reward" in line for line in list(lines)):
+        while not any("node-0 round 1: own_reward" in line for line in list(lines)):
             assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)[-3000:]
             time.sleep(0.1)
         # a terminal's Ctrl-C goes to the foreground process group: the launcher's
@@ -77,4 +77,4 @@ def test_ctrl_c_stops_a_swarm_within_seconds_and_leaves_no_process(
     assert processes_mentioning(str(work)) == []
     # ... and the same command resumes where the checkpoints are (here: one more round).
     out = sapo("swarm", "-c", str(path), "--rounds", "3")
-    assert "every node has finished" in out or "round 2: reward" in out
+    assert "every node has finished" in out or "round 2: own_reward" in out

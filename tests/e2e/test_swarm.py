@@ -121,25 +121,29 @@ def check_swarm(path: Path, storage_options: dict[str, Any] | None = None) -> No
     assert sorted(nodes) == ["node-0", "node-1", "node-2"]
     for node_id, run in nodes.items():
         m = run["metrics"]
-        assert set(m["reward_mean"]) == {0, 1} and set(m["cumulative_reward"]) == {0, 1}
+        for name in ("own_reward", "training_reward", "cumulative_own_reward",
+                     "cumulative_training_reward"):  # fmt: skip
+            assert set(m[name]) == {0, 1}, name
+        own_sum = m["own_reward"][0] + m["own_reward"][1]
+        assert m["cumulative_own_reward"][1] == pytest.approx(own_sum)
         # in round 1 (the second) every node trains on peers' groups
         assert m["external_groups_used"][1] >= 1, (node_id, m["external_groups_used"])
         for key in ("zero_variance_fraction", "loss", "clip_fraction", "seconds_generate",
                     "seconds_update", "seconds_publish", "seconds_sample", "seconds_orchestration",
-                    "generation_tokens_per_s", "local_reward_mean"):  # fmt: skip
+                    "generation_tokens_per_s", "training_reward_local"):  # fmt: skip
             assert key in m, key
         assert run["tags"]["sapo.sharing"] == "2/2"
         assert run["params"]["grpo.eps_high"] == "0.28"
         assert (used.filter(used["node_id"] == node_id)["g"].sum() or 0) >= 1
-        # MLflow's generated_reward_mean is the ledger's mean over what the node published
+        # MLflow's own_reward is the ledger's claimed_reward: its mean over what was published
         for node_round, r in own.filter(own["node_id"] == node_id).select("node_round", "r").rows():
-            assert m["generated_reward_mean"][node_round] == pytest.approx(r, abs=1e-9)
+            assert m["own_reward"][node_round] == pytest.approx(r, abs=1e-9)
 
 
 def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) -> None:
     path = swarm_file(tmp_path, tiny_model)
     out = sapo("swarm", "-c", str(path))
-    assert "node-2 round 1: reward" in out
+    assert "node-2 round 1: own_reward" in out
     check_swarm(path)
     # The node with the highest cumulative reward is registered in the model registry.
     from mlflow.tracking import MlflowClient
@@ -148,8 +152,8 @@ def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) ->
     (version,) = client.search_model_versions("name = 'e2e-swarm-policy'")
     registered = client.get_run(version.run_id)
     nodes = node_metrics(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}", "e2e-swarm")
-    best = max(run["metrics"]["cumulative_reward"][1] for run in nodes.values())
-    assert registered.data.metrics["cumulative_reward"] == best
+    best = max(run["metrics"]["cumulative_own_reward"][1] for run in nodes.values())
+    assert registered.data.metrics["cumulative_own_reward"] == best
     assert f"registered {registered.data.tags['sapo.node_id']}'s model" in out
     import mlflow
     import transformers
@@ -192,7 +196,7 @@ def check_report_of_a_plain_swarm(tmp_path: Path) -> None:
         "GROUP BY node_id, node_round)"
     ).fetchone()
     assert expected is not None
-    assert swarm["cumulative_reward"] == pytest.approx(expected[0], abs=1e-9)
+    assert swarm["cumulative_claimed_reward"] == pytest.approx(expected[0], abs=1e-9)
 
 
 @pytest.mark.s3

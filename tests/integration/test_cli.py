@@ -60,7 +60,7 @@ def test_query_runs_the_shipped_dashboards(filled):
         app, args_for(filled, "ledger", "query", "--dashboard", "swarm_totals", "-f", "json")
     )
     assert json.loads(out.output) == [
-        {"swarm_id": "sw", "nodes": 3, "rounds": 1, "cumulative_reward": 0.5 + 0.75 + 2 / 3}
+        {"swarm_id": "sw", "nodes": 3, "rounds": 1, "cumulative_claimed_reward": 0.5 + 0.75 + 2 / 3}
     ]
 
 

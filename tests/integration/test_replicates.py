@@ -81,7 +81,7 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2)
 
     runs = {(r["configuration"], r["seed"]): r for r in tables.runs.iter_rows(named=True)}
-    assert {k: v["cumulative_reward"] for k, v in runs.items()} == pytest.approx(
+    assert {k: v["cumulative_claimed_reward"] for k, v in runs.items()} == pytest.approx(
         {
             (BASE, 0): 0.5,
             (BASE, 1): 0.5,
@@ -98,7 +98,7 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     assert all(v["complete"] for v in runs.values())
     assert tables.node_rounds["configuration"].null_count() == 0  # final evaluations too
 
-    (gain,) = tables.gains["cumulative_reward"].to_dicts()
+    (gain,) = tables.gains["cumulative_claimed_reward"].to_dicts()
     # Differences 0.5, 0.5, 0: mean 1/3, sd sqrt(1/12), half width 4.303 * sqrt(1/12) / sqrt(3)
     half = 4.302653 * (1 / 12) ** 0.5 / 3**0.5
     assert gain["configuration"] == SHARED and gain["n_seeds"] == 3
@@ -146,8 +146,8 @@ def test_a_run_missing_a_node_or_its_final_evaluation_is_left_out_visibly(
     tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2, nodes=2)
     (partial,) = tables.runs.filter(~tables.runs["complete"]).to_dicts()
     assert partial["seed"] == 3
-    assert partial["cumulative_reward"] is None and partial["final_accuracy"] is None
-    (gain,) = tables.gains["cumulative_reward"].to_dicts()
+    assert partial["cumulative_claimed_reward"] is None and partial["final_accuracy"] is None
+    (gain,) = tables.gains["cumulative_claimed_reward"].to_dicts()
     assert gain["n_seeds"] == 3  # seed 3 has no baseline nor a complete run: not paired
     text = replicate_markdown(tables, baseline=BASE)
     assert "Incomplete runs, left out of the statistics: 1/1 seed 3." in text
@@ -166,12 +166,12 @@ def test_run_metrics_average_nodes_and_measure_oscillation() -> None:
             "node_id": ["n0"] * 4 + ["n1"] * 4,
             "node_round": [0, 1, 2, 3] * 2,
             # n0 jumps 0 -> 0.5 -> 0 (diffs +0.5, -0.5: std 0.7071); n1 climbs steadily
-            "reward_mean": [0.0, 0.5, 0.0, None, 0.1, 0.2, 0.3, None],
+            "claimed_reward": [0.0, 0.5, 0.0, None, 0.1, 0.2, 0.3, None],
             "accuracy": [0.1, None, None, 0.4, 0.3, None, None, 0.6],
         }
     )
     (run,) = run_metrics(rows, rounds=3).to_dicts()
-    assert run["cumulative_reward"] == pytest.approx((0.5 + 0.6) / 2)
+    assert run["cumulative_claimed_reward"] == pytest.approx((0.5 + 0.6) / 2)
     assert run["oscillation"] == pytest.approx((0.5**0.5 + 0.0) / 2)
     assert run["initial_accuracy"] == pytest.approx(0.2)
     assert run["final_accuracy"] == pytest.approx(0.5)

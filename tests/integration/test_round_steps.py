@@ -73,8 +73,12 @@ def test_a_round_publishes_samples_peers_trains_and_reports(tmp_path: Path) -> N
 
         chosen = state.chosen
         assert chosen is not None
-        assert figures["cumulative_reward"] == pytest.approx(sum(chosen.rewards()))
-        assert metrics["cumulative_reward"] == b.cumulative_reward == figures["cumulative_reward"]
+        rewards = chosen.rewards()
+        assert metrics["training_reward"] == pytest.approx(sum(rewards) / len(rewards))
+        assert figures["cumulative_training_reward"] == pytest.approx(metrics["training_reward"])
+        assert figures["cumulative_own_reward"] == pytest.approx(metrics["own_reward"])
+        for name in ("cumulative_own_reward", "cumulative_training_reward"):
+            assert metrics[name] == figures[name] == getattr(b.totals, name)
         assert metrics["external_groups_used"] == 1.0 and metrics["groups_trained"] == 3.0
         assert metrics["policy_version"] == 1.0
         assert set(state.seconds) == {
@@ -86,7 +90,13 @@ def test_a_round_publishes_samples_peers_trains_and_reports(tmp_path: Path) -> N
         assert "loss" in metrics and "update_tokens_per_s" in metrics  # the update ran
         # The ledger's own mean over b's completions is what MLflow would get.
         sql = "SELECT avg(reward) FROM rollouts WHERE node_id = 'b' AND node_round = 0"
-        assert metrics["generated_reward_mean"] == pytest.approx(b.ledger.query(sql).item())
+        assert metrics["own_reward"] == pytest.approx(b.ledger.query(sql).item())
+        # training_reward_local covers only the own groups kept for the update
+        own = chosen.rewards("local")
+        assert metrics["training_reward_local"] == pytest.approx(sum(own) / len(own))
+        line = steps.describe(metrics, "b", 0)
+        assert line.startswith(f"b round 0: own_reward {metrics['own_reward']:.3f} (cumulative ")
+        assert f"training_reward {metrics['training_reward']:.3f} (local " in line
     finally:
         a.close()
         b.close()
@@ -116,12 +126,12 @@ def test_checkpoint_cadence_and_resume(tmp_path: Path) -> None:
         run_round(node, 1)
         saved = checkpoints.latest(swarm.workdir, "a")
         assert saved is not None and saved.next_round == 2 == node.next_round
-        cumulative = node.cumulative_reward
+        totals = node.totals
     finally:
         node.close()
     again = open_node(swarm, "a")
     try:
-        assert again.next_round == 2 and again.cumulative_reward == pytest.approx(cumulative)
+        assert again.next_round == 2 and again.totals == totals and again.totals is not totals
         assert again.learner.policy_version == 2
     finally:
         again.close()

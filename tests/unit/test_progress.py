@@ -14,7 +14,7 @@ def test_events_round_trip_through_marker_lines_and_plain_lines_pass() -> None:
         {"node": "node-1", "event": "round", "round": 2, "stop": 5},
         {"node": "node-1", "event": "generate", "done": 3, "total": 16},
     ]
-    assert parse("node-1 round 0: reward 0.250") is None
+    assert parse("node-1 round 0: own_reward 0.250") is None
     assert parse(MARKER + "not json") is None
     assert parse(MARKER + '{"event": "done"}') is None  # no node: not ours
     assert parse(MARKER + '{"node": "n", "event": "done", "round": 1}') == {
@@ -30,11 +30,11 @@ def test_launcher_moves_bars_on_events_and_prints_everything_else() -> None:
             MARKER + '{"node": "node-0", "event": "round", "round": 1, "stop": 4}',
             MARKER + '{"node": "node-0", "event": "step", "round": 1, "step": "update"}',
             MARKER + '{"node": "node-0", "event": "generate", "done": 6, "total": 8}',
-            "node-0 round 1: reward 0.500",
+            "node-0 round 1: own_reward 0.500",
             MARKER + '{"node": "node-0", "event": "done", "round": 1}',
         ]:
             display.feed("node-0", line, printed.append)
-    assert printed == ["[node-0] node-0 round 1: reward 0.500"]
+    assert printed == ["[node-0] node-0 round 1: own_reward 0.500"]
     rounds, generation = (display.progress.tasks[i] for i in (0, 1))
     assert (rounds.completed, rounds.total) == (2, 4)
     assert rounds.description == "node-0 round 1 (2 of 4): update"  # numbered as in the logs

@@ -26,7 +26,7 @@ def rewards_frame() -> pl.DataFrame:
             rows.append(
                 {"experiment": "exp", "swarm_id": swarm, "local_groups": i, "external_groups": j,
                  "policy": "paper", "node_id": node, "node_round": node_round,
-                 "reward_mean": value, "completions": 16}
+                 "claimed_reward": value, "completions": 16}
             )  # fmt: skip
     return pl.DataFrame(rows)
 
@@ -34,8 +34,8 @@ def rewards_frame() -> pl.DataFrame:
 def test_summary_cumulative_reward_gain_and_quarters() -> None:
     summary = {r["swarm_id"]: r for r in summarise(rewards_frame()).to_dicts()}
     base, shared = summary["exp-2x0"], summary["exp-1x1"]
-    assert base["cumulative_reward"] == pytest.approx(2.5)
-    assert shared["cumulative_reward"] == pytest.approx(4.25)
+    assert base["cumulative_claimed_reward"] == pytest.approx(2.5)
+    assert shared["cumulative_claimed_reward"] == pytest.approx(4.25)
     assert base["gain_over_baseline"] == pytest.approx(0.0)
     assert shared["gain_over_baseline"] == pytest.approx(4.25 / 2.5 - 1)
     assert (shared["nodes"], shared["rounds"], shared["node_rounds"]) == (2, 4, 8)
@@ -44,7 +44,7 @@ def test_summary_cumulative_reward_gain_and_quarters() -> None:
     values = [0.25, 0.5, 0.75, 0.75, 0.0, 0.5, 0.5, 1.0]
     mean = sum(values) / 8
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / 7)
-    assert shared["cumulative_reward_se"] == pytest.approx(std * math.sqrt(8))
+    assert shared["cumulative_claimed_reward_se"] == pytest.approx(std * math.sqrt(8))
 
 
 def test_markdown_table_marks_baseline_and_gain() -> None:
@@ -59,17 +59,17 @@ def test_cross_check_finds_agreement_differences_and_gaps() -> None:
     rewards = rewards_frame()
     tracked = rewards.select(
         "swarm_id", "node_id", "node_round",
-        pl.col("reward_mean").alias("generated_reward_mean"),
-        (pl.col("reward_mean") + 0.1).alias("reward_mean"),
+        pl.col("claimed_reward").alias("own_reward"),
+        (pl.col("claimed_reward") + 0.1).alias("training_reward"),
     )  # fmt: skip
     check = cross_check(rewards, tracked)
     assert check.consistent and check.matched == 16 and check.max_abs_diff == 0.0
-    assert check.training_set_reward["exp-1x1"] == pytest.approx(4.25 + 0.8)
+    assert check.cumulative_training_reward["exp-1x1"] == pytest.approx(4.25 + 0.8)
     off = tracked.with_columns(
         pl.when(pl.col("node_round") == 2)
-        .then(pl.col("generated_reward_mean") + 0.25)
-        .otherwise(pl.col("generated_reward_mean"))
-        .alias("generated_reward_mean")
+        .then(pl.col("own_reward") + 0.25)
+        .otherwise(pl.col("own_reward"))
+        .alias("own_reward")
     ).filter(pl.col("node_round") != 3)
     check = cross_check(rewards, off)
     assert not check.consistent
@@ -97,7 +97,7 @@ def test_swarms_without_manifests_are_summarised_with_configuration_unknown() ->
     summary = {r["swarm_id"]: r for r in summarise(frame).to_dicts()}
     assert set(summary) == {"exp-2x0", "exp-1x1"}  # the ids are names, never parsed
     shared = summary["exp-1x1"]
-    assert shared["cumulative_reward"] == pytest.approx(4.25)
+    assert shared["cumulative_claimed_reward"] == pytest.approx(4.25)
     assert shared["experiment"] is None and shared["local_groups"] is None
     assert shared["gain_over_baseline"] is None
     rows = list(summary.values())
@@ -118,7 +118,7 @@ def test_a_swarm_whose_nodes_disagree_has_no_single_configuration() -> None:
     summary = {r["swarm_id"]: r for r in summarise(frame).to_dicts()}
     assert summary["exp-1x1"]["external_groups"] is None
     assert summary["exp-1x1"]["local_groups"] == 1 and summary["exp-1x1"]["experiment"] == "exp"
-    assert summary["exp-1x1"]["cumulative_reward"] == pytest.approx(4.25)
+    assert summary["exp-1x1"]["cumulative_claimed_reward"] == pytest.approx(4.25)
 
 
 def test_sweeps_and_lone_swarms_get_their_own_tables() -> None:
@@ -140,7 +140,7 @@ def test_node_table_marks_a_node_resumed_with_another_configuration() -> None:
 
     base = {
         "node_id": "n", "local_groups": 2, "external_groups": 2, "policy": "paper",
-        "model_id": "m", "rounds": 3, "cumulative_reward": 1.5, "mean_reward": 0.5,
+        "model_id": "m", "rounds": 3, "cumulative_claimed_reward": 1.5, "mean_claimed_reward": 0.5,
         "zero_variance_fraction": 0.25, "groups_drawn": 4, "peers_drawn_from": 2,
     }  # fmt: skip
     _, body = node_cells([{**base, "manifest_revisions": 1}, {**base, "manifest_revisions": 3}])

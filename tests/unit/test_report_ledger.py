@@ -106,13 +106,14 @@ def test_report_of_a_plain_swarm(local_site: LedgerSite, tmp_path: Path) -> None
     assert (row["swarm_id"], row["experiment"]) == ("my-swarm", None)
     assert (row["local_groups"], row["external_groups"], row["policy"]) == (2, 2, "paper")
     assert (row["nodes"], row["rounds"]) == (3, ROUNDS)
-    assert row["cumulative_reward"] == pytest.approx(cumulative(published)["my-swarm"])
+    assert row["cumulative_claimed_reward"] == pytest.approx(cumulative(published)["my-swarm"])
     assert "| my-swarm | 2/2 | paper | 3 x 4 |" in report.markdown
     nodes = {n["node_id"]: n for n in report.nodes}
     assert set(nodes) == set(NODES)
     assert all(n["groups_drawn"] == 2 * ROUNDS for n in nodes.values())
     saved = json.loads(report.json.read_text())
-    assert saved["summary"][0]["cumulative_reward"] == pytest.approx(row["cumulative_reward"])
+    total = row["cumulative_claimed_reward"]
+    assert saved["summary"][0]["cumulative_claimed_reward"] == pytest.approx(total)
     assert saved["experiments"] == [] and report.check is None
 
 
@@ -134,7 +135,7 @@ def test_sweep_tables_come_from_manifests_not_swarm_ids(
     rows = {r["swarm_id"]: r for r in report.summary}
     assert set(rows) == set(expected)
     for swarm, total in expected.items():
-        assert rows[swarm]["cumulative_reward"] == pytest.approx(total, abs=1e-12)
+        assert rows[swarm]["cumulative_claimed_reward"] == pytest.approx(total, abs=1e-12)
     assert rows["alpha"]["gain_over_baseline"] == pytest.approx(0.0)
     assert rows["beta"]["gain_over_baseline"] == pytest.approx(
         expected["beta"] / expected["alpha"] - 1
@@ -181,7 +182,7 @@ def test_report_numbers_equal_plain_duckdb_over_the_files(
                 GROUP BY swarm_id"""
         ).fetchall()
     )
-    got = {r["swarm_id"]: r["cumulative_reward"] for r in report.summary}
+    got = {r["swarm_id"]: r["cumulative_claimed_reward"] for r in report.summary}
     assert got == pytest.approx(direct, abs=1e-12)
 
     # The shipped SQL files, pasted into plain DuckDB as their headers say, agree with the
@@ -190,17 +191,16 @@ def test_report_numbers_equal_plain_duckdb_over_the_files(
     con.execute(f"CREATE TABLE sweep_rewards AS {dashboards.query('sweep_reward_per_round')}")
     summary = con.execute(dashboards.query("sweep_summary")).pl()
     keys = ["swarm_id", "experiment", "local_groups", "external_groups", "policy", "nodes"]
-    numbers = ["cumulative_reward", "gain_over_baseline", "last_quarter_mean"]
+    numbers = ["cumulative_claimed_reward", "gain_over_baseline", "last_quarter_mean"]
     assert summary.select(*keys).rows() == [tuple(r[k] for k in keys) for r in report.summary]
     for name in numbers:
         assert summary[name].to_list() == pytest.approx([r[name] for r in report.summary])
     nodes = con.execute(dashboards.query("swarm_nodes")).pl()
     theirs = pl.DataFrame(report.nodes).select(nodes.columns)
-    assert nodes.drop("cumulative_reward", "mean_reward", "zero_variance_fraction").equals(
-        theirs.drop("cumulative_reward", "mean_reward", "zero_variance_fraction")
-    )
-    assert nodes["cumulative_reward"].to_list() == pytest.approx(
-        theirs["cumulative_reward"].to_list()
+    inexact = ("cumulative_claimed_reward", "mean_claimed_reward", "zero_variance_fraction")
+    assert nodes.drop(*inexact).equals(theirs.drop(*inexact))
+    assert nodes["cumulative_claimed_reward"].to_list() == pytest.approx(
+        theirs["cumulative_claimed_reward"].to_list()
     )
 
 
@@ -219,7 +219,8 @@ def test_report_is_cross_checked_against_mlflow(
         truth = led.query(dashboards.query("reward_per_node_round"))
     tracked = truth.select(
         "swarm_id", "node_id", "node_round",
-        pl.col("reward_mean").alias("generated_reward_mean"), "reward_mean",
+        pl.col("claimed_reward").alias("own_reward"),
+        pl.col("claimed_reward").alias("training_reward"),
     )  # fmt: skip
     asked: list[Any] = []
 
@@ -234,4 +235,4 @@ def test_report_is_cross_checked_against_mlflow(
     assert asked == [("sqlite:///x.db", "exp")]
     assert report.check is not None and report.check.consistent
     assert report.check.matched == len(NODES) * ROUNDS
-    assert "training-set reward (MLflow)" in report.markdown
+    assert "cumulative training reward (MLflow)" in report.markdown
