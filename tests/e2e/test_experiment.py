@@ -176,7 +176,7 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
         "SELECT type, data FROM artifact WHERE key = 'mini-summary'"
     ).fetchone()
     db.close()
-    assert kind == "markdown" and "cumulative reward" in data and "| 2/0 |" in data
+    assert kind == "markdown" and "cumulative claimed reward" in data and "| 2/0 |" in data
     assert "## Paired seeds" in data and "final held-out accuracy" in data
 
     # Running it again resumes: both configurations are complete, so nothing trains.
