@@ -56,13 +56,28 @@ def _root(
 
 
 def main() -> None:
-    """The `sapo` command: expected failures are already one line (exit 2); anything else
-    is one line too, naming the exception, unless --debug asks for the traceback."""
+    """The `sapo` command: expected failures are already one line (exit 2); a usage error
+    (unknown option, bad value, missing argument) is one line too, and so is anything else,
+    naming the exception, unless --debug asks for the traceback."""
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
     from flows.stopping import EXIT_STATUS, SwarmStopped
 
     apply_offline_defaults()
     try:
-        app()
+        # Not standalone: click would print usage errors as a boxed block, and exit itself.
+        status = app(prog_name="sapo", standalone_mode=False)
+    except NoArgsIsHelpError:  # `sapo` or `sapo ledger` alone: the help was shown
+        sys.exit(0)
+    except UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "sapo"
+        # typer words a rejected choice "Value error, 'x' is not one of ..."
+        message = exc.format_message().replace("Value error, ", "")
+        typer.secho(f"error: {message} (see `{where} --help`)", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except typer.Abort:  # Ctrl-C outside a swarm (a swarm handles its own)
+        typer.echo("aborted", err=True)
+        sys.exit(EXIT_STATUS)
     except SwarmStopped as stopped:
         for line in stopped.lines:
             typer.echo(line, err=True)
@@ -79,6 +94,7 @@ def main() -> None:
             err=True,
         )
         sys.exit(2)
+    sys.exit(status if isinstance(status, int) else 0)
 
 
 __all__ = ["app", "main", "parse_storage_options"]

@@ -10,6 +10,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+import flows.cli as cli
 from flows.cli import app, parse_storage_options
 from ledger import Ledger
 from tests.factories import round_rows
@@ -249,6 +250,46 @@ def test_version_and_unexpected_errors(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["sapo", "--debug", "ledger", "validate", "anywhere"])
     with pytest.raises(KeyError):
         cli.main()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["demo", "--keep", "nonsense"], "Invalid value for '--keep': 'nonsense' is not one of "
+         "'resume', 'final-model'. (see `sapo demo --help`)"),
+        (["node"], "Missing option '--node-id'. (see `sapo node --help`)"),
+        (["swarm", "--rounds", "0"], "Invalid value for '--rounds': "),
+        (["ledger", "qurey", "x"], "No such command 'qurey'."),
+    ],
+)  # fmt: skip
+def test_usage_errors_are_one_line_with_exit_2(monkeypatch, capsys, argv, said) -> None:
+    monkeypatch.setattr(sys, "argv", ["sapo", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith(f"error: {said}"), line
+    assert captured.out == ""
+
+
+def test_main_exits_with_the_command_status(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["sapo", "ledger"])
+    with pytest.raises(SystemExit) as helped:
+        cli.main()
+    captured = capsys.readouterr()
+    assert helped.value.code == 0 and "compact" in captured.out and captured.err == ""
+    monkeypatch.setattr(sys, "argv", ["sapo", "--version"])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("sapo ")
+    monkeypatch.setattr(sys, "argv", ["sapo", "ledger", "query", "/no/such/ledger", "SELECT 1"])
+    with pytest.raises(SystemExit) as failed:
+        cli.main()
+    assert failed.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: no ledger at /no/such/ledger: the folder does not exist"
+    )
 
 
 @pytest.mark.s3
