@@ -88,10 +88,16 @@ class NodeRuntime:
             logged_at = None
             if self.run is not None and log_model:
                 # The policy in memory is the newest checkpoint's (saved after the last
-                # update); only the model goes, the optimizer state would triple it.
+                # update); only the model goes, the optimizer state would triple it. Named
+                # by its last round: a swarm continued later logs beside it, and versions
+                # registered from the earlier one keep their files.
                 policy = self.learner.policy
                 logged_at = self.run.tracker.log_model(
-                    self.run.run_id, policy.model, policy.tokenizer, scratch=saved.path.parent
+                    self.run.run_id,
+                    policy.model,
+                    policy.tokenizer,
+                    scratch=saved.path.parent,
+                    path=f"model-round-{saved.next_round - 1}",
                 )
             done = saved.next_round >= self.swarm.rounds
             if done and saved.resumable and self.swarm.checkpoint_keep == "final-model":

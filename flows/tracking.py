@@ -29,6 +29,10 @@ HEAVY_ATTEMPTS = 2
 """Uploading artifacts and registering models: a second try at most, they are slow."""
 
 
+MODEL_PATH_TAG = "sapo.model_path"
+"""The run's tag naming the artifact path of its newest logged model."""
+
+
 def attempt(call: Callable[[], T], what: str, policy: RetryPolicy = TRACKING_RETRY) -> T | None:
     """``call()`` retried under ``policy``; after the last attempt, a warning and None.
 
@@ -158,11 +162,14 @@ class Tracker:
 
         return attempt(upload, "log artifacts", _heavy(self.retry))
 
-    def log_model(self, run_id: str, model: Any, tokenizer: Any, scratch: Path) -> str | None:
-        """Log a causal LM in MLflow's transformers flavor at the run's `model` path, so
-        that `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model` load it (and the
-        registered versions made from it). Saved under `scratch` first, then uploaded.
-        Returns its ``runs:/`` URI, or None when the upload failed."""
+    def log_model(
+        self, run_id: str, model: Any, tokenizer: Any, scratch: Path, path: str = "model"
+    ) -> str | None:
+        """Log a causal LM in MLflow's transformers flavor at the run's artifact ``path``,
+        so that `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model` load it (and
+        the registered versions made from it), and tag the run with that path
+        (`MODEL_PATH_TAG`: what `register_best` registers). Saved under `scratch` first,
+        then uploaded. Returns its ``runs:/`` URI, or None when the upload failed."""
         import mlflow.transformers
         import torch
         import transformers
@@ -183,7 +190,10 @@ class Tracker:
                     f"transformers=={transformers.__version__}",
                 ],
             )
-            return self.log_artifacts(run_id, str(saved), "model")
+            logged = self.log_artifacts(run_id, str(saved), path)
+        if logged is not None:
+            self.set_tags(run_id, {MODEL_PATH_TAG: path})
+        return logged
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)
@@ -235,8 +245,11 @@ def register_best(
     if best is None:
         return None
     run = best[1]
+    path = run.data.tags.get(MODEL_PATH_TAG, "model")
     version = attempt(
-        lambda: tracker.register(name, run.info.run_id), "register model", _heavy(tracker.retry)
+        lambda: tracker.register(name, run.info.run_id, path),
+        "register model",
+        _heavy(tracker.retry),
     )
     if version is None:
         return None
@@ -272,6 +285,7 @@ def open_tracker(
 
 
 __all__ = [
+    "MODEL_PATH_TAG",
     "TRACKING_RETRY",
     "Tracker",
     "attempt",
