@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -128,14 +129,16 @@ def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
     return checkpoint.config_differences(saved.config, node_config(spec))
 
 
-def not_resumable(node_id: str, saved: checkpoint.Checkpoint) -> str:
-    """Why a node that kept only its final model cannot train on, and what to do."""
+def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str] = ()) -> str:
+    """Why a node (and the nodes ``also`` in the same state) that kept only its final
+    model cannot train on, and what to do."""
     where = saved.final_model or str(saved.path)
+    who = ", ".join([node_id, *also])
     return (
-        f"{node_id} finished round {saved.next_round - 1} keeping only its final model "
-        f"(checkpoint_keep: final-model; the model is at {where}), so it cannot train "
-        "on: start afresh with another --workdir, or keep the training state with "
-        "checkpoint_keep: resume"
+        f"{who} finished round {saved.next_round - 1} keeping only the final model "
+        f"(--keep final-model; {node_id}'s is at {where}), so the swarm cannot train on: "
+        "start afresh with another --workdir (with --keep resume to be able to continue "
+        "it later)"
     )
 
 

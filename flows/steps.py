@@ -358,9 +358,13 @@ def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:
         f"(cumulative {metrics['cumulative_own_reward']:.2f}), "
         f"training_reward {metrics['training_reward']:.3f} "
         f"(local {share('training_reward_local')}, external {share('training_reward_external')}, "
-        f"{int(metrics['external_groups_used'])} peer groups), "
+        f"{plural(int(metrics['external_groups_used']), 'peer group')}), "
         f"{sum(v for k, v in metrics.items() if k.startswith('seconds_')):.1f}s"
     )
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 T = TypeVar("T")

@@ -59,7 +59,7 @@ KeepOpt = Annotated[
     typer.Option(
         "--keep",
         help="What a node keeps when done: 'resume' (training state too: --rounds N "
-        "continues) or 'final-model' (the final model only, a third of the disk).",
+        "continues) or 'final-model' (the final model only: a quarter of the disk).",
     ),
 ]
 
@@ -89,11 +89,15 @@ def check_resume(
     from flows import checkpoint
     from flows.runtime import not_resumable, resume_differences
 
+    blocked = []  # finished with only their final models, but asked for more rounds
     for node_id in node_ids:
         saved = checkpoint.latest(cfg.workdir, node_id)
-        wants_more = saved is not None and (more_rounds or saved.next_round < cfg.rounds)
-        if saved is not None and not saved.resumable and wants_more:
-            raise fail(not_resumable(node_id, saved))
+        asked = saved is not None and (more_rounds or saved.next_round < cfg.rounds)
+        if saved is not None and not saved.resumable and asked:
+            blocked.append((node_id, saved))
+    if blocked:
+        (first, saved), *rest = blocked
+        raise fail(not_resumable(first, saved, [node_id for node_id, _ in rest]))
 
     changed: dict[str, str] = {}  # what changed -> the nodes it changed for
     for node_id in node_ids:
@@ -147,7 +151,12 @@ def swarm(
         final = any(c is not None and not c.resumable for c in saved)  # no training state
         print(
             f"swarm {cfg.swarm_id}: every node has finished its {cfg.rounds} rounds; nothing "
-            f"to do{'' if final else ' (--rounds N continues it)'}"
+            "to do"
+            + (
+                "; its nodes kept only their final models, so it cannot be continued"
+                if final
+                else " (--rounds N continues it)"
+            )
         )
         print(where(cfg))
         return

@@ -49,7 +49,9 @@ def test_without_mlflow_the_checkpoint_keeps_the_model_and_drops_the_training_st
         assert tensor.dtype == torch.float32 and tensor.equal(weights[name]), name
     # It cannot train on: opening it for more rounds says why and what to do.
     more = make_swarm(tmp_path, rounds=2, checkpoint_keep="final-model")
-    with pytest.raises(checkpoint.NotResumable, match="a finished round 0 keeping only its final"):
+    with pytest.raises(
+        checkpoint.NotResumable, match="a finished round 0 keeping only the final model"
+    ):
         open_node(more, "a")
 
 
@@ -93,10 +95,28 @@ def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: 
     base = ["node", "--node-id", "a", "-c", str(config)]
     more = runner.invoke(app, [*base, "--rounds", "3"])
     assert more.exit_code == 2
-    assert "a finished round 0 keeping only its final model" in more.output
-    assert "start afresh with another --workdir" in more.output
+    kept = checkpoint.latest(swarm.workdir, "a")
+    assert kept is not None
+    assert more.output.strip().startswith(
+        "error: a finished round 0 keeping only the final model (--keep final-model; a's is "
+        f"at {kept.path}), so the swarm cannot train on: start afresh with another --workdir "
+        "(with --keep resume"
+    )
     extra = runner.invoke(app, [*base, "--more-rounds", "1"])
     assert extra.exit_code == 2 and "cannot train on" in extra.output
+    # A swarm names every such node in its one line, and a finished one says why it ends.
+    node = open_node(swarm, "b")
+    try:
+        run_round(node, 0, force=True)
+        node.finish(log_model=False)
+    finally:
+        node.close()
+    both = runner.invoke(app, ["swarm", "-c", str(config), "--rounds", "2"])
+    assert both.exit_code == 2
+    assert both.output.startswith("error: a, b finished round 0 keeping only the final model")
+    again = runner.invoke(app, ["swarm", "-c", str(config)])
+    assert again.exit_code == 0, again.output
+    assert "cannot be continued" in again.output
     done = runner.invoke(app, base)
     assert done.exit_code == 0, done.output
     assert done.output.strip().startswith("a has finished its 1 rounds; its final model is at")
