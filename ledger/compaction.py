@@ -53,6 +53,10 @@ class CompactionReport:
     files_out: int = 0
     rows: int = 0
     skipped_partitions: list[str] = field(default_factory=list)
+    """Partitions left as they were because they changed (or failed a check) meanwhile."""
+    unsigned_partitions: list[str] = field(default_factory=list)
+    """Partitions of a swarm that requires signatures, left because only their node (with
+    its key) can sign the merged file."""
 
 
 def plan_compaction(
@@ -216,7 +220,7 @@ def compact(
                 "sign the merged file",
                 job.partition,
             )
-            report.skipped_partitions.append(job.partition)
+            report.unsigned_partitions.append(job.partition)
             continue
         try:
             report.rows += run_job(catalog, job, signer if own else None)

@@ -111,14 +111,23 @@ class NodeKey:
         )
 
     @classmethod
+    def load(cls, path: str | Path, swarm_id: str, node_id: str) -> NodeKey:
+        """The key saved at ``path`` (PEM); IdentityError when it is absent or not one."""
+        path = Path(path)
+        try:
+            loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (OSError, ValueError) as exc:
+            raise IdentityError(f"cannot read a private key from {path}: {exc}") from None
+        if not isinstance(loaded, Ed25519PrivateKey):
+            raise IdentityError(f"{path} does not hold an Ed25519 private key")
+        return cls(check_id("swarm_id", swarm_id), check_id("node_id", node_id), loaded)
+
+    @classmethod
     def load_or_create(cls, path: str | Path, swarm_id: str, node_id: str) -> NodeKey:
         """The key saved at ``path`` (PEM, owner-readable only), created there if absent."""
         path = Path(path)
         if path.exists():
-            loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
-            if not isinstance(loaded, Ed25519PrivateKey):
-                raise IdentityError(f"{path} does not hold an Ed25519 private key")
-            return cls(check_id("swarm_id", swarm_id), check_id("node_id", node_id), loaded)
+            return cls.load(path, swarm_id, node_id)
         key = cls.generate(swarm_id, node_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         pem = key.private.private_bytes(

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from ledger import NodeKey
 
 from flows.cli.common import (
     FormatOpt,
@@ -177,13 +180,22 @@ def compact(
     all_days: Annotated[bool, typer.Option(help="Include today's partitions.")] = False,
     min_files: Annotated[int, typer.Option(min=2)] = 2,
     target_rows: Annotated[int, typer.Option(min=1)] = 1_000_000,
+    key: Annotated[
+        Path | None,
+        typer.Option(
+            help="The node's signing key (<workdir>/keys/<swarm>/<node>.pem), with --swarm-id "
+            "and one --node-id: a swarm that requires signatures is compacted by its nodes only."
+        ),
+    ] = None,
     storage_option: StorageOpt = None,
 ) -> None:
     """Merge the small files of older partitions into few large ones."""
     if not node_id and not all_nodes:
         raise fail("name the nodes to compact with --node-id, or pass --all-nodes")
+    signer = _signer(key, swarm_id, node_id) if key is not None else None
     cutoff = date.max if all_days else (_day(before) if before else None)
     with open_ledger(url, storage_option) as led:
+        led.signer = signer
         report = guarded(
             lambda: led.compact(
                 node_id,
@@ -200,6 +212,23 @@ def compact(
     )
     for partition in report.skipped_partitions:
         print(f"  skipped {partition} (changed while compacting; run again)")
+    for partition in report.unsigned_partitions:
+        print(
+            f"  skipped {partition}: its swarm requires signatures, so only its node can "
+            "compact it (--key <workdir>/keys/<swarm>/<node>.pem --swarm-id ... --node-id ...)"
+        )
+
+
+def _signer(key: Path, swarm_id: str | None, node_ids: list[str] | None) -> NodeKey:
+    """The node key --key names, for the one swarm and node it signs for."""
+    from ledger import IdentityError, NodeKey
+
+    if swarm_id is None or not node_ids or len(node_ids) != 1:
+        raise fail("--key signs for one node: give --swarm-id and exactly one --node-id")
+    try:
+        return NodeKey.load(key, swarm_id, node_ids[0])
+    except IdentityError as exc:
+        raise fail(str(exc)) from exc
 
 
 def _day(text: str) -> date:

@@ -324,3 +324,37 @@ def test_config_and_query_file_errors_say_what_and_where(tmp_path):
         missing.output.strip()
         == "error: cannot read the query file nope.sql: No such file or directory"
     )
+
+
+def test_compact_of_a_signed_swarm_says_it_needs_the_node_key_and_works_with_it(tmp_path):
+    from ledger import NodeKey
+
+    root = tmp_path / "ledger"
+    key_file = tmp_path / "keys" / "sw" / "a.pem"
+    key = NodeKey.load_or_create(key_file, "sw", "a")
+    with Ledger(str(root), signer=key) as led:
+        assert led.declare_swarm("sw", "required") == "required"
+        led.register_key(key)
+        for node_round in (0, 1):
+            led.publish(round_rows("a", node_round, [[1, 0]]))
+    base = ["ledger", "compact", str(root), "--node-id", "a", "--all-days"]
+    stranger = runner.invoke(app, base)
+    assert stranger.exit_code == 0, stranger.output
+    assert stranger.output.startswith("compacted 0 files into 0")
+    assert "its swarm requires signatures, so only its node can compact it (--key" in (
+        stranger.output
+    )
+    assert "changed while compacting" not in stranger.output
+    lacking = runner.invoke(app, [*base, "--key", str(key_file)])
+    assert lacking.exit_code == 2
+    assert lacking.output.strip() == (
+        "error: --key signs for one node: give --swarm-id and exactly one --node-id"
+    )
+    missing = runner.invoke(app, [*base, "--swarm-id", "sw", "--key", str(tmp_path / "no.pem")])
+    assert missing.exit_code == 2 and "cannot read a private key from" in missing.output
+    own = runner.invoke(app, [*base, "--swarm-id", "sw", "--key", str(key_file)])
+    assert own.exit_code == 0, own.output
+    assert own.output.strip().startswith("compacted 2 files into 1 (4 rows, 1 partitions)")
+    with Ledger(str(root)) as reader:
+        assert reader.validate().clean
+        assert reader.query("SELECT count(*) FROM rollouts").item() == 4
