@@ -314,7 +314,10 @@ img{{max-width:100%;margin:1em 0}}code{{background:#f4f4f4}}</style></head><body
 <p>Ledger <code>{html.escape(source)}</code>, written {stamp}. The claimed reward of a node
 in a round is the mean reward its published completions claim (its own completions, scored
 by its verifier: for an honest node its <code>own_reward</code>); the cumulative claimed
-reward sums every node's claimed reward over every round. I (local groups), J
+reward sums every node's claimed reward over every round; its ± s.e. is the standard
+error of that sum with every node-round taken as independent (they are not quite: nodes
+learn from each other; <code>sapo experiment</code>'s statistics pair seeds instead). I
+(local groups), J
 (external groups), the sampling policy and the experiment come from each node's manifest
 ("unknown" where a swarm's nodes wrote none).</p>
 {tables_html}

@@ -304,18 +304,24 @@ def parse_yaml_mapping(text: str, name: str, *, what: str = "swarm file") -> dic
 
 
 def describe_validation_error(
-    exc: ValidationError, source: str, data: dict[str, Any] | None = None
+    exc: ValidationError,
+    source: str,
+    data: dict[str, Any] | None = None,
+    overridden: frozenset[str] = frozenset(),
 ) -> str:
     """The first problem of a validation error as one line that names the key, as the file
     (`data`, when given) spells it: a node's setting that came from `defaults` or from the
-    swarm's `sampling` is named there, not under each node it was merged into."""
+    swarm's `sampling` is named there, not under each node it was merged into; a key set
+    on the command line (``overridden``) is blamed on `--set`, not on the file."""
     problems = list(dict.fromkeys(_problem(error, data) for error in exc.errors()))
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return f"{source}: {problems[0]}{more}"
+    key, text = problems[0]
+    return f"{'--set' if key in overridden else source}: {text}{more}"
 
 
-def _problem(error: Any, data: dict[str, Any] | None) -> str:
-    """One validation error as `key: message; got value`."""
+def _problem(error: Any, data: dict[str, Any] | None) -> tuple[str, str]:
+    """One validation error: its key as the file spells it, and `key: message; got
+    value`."""
     loc = [str(part) for part in error["loc"]]
     # Node entries are written flat in the file; their resolved form nests them under `node`.
     if len(loc) >= 3 and loc[0] == "nodes" and loc[2] == "node":
@@ -327,8 +333,9 @@ def _problem(error: Any, data: dict[str, Any] | None) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")  # our validators name the key
     value = error.get("input")
     shown = f"; got {value!r}" if error["type"] != "missing" and _short(value) else ""
-    where = f"{'.'.join(loc)}: " if loc else ""
-    return f"{where}{message}{shown}"
+    key = ".".join(loc)
+    where = f"{key}: " if loc else ""
+    return key, f"{where}{message}{shown}"
 
 
 def _where_in_file(data: dict[str, Any], index: int, path: list[str]) -> list[str] | None:
@@ -384,20 +391,23 @@ def load_swarm(
     source = str(path) if path else ("swarm text" if text is not None else DEFAULT_SWARM)
     data = parse_yaml_mapping(text, source) if text is not None else read_yaml_mapping(path)
     data = apply_overrides(data, overrides or [])
+    overridden = frozenset(item.partition("=")[0].strip() for item in overrides or [])
     if rounds is not None:
         data["rounds"] = rounds
     if workdir is not None:
         data["workdir"] = str(workdir)
     if nodes is not None:
         data["nodes"] = _first_nodes(data, nodes)
-    return validate_swarm(data, source)
+    return validate_swarm(data, source, overridden)
 
 
-def validate_swarm(data: dict[str, Any], source: str = "swarm") -> SwarmConfig:
+def validate_swarm(
+    data: dict[str, Any], source: str = "swarm", overridden: frozenset[str] = frozenset()
+) -> SwarmConfig:
     try:
         return SwarmConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, source, data)) from exc
+        raise ConfigError(describe_validation_error(exc, source, data, overridden)) from exc
 
 
 def _first_nodes(data: dict[str, Any], count: int) -> list[Any]:

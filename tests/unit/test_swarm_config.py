@@ -168,3 +168,15 @@ def test_experiment_with_malformed_nodes_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "swarm.nodes" in lines[0], lines
+
+
+def test_a_bad_value_given_with_set_is_blamed_on_set_not_on_the_file() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_swarm(None, ["defaults.grpo.learning_rate=abc"])
+    assert str(raised.value) == (
+        "--set: defaults.grpo.learning_rate: Input should be a valid number, unable to parse "
+        "string as a number; got 'abc'"
+    )
+    with pytest.raises(ConfigError) as from_file:
+        load_swarm(None, ["swarm_id=x"], text="rounds: 0\nnodes: [{node_id: a, model: m}]\n")
+    assert str(from_file.value).startswith("swarm text: rounds: ")
