@@ -157,6 +157,9 @@ class ExperimentConfig(Strict):
         data["swarm_id"] = swarm_id
         data["experiment"] = self.experiment
         data["workdir"] = str(root / "swarms" / swarm_id)
+        # A finished run is compared, not continued: its training state (2/3 of every
+        # node's checkpoint, and most of a sweep's disk) goes unless the file keeps it.
+        data.setdefault("checkpoint_keep", "final-model")
         data.setdefault("ledger", {}).setdefault("url", str(root / "ledger"))
         tracking = data.setdefault("tracking", {})
         tracking.setdefault("uri", f"sqlite:///{root / 'mlflow.db'}")

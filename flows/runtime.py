@@ -137,8 +137,8 @@ def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str
     return (
         f"{who} finished round {saved.next_round - 1} keeping only the final model "
         f"(--keep final-model; {node_id}'s is at {where}), so the swarm cannot train on: "
-        "start afresh with another --workdir (with --keep resume to be able to continue "
-        "it later)"
+        "start afresh with another --workdir (with --keep resume, or checkpoint_keep: "
+        "resume in the file, to be able to continue it later)"
     )
 
 

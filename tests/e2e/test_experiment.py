@@ -179,6 +179,10 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     assert kind == "markdown" and "cumulative claimed reward" in data and "| 2/0 |" in data
     assert "## Paired seeds" in data and "final held-out accuracy" in data
 
+    # A finished run keeps only its nodes' final models (in MLflow): no training state.
+    kept = sorted(p.name for p in (work / "swarms").glob("*/nodes/*/checkpoints/*/*"))
+    assert kept == ["state.json"] * 8  # runs x nodes
+
     # Running it again resumes: both configurations are complete, so nothing trains.
     again = sapo("experiment", "-c", str(path), timeout=600)
     assert again.count("skipped") == 4 and "round 0:" not in again

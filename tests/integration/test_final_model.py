@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from flows import checkpoint
 from flows.cli import app
+from flows.config import SwarmConfig
 from flows.runtime import open_node
 from tests.integration.test_round_steps import make_swarm, run_round
 
@@ -80,14 +81,18 @@ def test_with_mlflow_the_model_lives_only_there(tmp_path: Path) -> None:
         assert tensor.equal(weights[name]), name
 
 
-def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: Path) -> None:
-    swarm = make_swarm(tmp_path, rounds=1, checkpoint_keep="final-model")
-    node = open_node(swarm, "a")
+def finish_one_round(swarm: SwarmConfig, node_id: str) -> None:
+    node = open_node(swarm, node_id)
     try:
         run_round(node, 0, force=True)
         node.finish(log_model=False)
     finally:
         node.close()
+
+
+def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: Path) -> None:
+    swarm = make_swarm(tmp_path, rounds=1, checkpoint_keep="final-model")
+    finish_one_round(swarm, "a")
     config = swarm.workdir / "swarm.yaml"
     from flows.swarm import write_resolved
 
@@ -105,12 +110,7 @@ def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: 
     extra = runner.invoke(app, [*base, "--more-rounds", "1"])
     assert extra.exit_code == 2 and "cannot train on" in extra.output
     # A swarm names every such node in its one line, and a finished one says why it ends.
-    node = open_node(swarm, "b")
-    try:
-        run_round(node, 0, force=True)
-        node.finish(log_model=False)
-    finally:
-        node.close()
+    finish_one_round(swarm, "b")
     both = runner.invoke(app, ["swarm", "-c", str(config), "--rounds", "2"])
     assert both.exit_code == 2
     assert both.output.startswith("error: a, b finished round 0 keeping only the final model")
