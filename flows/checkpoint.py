@@ -17,6 +17,7 @@ import json
 import random
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -107,32 +108,122 @@ def save(
 ) -> Checkpoint:
     """Write a checkpoint after `next_round - 1` finished, with the node's ``config`` (what
     a resume is compared against); prune old ones."""
+    return _write(_capture(workdir, node_id, learner, next_round, totals, config))
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What a checkpoint holds that could change before a background write reads it (RNG
+    states, counters), captured when it is asked for; the weights and optimizer state are
+    read from the learner, which nothing changes until the next update."""
+
+    root: Path
+    learner: Any
+    rng: dict[str, Any]
+    state: dict[str, Any]
+    checkpoint: Checkpoint
+
+
+def _capture(
+    workdir: Path,
+    node_id: str,
+    learner: Any,
+    next_round: int,
+    totals: RewardTotals | None,
+    config: dict[str, str] | None,
+) -> _Pending:
     import torch
 
+    kept = replace(totals or RewardTotals())  # a copy: the node's own goes on counting
     root = node_dir(workdir, node_id) / "checkpoints"
+    state = {
+        "next_round": next_round,
+        "policy_version": learner.policy_version,
+        **kept.as_metrics(),
+        "config": config,
+    }
+    made = Checkpoint(
+        root / f"round-{next_round:06d}", next_round, learner.policy_version, kept, config
+    )
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    return _Pending(root, learner, rng, state, made)
+
+
+def _write(pending: _Pending) -> Checkpoint:
+    import torch
+
+    root, learner = pending.root, pending.learner
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # a save interrupted by a kill or a full disk
         shutil.rmtree(stale, ignore_errors=True)
-    target = root / f"round-{next_round:06d}"
+    target = pending.checkpoint.path
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     learner.policy.model.save_pretrained(str(tmp))
     learner.policy.tokenizer.save_pretrained(str(tmp))
     torch.save(learner.optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
-    state = {
-        "next_round": next_round,
-        "policy_version": learner.policy_version,
-        **(totals or RewardTotals()).as_metrics(),
-        "config": config,
-    }
-    (tmp / STATE).write_text(json.dumps(state))
+    torch.save(pending.rng, tmp / "rng.pt")
+    (tmp / STATE).write_text(json.dumps(pending.state))  # last: a folder without it is partial
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
     for old in sorted(root.glob("round-*"))[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
-    kept = replace(totals or RewardTotals())  # a copy: the node's own goes on counting
-    return Checkpoint(target, next_round, learner.policy_version, kept, config)
+    return pending.checkpoint
+
+
+class Writer:
+    """A node's checkpoints written in the background, off the round's critical path.
+
+    `start` captures what could change (RNG states, counters) and returns; a thread then
+    writes the weights and optimizer state, which only the next update changes: callers
+    `wait` before it (and before reading the newest checkpoint). One write at a time; a
+    write that fails raises from `wait`; a process killed mid-write leaves the previous
+    checkpoint complete (the new one is a .tmp- folder, removed by the next save)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._result: Checkpoint | None = None
+        self._error: BaseException | None = None
+
+    def start(
+        self,
+        workdir: Path,
+        node_id: str,
+        learner: Any,
+        next_round: int,
+        totals: RewardTotals | None = None,
+        config: dict[str, str] | None = None,
+    ) -> Checkpoint:
+        """Begin writing; returns the checkpoint it will be once `wait` says it is done."""
+        self.wait()
+        pending = _capture(workdir, node_id, learner, next_round, totals, config)
+
+        def run() -> None:
+            try:
+                self._result = _write(pending)
+            except BaseException as exc:  # handed to the caller by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"checkpoint-{node_id}", daemon=True)
+        self._thread.start()
+        return pending.checkpoint
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def wait(self) -> Checkpoint | None:
+        """Block until the write in progress ends; the checkpoint it wrote (None when none
+        was in progress). Raises what the write raised."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return None
+        thread.join()
+        error, self._error = self._error, None
+        result, self._result = self._result, None
+        if error is not None:
+            raise error
+        return result
 
 
 def model_files(checkpoint: Path) -> list[Path]:

@@ -82,6 +82,7 @@ def reward_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
 
 @task(name="update", cache_policy=NONE)
 def update_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    steps.checkpoint_wait(node, state)
     return steps.update(node, state)
 
 

@@ -48,6 +48,7 @@ class NodeRuntime:
     run: NodeRun | None = None
     next_round: int = 0  # the first round not yet in a checkpoint
     totals: checkpoint.RewardTotals = field(default_factory=checkpoint.RewardTotals)
+    writer: checkpoint.Writer = field(default_factory=checkpoint.Writer)
 
     @property
     def node_id(self) -> str:
@@ -80,10 +81,18 @@ class NodeRuntime:
         """What this node could not write to an unreachable ledger (flows/backlog.py)."""
         return Backlog(checkpoint.node_dir(self.workdir, self.node_id) / "backlog")
 
+    def checkpoint_written(self) -> None:
+        """Wait for the checkpoint being written in the background, if any; from then on
+        it is where the node resumes."""
+        saved = self.writer.wait()
+        if saved is not None:
+            self.next_round = saved.next_round
+
     def finish(self, *, log_model: bool) -> None:
         """Close the node's run; log its final model (the newest checkpoint). A node done
         with its rounds under `checkpoint_keep: final-model` then keeps only that model:
         in MLflow when it was logged there, else in its checkpoint directory."""
+        self.checkpoint_written()
         saved = checkpoint.latest(self.workdir, self.node_id)
         if saved is not None:
             logged_at = None
@@ -108,7 +117,12 @@ class NodeRuntime:
             self.run.tracker.finish(self.run.run_id)
 
     def close(self) -> None:
-        self.ledger.close()
+        try:
+            self.checkpoint_written()  # a node stopped by an error still finishes its write
+        except Exception as exc:
+            log.warning("%s: its last checkpoint was not written: %s", self.node_id, exc)
+        finally:
+            self.ledger.close()
 
 
 def node_config(spec: NodeSpec) -> dict[str, str]:

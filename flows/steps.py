@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from flows import checkpoint as checkpoints
 from flows.backlog import is_outage, log_writer
 from flows.runtime import NodeRuntime, node_config
 from ledger import StorageError
@@ -243,6 +242,7 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     diagnostics)."""
     chosen = _require(state.chosen, state, "update", "reward")
     generated = _require(state.generated, state, "update", "generate")
+    node.checkpoint_written()  # never step while a write reads the weights (see below)
     state.report = node.learner.update(state.round, chosen, state.flagged)
     write_node_log(node, "training", state.round, chosen.records())
     node.totals.add(own_reward=generated.own_reward, training_reward=state.report.training_reward)
@@ -267,21 +267,27 @@ def checkpoint_due(done: int, every: int, *, force: bool) -> bool:
 
 @timed("checkpoint")
 def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> str | None:
-    """Checkpoint after the round every K rounds (or when forced); returns its path."""
+    """Checkpoint after the round every K rounds (or when forced); returns its path.
+
+    The write runs in the background while the next round generates (the next update
+    waits for it); a forced one, at the end of a run, is complete when this returns."""
     done = state.round + 1
     if not checkpoint_due(done, node.swarm.checkpoint_every, force=force):
         return None
-    saved = checkpoints.save(
-        node.workdir,
-        node.node_id,
-        node.learner,
-        done,
-        node.totals,
-        config=node_config(node.spec),
+    pending = node.writer.start(
+        node.workdir, node.node_id, node.learner, done, node.totals, node_config(node.spec)
     )
-    node.next_round = done
-    state.checkpoint = str(saved.path)
+    if force:
+        node.checkpoint_written()
+    state.checkpoint = str(pending.path)
     return state.checkpoint
+
+
+@timed("checkpoint_wait")
+def checkpoint_wait(node: NodeRuntime, state: RoundState) -> None:
+    """Wait for the previous round's checkpoint, written while this round generated: the
+    update must not change the weights and optimizer state while a write reads them."""
+    node.checkpoint_written()
 
 
 def round_metrics(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from flows import checkpoint
@@ -128,3 +130,73 @@ def test_a_passed_policy_is_not_the_reference_unless_passed_as_one(tiny_model_di
     given = Learner(config, policy=other, reference=chosen)
     assert given.ref_model is chosen and not any(p.requires_grad for p in chosen.parameters())
     assert Learner(node_config(tiny_model_dir), policy=other).ref_model is None  # beta 0
+
+
+def test_a_background_write_is_the_checkpoint_a_save_makes_with_state_captured_at_start(
+    tmp_path: Path, tiny_model_dir: Any, monkeypatch: Any
+) -> None:
+    import random
+    import threading
+
+    me = learner(tiny_model_dir)
+    me.train(0, me.generate(0).groups)
+    release = threading.Event()
+    real = checkpoint._write
+
+    def held(pending: Any) -> Any:  # the thread reads nothing until released
+        release.wait(30)
+        return real(pending)
+
+    monkeypatch.setattr(checkpoint, "_write", held)
+    torch_rng, python_rng = torch.get_rng_state(), random.getstate()
+    writer = checkpoint.Writer()
+    pending = writer.start(tmp_path, "n", me, 1, checkpoint.RewardTotals(0.5, 0.25), {"k": "v"})
+    assert writer.busy and checkpoint.latest(tmp_path, "n") is None
+    torch.manual_seed(1234)  # what the caller does next must not leak into the checkpoint
+    random.seed(1234)
+    release.set()
+    written = writer.wait()
+    assert written == pending and not writer.busy and writer.wait() is None
+    assert checkpoint.latest(tmp_path, "n") == written
+    rng = torch.load(written.path / "rng.pt", weights_only=False)
+    assert torch.equal(rng["torch"], torch_rng) and rng["python"] == python_rng
+    monkeypatch.setattr(checkpoint, "_write", real)
+    again = checkpoint.save(tmp_path / "sync", "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
+    for name in ("model.safetensors", "optimizer.pt", "state.json"):
+        ours, theirs = (written.path / name).read_bytes(), (again.path / name).read_bytes()
+        if name == "state.json":
+            assert json.loads(ours) == {**json.loads(theirs), "config": {"k": "v"}}
+        else:
+            assert ours == theirs, name
+
+
+def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_usable(
+    tmp_path: Path, tiny_model_dir: Any, monkeypatch: Any
+) -> None:
+    me = learner(tiny_model_dir)
+    writer = checkpoint.Writer()
+    writer.start(tmp_path, "n", me, 1)
+    first = writer.wait()
+    assert first is not None
+    me.train(1, me.generate(1).groups)
+    real_save = torch.save
+
+    def full_disk(obj: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).endswith("optimizer.pt"):
+            Path(path).write_bytes(b"half an optimizer")
+            raise OSError(28, "No space left on device")
+        real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    writer.start(tmp_path, "n", me, 2)
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()
+    monkeypatch.setattr(torch, "save", real_save)
+    assert checkpoint.latest(tmp_path, "n") == first  # the half-written one is not taken
+    loaded = load_policy(str(first.path))
+    again = Learner(me.config, policy=Policy(loaded.model, loaded.tokenizer, model_id="x"))
+    checkpoint.restore_into(again, first)
+    assert again.policy_version == 0
+    writer.start(tmp_path, "n", me, 2)  # the next save clears the interrupted folder
+    assert writer.wait() is not None
+    assert sorted(p.name for p in first.path.parent.iterdir()) == ["round-000002"]

@@ -123,7 +123,8 @@ def test_checkpoint_cadence_and_resume(tmp_path: Path) -> None:
     try:
         run_round(node, 0)
         assert checkpoints.latest(swarm.workdir, "a") is None
-        run_round(node, 1)
+        run_round(node, 1)  # its checkpoint is written in the background
+        node.checkpoint_written()
         saved = checkpoints.latest(swarm.workdir, "a")
         assert saved is not None and saved.next_round == 2 == node.next_round
         totals = node.totals
