@@ -98,21 +98,8 @@ def latest(workdir: Path, node_id: str) -> Checkpoint | None:
     return max(found, key=lambda c: c.next_round, default=None)
 
 
-def save(
-    workdir: Path,
-    node_id: str,
-    learner: Any,
-    next_round: int,
-    totals: RewardTotals | None = None,
-    config: dict[str, str] | None = None,
-) -> Checkpoint:
-    """Write a checkpoint after `next_round - 1` finished, with the node's ``config`` (what
-    a resume is compared against); prune old ones."""
-    return _write(_capture(workdir, node_id, learner, next_round, totals, config))
-
-
 @dataclass(frozen=True)
-class _Pending:
+class Pending:
     """What a checkpoint holds that could change before a background write reads it (RNG
     states, counters), captured when it is asked for; the weights and optimizer state are
     read from the learner, which nothing changes until the next update."""
@@ -124,14 +111,16 @@ class _Pending:
     checkpoint: Checkpoint
 
 
-def _capture(
+def capture(
     workdir: Path,
     node_id: str,
     learner: Any,
     next_round: int,
-    totals: RewardTotals | None,
-    config: dict[str, str] | None,
-) -> _Pending:
+    totals: RewardTotals | None = None,
+    config: dict[str, str] | None = None,
+) -> Pending:
+    """A checkpoint after `next_round - 1` finished, with the node's ``config`` (what a
+    resume is compared against), ready to `write` now or in a `Writer`'s thread."""
     import torch
 
     kept = replace(totals or RewardTotals())  # a copy: the node's own goes on counting
@@ -146,10 +135,11 @@ def _capture(
         root / f"round-{next_round:06d}", next_round, learner.policy_version, kept, config
     )
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    return _Pending(root, learner, rng, state, made)
+    return Pending(root, learner, rng, state, made)
 
 
-def _write(pending: _Pending) -> Checkpoint:
+def write(pending: Pending) -> Checkpoint:
+    """Write a captured checkpoint (aside, then renamed into place); prune old ones."""
     import torch
 
     root, learner = pending.root, pending.learner
@@ -185,26 +175,20 @@ class Writer:
         self._result: Checkpoint | None = None
         self._error: BaseException | None = None
 
-    def start(
-        self,
-        workdir: Path,
-        node_id: str,
-        learner: Any,
-        next_round: int,
-        totals: RewardTotals | None = None,
-        config: dict[str, str] | None = None,
-    ) -> Checkpoint:
-        """Begin writing; returns the checkpoint it will be once `wait` says it is done."""
+    def start(self, pending: Pending) -> Checkpoint:
+        """Begin writing `pending` (what `capture` made just now); returns the checkpoint it
+        will be once `wait` says it is done."""
         self.wait()
-        pending = _capture(workdir, node_id, learner, next_round, totals, config)
 
         def run() -> None:
             try:
-                self._result = _write(pending)
+                self._result = write(pending)
             except BaseException as exc:  # handed to the caller by wait()
                 self._error = exc
 
-        self._thread = threading.Thread(target=run, name=f"checkpoint-{node_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=run, name=f"checkpoint-{pending.checkpoint.path.name}", daemon=True
+        )
         self._thread.start()
         return pending.checkpoint
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from flows import checkpoint as checkpoints
 from flows.backlog import is_outage, log_writer
 from flows.runtime import NodeRuntime, node_config
 from ledger import StorageError
@@ -274,12 +275,13 @@ def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> 
     done = state.round + 1
     if not checkpoint_due(done, node.swarm.checkpoint_every, force=force):
         return None
-    pending = node.writer.start(
+    pending = checkpoints.capture(
         node.workdir, node.node_id, node.learner, done, node.totals, node_config(node.spec)
     )
+    node.writer.start(pending)
     if force:
         node.checkpoint_written()
-    state.checkpoint = str(pending.path)
+    state.checkpoint = str(pending.checkpoint.path)
     return state.checkpoint
 
 

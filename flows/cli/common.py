@@ -12,7 +12,7 @@ import typer
 if TYPE_CHECKING:
     import polars as pl
 
-    from ledger import Ledger
+    from ledger import Ledger, NodeKey
 
 T = TypeVar("T")
 
@@ -90,14 +90,16 @@ def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
     return key_values(pairs, hint="-o", strings=_STRING_OPTIONS)
 
 
-def open_ledger(url: str, storage_options: list[str] | None) -> Ledger:
+def open_ledger(
+    url: str, storage_options: list[str] | None, signer: NodeKey | None = None
+) -> Ledger:
     """An existing ledger to read: a path or bucket that does not exist is an error here, not
-    an empty ledger (only writers create one)."""
+    an empty ledger (only writers create one). A ``signer`` signs what it writes (compaction)."""
     from ledger import Ledger
     from ledger.retrying import first_line
 
     try:
-        led = Ledger(url, parse_storage_options(storage_options))
+        led = Ledger(url, parse_storage_options(storage_options), signer=signer)
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from exc
     try:

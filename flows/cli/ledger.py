@@ -194,8 +194,7 @@ def compact(
         raise fail("name the nodes to compact with --node-id, or pass --all-nodes")
     signer = _signer(key, swarm_id, node_id) if key is not None else None
     cutoff = date.max if all_days else (_day(before) if before else None)
-    with open_ledger(url, storage_option) as led:
-        led.signer = signer
+    with open_ledger(url, storage_option, signer) as led:
         report = guarded(
             lambda: led.compact(
                 node_id,

@@ -37,12 +37,16 @@ def test_newest_only_stale_temporaries_removed_model_files_listed(
     tmp_path: Path, tiny_model_dir: Any
 ) -> None:
     me = learner(tiny_model_dir)
-    first = checkpoint.save(tmp_path, "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
+    first = checkpoint.write(
+        checkpoint.capture(tmp_path, "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
+    )
     stale = first.path.parent / ".tmp-killed"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half a file")
     me.policy_version = 3
-    second = checkpoint.save(tmp_path, "n", me, 2, checkpoint.RewardTotals(1.5, 0.75))
+    second = checkpoint.write(
+        checkpoint.capture(tmp_path, "n", me, 2, checkpoint.RewardTotals(1.5, 0.75))
+    )
     kept = sorted(p.name for p in second.path.parent.iterdir())
     assert kept == ["round-000002"]  # the old one and the interrupted one are gone
     assert checkpoint.latest(tmp_path, "n") == second
@@ -62,7 +66,7 @@ def test_restore_gives_back_weights_optimizer_and_counters(
     me = learner(tiny_model_dir)
     made = me.generate(0)
     me.train(0, made.groups)
-    saved = checkpoint.save(tmp_path, "n", me, 1)
+    saved = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 1))
     loaded = load_policy(str(saved.path))
     again = Learner(me.config, policy=Policy(loaded.model, loaded.tokenizer, model_id="x"))
     checkpoint.restore_into(again, saved)
@@ -89,7 +93,7 @@ def test_resume_keeps_the_initial_weights_as_kl_reference(
     )
     report = me.train(0, [Group(group.group_id, "local", (right, *group.rollouts[1:]))])
     assert report.training_reward == 0.5 and report.groups_trained == 1
-    saved = checkpoint.save(tmp_path, "n", me, 1)
+    saved = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 1))
 
     again = Learner.from_checkpoint(config, saved.path, id_prefix="s.")
     checkpoint.restore_into(again, saved)
@@ -141,16 +145,17 @@ def test_a_background_write_is_the_checkpoint_a_save_makes_with_state_captured_a
     me = learner(tiny_model_dir)
     me.train(0, me.generate(0).groups)
     release = threading.Event()
-    real = checkpoint._write
+    real = checkpoint.write
 
     def held(pending: Any) -> Any:  # the thread reads nothing until released
         release.wait(30)
         return real(pending)
 
-    monkeypatch.setattr(checkpoint, "_write", held)
+    monkeypatch.setattr(checkpoint, "write", held)
     torch_rng, python_rng = torch.get_rng_state(), random.getstate()
     writer = checkpoint.Writer()
-    pending = writer.start(tmp_path, "n", me, 1, checkpoint.RewardTotals(0.5, 0.25), {"k": "v"})
+    totals = checkpoint.RewardTotals(0.5, 0.25)
+    pending = writer.start(checkpoint.capture(tmp_path, "n", me, 1, totals, {"k": "v"}))
     assert writer.busy and checkpoint.latest(tmp_path, "n") is None
     torch.manual_seed(1234)  # what the caller does next must not leak into the checkpoint
     random.seed(1234)
@@ -160,8 +165,10 @@ def test_a_background_write_is_the_checkpoint_a_save_makes_with_state_captured_a
     assert checkpoint.latest(tmp_path, "n") == written
     rng = torch.load(written.path / "rng.pt", weights_only=False)
     assert torch.equal(rng["torch"], torch_rng) and rng["python"] == python_rng
-    monkeypatch.setattr(checkpoint, "_write", real)
-    again = checkpoint.save(tmp_path / "sync", "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
+    monkeypatch.setattr(checkpoint, "write", real)
+    again = checkpoint.write(
+        checkpoint.capture(tmp_path / "sync", "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
+    )
     for name in ("model.safetensors", "optimizer.pt", "state.json"):
         ours, theirs = (written.path / name).read_bytes(), (again.path / name).read_bytes()
         if name == "state.json":
@@ -175,7 +182,7 @@ def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_u
 ) -> None:
     me = learner(tiny_model_dir)
     writer = checkpoint.Writer()
-    writer.start(tmp_path, "n", me, 1)
+    writer.start(checkpoint.capture(tmp_path, "n", me, 1))
     first = writer.wait()
     assert first is not None
     me.train(1, me.generate(1).groups)
@@ -188,7 +195,7 @@ def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_u
         real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    writer.start(tmp_path, "n", me, 2)
+    writer.start(checkpoint.capture(tmp_path, "n", me, 2))
     with pytest.raises(OSError, match="No space left"):
         writer.wait()
     monkeypatch.setattr(torch, "save", real_save)
@@ -197,6 +204,8 @@ def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_u
     again = Learner(me.config, policy=Policy(loaded.model, loaded.tokenizer, model_id="x"))
     checkpoint.restore_into(again, first)
     assert again.policy_version == 0
-    writer.start(tmp_path, "n", me, 2)  # the next save clears the interrupted folder
+    writer.start(
+        checkpoint.capture(tmp_path, "n", me, 2)
+    )  # the next save clears the interrupted folder
     assert writer.wait() is not None
     assert sorted(p.name for p in first.path.parent.iterdir()) == ["round-000002"]

@@ -18,7 +18,7 @@ OLD = ["defaults.grpo.learning_rate=1e-5"]
 
 
 def checkpoint_at(workdir: Path, node_id: str, next_round: int, config: dict[str, str]) -> None:
-    """A node's checkpoint as `flows.checkpoint.save` leaves it (its state; no weights are
+    """A node's checkpoint as `flows.checkpoint.write` leaves it (its state; no weights are
     read before a resume is allowed)."""
     path = workdir / "nodes" / node_id / "checkpoints" / f"round-{next_round:06d}"
     path.mkdir(parents=True)
