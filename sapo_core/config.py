@@ -169,8 +169,15 @@ class GRPOConfig(Strict):
     micro_batch_tokens: int | None = Field(
         None,
         ge=1,
-        description="Also cap padded completion tokens per micro-batch (bounds memory when "
-        "answers are long); null: rows only.",
+        description="Also cap the tokens of a micro-batch's forward (prompts once, "
+        "completions packed after them, padded to the longest): activation memory grows with "
+        "them; null: rows only.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Keep only each layer's input during the forward and recompute the rest "
+        "in the backward: about a 25th of the activation memory per token, for a second "
+        "forward pass.",
     )
     drop_zero_variance: bool = Field(
         True, description="Leave out groups whose completions all got the same reward."

@@ -23,8 +23,8 @@ from sapo_core.assembly import TrainingSet, assemble, choose_local
 from sapo_core.config import NodeConfig
 from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
+from sapo_core.grpo.segments import Segment
 from sapo_core.grpo.update import (
-    Segment,
     UpdateResult,
     grpo_update,
     make_optimizer,

@@ -28,6 +28,22 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
+def sample_one(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One draw [A] from each row of probs [A, V] (rows need not sum to 1), by inverse CDF.
+
+    `torch.multinomial` draws a single sample with an exponential variate per vocabulary
+    entry (6% of generation time at a 49k vocabulary); this takes one uniform per row and a
+    cumulative sum, in float64 so that small probabilities keep their mass. A token of zero
+    probability is never drawn.
+    """
+    cdf = probs.double().cumsum(-1)  # [A, V]
+    total = cdf[:, -1:]  # [A, 1]
+    uniform = torch.rand(probs.size(0), 1, generator=generator, dtype=torch.float64)
+    picked = torch.searchsorted(cdf, uniform * total, right=True).squeeze(1)
+    last = (cdf < total).sum(-1)  # the last token with mass (rounding could pass it)
+    return torch.minimum(picked, last)
+
+
 def _offset_progress(
     callback: ProgressCallback | None, offset: int, total: int
 ) -> Callable[[int], None]:
@@ -121,7 +137,7 @@ class TransformersBackend:
         for step in range(config.max_new_tokens):
             logp = torch.log_softmax(logits.float() / config.temperature, -1)  # [A, V]
             probs = top_p_filter(logp.exp(), config.top_p)
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [A]
+            nxt = sample_one(probs, generator)  # [A]
             tokens[alive, step] = nxt
             logprobs[alive, step] = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
             stopped = torch.isin(nxt, self.stop_ids)  # [A]

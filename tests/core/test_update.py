@@ -10,9 +10,16 @@ import pytest
 import torch
 
 from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
-from sapo_core.grpo.update import Segment, completion_logprobs, grpo_update, split_segments
+from sapo_core.grpo.logprobs import completion_logprobs
+from sapo_core.grpo.segments import Segment, split_segments
+from sapo_core.grpo.update import grpo_update
 from sapo_core.learner import Learner
-from sapo_core.policy.hf_backend import TransformersBackend, stop_token_ids, top_p_filter
+from sapo_core.policy.hf_backend import (
+    TransformersBackend,
+    sample_one,
+    stop_token_ids,
+    top_p_filter,
+)
 from sapo_core.rollouts import Group
 
 PAD = 2  # any id works as padding: it is masked
@@ -33,21 +40,43 @@ def test_top_p_keeps_the_smallest_head() -> None:
     assert top_p_filter(probs, 0.1)[0].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.0])
 
 
-def test_split_segments_bounds_batches_sorts_by_length_and_keeps_every_row() -> None:
-    a = Segment([1], [[1] * n for n in (3, 9, 1, 5, 7)], [0.1, 0.2, 0.3, 0.4, 0.5], [None] * 5)
-    b = Segment([2, 2], [[2] * 8], [0.9], [[-0.5] * 8])
-    batches = split_segments([a, b], 2)
-    assert [sum(len(s) for s in batch) for batch in batches] == [2, 2, 2]
-    lengths = [len(ids) for batch in batches for s in batch for ids in s.completion_ids]
-    assert lengths == [9, 8, 7, 5, 3, 1]
-    # rows keep their advantage, prompt and behaviour log-probs
-    first = batches[0]
-    assert [(s.prompt_ids, s.advantages) for s in first] == [([1], [0.2]), ([2, 2], [0.9])]
-    assert first[1].behaviour_logprobs == [[-0.5] * 8]
-    # a token cap: at most 16 padded tokens (rows x longest) per micro-batch
-    capped = split_segments([a, b], 4, micro_batch_tokens=16)
-    widths = [[len(ids) for s in batch for ids in s.completion_ids] for batch in capped]
-    assert widths == [[9], [8, 7], [5, 3, 1]]
+def test_sample_one_draws_each_token_at_its_probability_and_never_a_zero() -> None:
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 2.0]])  # unnormalised
+    draws = sample_one(probs.repeat(20_000, 1), torch.Generator().manual_seed(0))
+    first, second = draws[0::2], draws[1::2]
+    assert set(second.tolist()) == {4}
+    counts = torch.bincount(first, minlength=5).double() / first.numel()
+    assert counts[1] == counts[4] == 0
+    # 20k draws: the standard error of a frequency near 0.5 is 0.0035
+    assert counts[[0, 2, 3]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.015)
+
+
+def _widths(batches: list[list[Segment]]) -> list[list[int]]:
+    return [[len(ids) for s in batch for ids in s.completion_ids] for batch in batches]
+
+
+def test_split_segments_packs_each_group_once_and_splits_only_what_exceeds_a_limit() -> None:
+    a = Segment([1] * 10, [[1] * n for n in (20, 100, 10, 16)], [0.1, 0.2, 0.3, 0.4], [None] * 4)
+    b = Segment([2] * 10, [[2] * 18, [2] * 18], [0.9, -0.9], [[-0.5] * 18, None])
+    # a packs to 156 tokens, b to 46: padding b to 156 would cost more than a micro-batch
+    batches = split_segments([a, b], 8)
+    assert _widths(batches) == [[20, 100, 10, 16], [18, 18]]
+    assert batches[0] == [a] and batches[1] == [b]  # whole segments, rows in their order
+    # 120 tokens at most: a is shared out, longest first, between two copies of its prompt
+    # (100 + 10 with the prompt is 120); its other piece and b are as long, so they share
+    capped = split_segments([a, b], 8, micro_batch_tokens=120)
+    assert _widths(capped) == [[100, 10], [20, 16, 18, 18]]
+    later = capped[1]
+    assert [(s.prompt_ids[0], s.advantages) for s in later] == [(1, [0.1, 0.4]), (2, [0.9, -0.9])]
+    assert later[1].behaviour_logprobs == [[-0.5] * 18, None]
+    # a completion longer than the cap trains alone with its prompt
+    assert _widths(split_segments([a, b], 8, micro_batch_tokens=60)) == [
+        [100],
+        [20, 10, 16],
+        [18, 18],
+    ]
+    # at most 2 completions per micro-batch
+    assert _widths(split_segments([a, b], 2)) == [[20, 100], [18, 18], [10, 16]]
 
 
 def test_shared_prompt_equals_separate_pairs(tiny_policy: Any) -> None:

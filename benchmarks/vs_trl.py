@@ -1,0 +1,308 @@
+"""A sapo node against TRL's GRPOTrainer, side by side, on the same model and workload.
+
+The peers' workload: one node, the bundled SmolLM2-135M-Instruct (fp32, full fine-tuning),
+8 reasoning-gym `chain_sum` questions x 4 completions x <= 128 new tokens per round, one
+optimizer step over all 32 sequences (micro-batches of 8, gradients accumulated), the same
+loss (`grpo`, eps 0.2 / 0.28, beta 0, max grad norm 1, lr 1e-5), every group trained on
+(TRL keeps all-equal groups; so does sapo here). Two prompt lengths:
+
+- short: system prompt "Answer with the final number." (~45 prompt tokens);
+- long: reasoning-gym's default system prompt (~115 prompt tokens).
+
+Each side runs in its own process, one after the other, so each has the machine to itself
+and its peak RSS is its own. The first round of each is a warm-up and is left out.
+
+    python benchmarks/vs_trl.py                       # both prompt lengths, 3 rounds each
+    python benchmarks/vs_trl.py --prompts long --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sapo_core.config import NodeConfig
+
+QUESTIONS, COMPLETIONS, MAX_NEW_TOKENS, MICRO_BATCH = 8, 4, 128, 8
+TASK_NAME = "chain_sum"
+TASK_CONFIG: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "max_digits": 1}
+SHORT_PROMPT = "Answer with the final number."
+
+
+def system_prompt(kind: str) -> str:
+    if kind == "short":
+        return SHORT_PROMPT
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    return str(SYSTEM_PROMPTS["default"])
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+# --- sapo -------------------------------------------------------------------------------
+
+
+def sapo_config(kind: str, seed: int, grpo: dict[str, Any] | None = None) -> NodeConfig:
+    """The node's config for this workload (`kind`: short or long prompts); `grpo`
+    overrides GRPOConfig fields."""
+    return NodeConfig.model_validate(
+        {
+            "node_id": "bench",
+            "local_groups": QUESTIONS,
+            "external_groups": 0,
+            "seed": seed,
+            "tasks": {"specs": [{"name": TASK_NAME, "config": TASK_CONFIG}]},
+            "prompt": {"system_prompt": system_prompt(kind)},
+            "reward": {"extraction": "last_number"},
+            "generation": {
+                "completions_per_question": COMPLETIONS,
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "temperature": 1.0,
+                "batch_size": QUESTIONS * COMPLETIONS,
+            },
+            "grpo": {
+                "micro_batch_size": MICRO_BATCH,
+                "drop_zero_variance": False,
+                **(grpo or {}),
+            },
+        }
+    )
+
+
+def run_sapo(kind: str, rounds: int, seed: int, grpo: dict[str, Any]) -> list[dict[str, float]]:
+    from sapo_core.learner import Learner
+
+    learner = Learner(sapo_config(kind, seed, grpo))
+    rows = []
+    for r in range(rounds):
+        started = time.perf_counter()
+        generated = learner.generate(r)
+        report = learner.train(r, generated.groups)
+        rows.append(
+            {
+                "round_s": time.perf_counter() - started,
+                "generation_s": generated.seconds,
+                "update_s": report.update_s,
+                "tokens": generated.tokens,
+            }
+        )
+        print(f"sapo {kind} round {r}: {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+# --- TRL --------------------------------------------------------------------------------
+
+
+def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
+    import reasoning_gym
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from sapo_core.policy.loading import BUNDLED_MODEL, load_model, load_tokenizer
+    from sapo_core.prompts import extract_answer
+
+    questions = reasoning_gym.create_dataset(
+        TASK_NAME, size=QUESTIONS * rounds, seed=seed, **TASK_CONFIG
+    )
+    system = system_prompt(kind)
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": entry["question"]},
+                ],
+                "answer": str(entry["answer"]),
+            }
+            for entry in questions
+        ]
+    )
+
+    def correct(completions: list[Any], answer: list[str], **_: Any) -> list[float | None]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        pairs = zip(texts, answer, strict=True)
+        return [float(extract_answer(t, "last_number") == a) for t, a in pairs]
+
+    rows: list[dict[str, float]] = []
+    pending: dict[str, float] = {}
+
+    class Timed(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            started = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            pending["generation_s"] = pending.get("generation_s", 0.0) + (
+                time.perf_counter() - started
+            )
+            pending["tokens"] = pending.get("tokens", 0.0) + float(out["completion_mask"].sum())
+            return out
+
+    class Rounds(TrainerCallback):
+        last = 0.0
+
+        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+            self.last = time.perf_counter()
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            now = time.perf_counter()
+            row = {"round_s": now - self.last, **pending}
+            row["update_s"] = row["round_s"] - row.get("generation_s", 0.0)
+            rows.append(row)
+            pending.clear()
+            print(f"trl {kind} round {len(rows) - 1}: {row}", file=sys.stderr, flush=True)
+            self.last = now
+
+    tokenizer = load_tokenizer(BUNDLED_MODEL)
+    model = load_model(BUNDLED_MODEL)
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        max_steps=rounds,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=QUESTIONS * COMPLETIONS // MICRO_BATCH,
+        num_generations=COMPLETIONS,
+        max_completion_length=MAX_NEW_TOKENS,
+        temperature=1.0,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="grpo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        num_iterations=1,
+        scale_rewards="group",
+        shuffle_dataset=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        dataloader_num_workers=0,
+    )
+    torch.manual_seed(seed)
+    trainer = Timed(
+        model=model,
+        reward_funcs=correct,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Rounds()],
+    )
+    trainer.train()
+    return rows
+
+
+# --- the comparison ---------------------------------------------------------------------
+
+
+def summarise(rows: list[dict[str, float]], peak: float) -> dict[str, float]:
+    timed = rows[1:] or rows  # the first round warms up
+    tokens = sum(r["tokens"] for r in timed)
+    return {
+        "rounds": len(timed),
+        "round_s": statistics.fmean(r["round_s"] for r in timed),
+        "generation_s": statistics.fmean(r["generation_s"] for r in timed),
+        "update_s": statistics.fmean(r["update_s"] for r in timed),
+        "tokens": tokens / len(timed),
+        "s_per_1k": 1000 * sum(r["round_s"] for r in timed) / tokens,
+        "peak_gb": peak,
+    }
+
+
+def grpo_setting(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def child(args: argparse.Namespace) -> None:
+    from flows.env import apply_offline_defaults
+
+    apply_offline_defaults()
+    if args.side == "sapo":
+        rows = run_sapo(args.prompt, args.rounds, args.seed, dict(args.grpo))
+    else:
+        rows = run_trl(args.prompt, args.rounds, args.seed)
+    print(json.dumps({"rows": rows, "peak_gb": peak_rss_gb()}))
+
+
+def measure(side: str, kind: str, args: argparse.Namespace) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--side", side, "--prompt", kind]
+    cmd += ["--rounds", str(args.rounds), "--seed", str(args.seed)]
+    for key, value in args.grpo:
+        cmd += ["--grpo", f"{key}={json.dumps(value)}"]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return summarise(result["rows"], result["peak_gb"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--prompts", nargs="+", choices=["short", "long"], default=["short", "long"])
+    p.add_argument("--sides", nargs="+", choices=["sapo", "trl"], default=["sapo", "trl"])
+    p.add_argument("--rounds", type=int, default=3, help="rounds per run, the first a warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="also write the summaries here")
+    p.add_argument(
+        "--grpo",
+        type=grpo_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a sapo GRPOConfig field for this run, e.g. micro_batch_tokens=512 (repeatable)",
+    )
+    p.add_argument("--side", choices=["sapo", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--prompt", choices=["short", "long"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.side:
+        child(args)
+        return
+    print(f"load before: {os.getloadavg()[0]:.2f}; {args.rounds} rounds per run, first excluded")
+    if args.grpo:
+        print(f"sapo's GRPO settings: {dict(args.grpo)}")
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for kind in args.prompts:
+        for side in args.sides:
+            results.setdefault(kind, {})[side] = measure(side, kind, args)
+    header = "prompts  side       s/round  gen_s  update_s  tokens/round  s/1k_tok  peak_GB"
+    print(header)
+    for kind, sides in results.items():
+        for side, s in sides.items():
+            print(
+                f"{kind:7}  {side:9}  {s['round_s']:7.1f}  {s['generation_s']:5.1f}  "
+                f"{s['update_s']:8.1f}  {s['tokens']:12.0f}  {s['s_per_1k']:8.1f}  "
+                f"{s['peak_gb']:7.2f}"
+            )
+        if {"sapo", "trl"} <= sides.keys():
+            a, b = sides["sapo"], sides["trl"]
+            print(
+                f"{kind:7}  sapo/trl   {a['round_s'] / b['round_s']:7.2f}  "
+                f"{a['generation_s'] / b['generation_s']:5.2f}  "
+                f"{a['update_s'] / b['update_s']:8.2f}  {'':12}  "
+                f"{a['s_per_1k'] / b['s_per_1k']:8.2f}  {a['peak_gb'] / b['peak_gb']:7.2f}"
+            )
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
