@@ -2,8 +2,10 @@
 
 The peers' workload: one node, the bundled SmolLM2-135M-Instruct (fp32, full fine-tuning),
 8 reasoning-gym `chain_sum` questions x 4 completions x <= 128 new tokens per round, one
-optimizer step over all 32 sequences (micro-batches of 8, gradients accumulated), the same
-loss (`grpo`, eps 0.2 / 0.28, beta 0, max grad norm 1, lr 1e-5), every group trained on
+optimizer step over all 32 sequences (gradients accumulated over micro-batches: TRL's of 8
+sequences, sapo's by its defaults, at most 1,024 packed tokens with activation
+checkpointing; `--grpo KEY=VALUE` changes them), the same loss (`grpo`, eps 0.2 / 0.28,
+beta 0, max grad norm 1, lr 1e-5), every group trained on
 (TRL keeps all-equal groups; so does sapo here). Two prompt lengths:
 
 - short: system prompt "Answer with the final number." (~45 prompt tokens);
@@ -73,11 +75,7 @@ def sapo_config(kind: str, seed: int, grpo: dict[str, Any] | None = None) -> Nod
                 "temperature": 1.0,
                 "batch_size": QUESTIONS * COMPLETIONS,
             },
-            "grpo": {
-                "micro_batch_size": MICRO_BATCH,
-                "drop_zero_variance": False,
-                **(grpo or {}),
-            },
+            "grpo": {"drop_zero_variance": False, **(grpo or {})},  # else sapo's defaults
         }
     )
 

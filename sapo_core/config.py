@@ -143,6 +143,21 @@ class GenerationConfig(Strict):
     batch_size: int = Field(32, ge=1, description="Sequences per generation call.")
 
 
+class ComputeConfig(Strict):
+    """Where the policy runs, and in what number format its matmuls run."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: the first CUDA device when one is present, else the CPU."
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="Matmuls in bf16 (autocast) or fp32; weights and optimizer state stay "
+        "fp32 either way. auto: bf16 on a CUDA device that supports it, else fp32 (CPUs "
+        "without native bf16 run it slower). Under bf16 the behaviour log-probs are "
+        "recomputed by the training forward before each update, so the ratio starts at 1.",
+    )
+
+
 class GRPOConfig(Strict):
     """The policy update."""
 
@@ -164,17 +179,20 @@ class GRPOConfig(Strict):
         1, ge=1, le=16, description="Optimizer steps per batch; >1 makes ratio and clip act."
     )
     micro_batch_size: int = Field(
-        8, ge=1, description="Sequences per forward/backward; gradients accumulate across them."
+        64,
+        ge=1,
+        description="Completions per forward/backward at most; gradients accumulate across "
+        "micro-batches.",
     )
     micro_batch_tokens: int | None = Field(
-        None,
+        1024,
         ge=1,
         description="Also cap the tokens of a micro-batch's forward (prompts once, "
         "completions packed after them, padded to the longest): activation memory grows with "
-        "them; null: rows only.",
+        "them; null: completions only.",
     )
     gradient_checkpointing: bool = Field(
-        False,
+        True,
         description="Keep only each layer's input during the forward and recompute the rest "
         "in the backward: about a 25th of the activation memory per token, for a second "
         "forward pass.",
@@ -235,6 +253,7 @@ class NodeConfig(Strict):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)  # type: ignore[arg-type]
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)  # type: ignore[arg-type]
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)  # type: ignore[arg-type]
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)  # type: ignore[arg-type]
 
     @model_validator(mode="after")
     def _batch_is_consistent(self) -> Self:

@@ -118,7 +118,7 @@ class Learner:
         # (a sweep's configurations) can share one ledger with the same node names.
         self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
-        self.policy = policy or load_policy(config.model)
+        self.policy = policy or load_policy(config.model, compute=config.compute)
         self.backend = backend or make_backend(config.generation.backend, self.policy)
         self.optimizer = make_optimizer(self.policy.model, config.grpo)
         self.policy_version = 0
@@ -127,7 +127,9 @@ class Learner:
             if reference is None:
                 initial = policy is None  # then self.policy is config.model's weights
                 reference = (
-                    copy.deepcopy(self.policy.model) if initial else load_model(config.model)
+                    copy.deepcopy(self.policy.model)
+                    if initial
+                    else load_model(config.model).to(self.policy.device)
                 )
             self.ref_model = reference.eval().requires_grad_(False)
         self.tasks = TaskSource(config.tasks, config.seed)
@@ -142,8 +144,8 @@ class Learner:
         the ledger; with beta > 0 the KL reference is `config.model`'s initial weights, never
         the checkpoint's. Optimizer state, RNG and policy_version are the caller's to restore.
         """
-        loaded = load_policy(str(model_dir))
-        policy = Policy(loaded.model, loaded.tokenizer, model_id=config.model)
+        loaded = load_policy(str(model_dir), compute=config.compute)
+        policy = Policy(loaded.model, loaded.tokenizer, config.model, loaded.autocast)
         return cls(config, policy, id_prefix=id_prefix)  # the reference: config.model's
 
     # -- generate ---------------------------------------------------------------------------
@@ -251,7 +253,10 @@ class Learner:
         limit = self.config.generation.max_new_tokens
         own = rollout.node_id == self.config.node_id and rollout.model_id == self.policy.model_id
         if own and rollout.token_ids is not None and rollout.logprobs is not None:
-            return list(rollout.token_ids), list(rollout.logprobs)
+            # Under reduced precision generation's log-probs are not the training forward's:
+            # the update recomputes them (as it does for peers' rows), so the ratio starts at 1.
+            exact = self.policy.exact_behaviour
+            return list(rollout.token_ids), list(rollout.logprobs) if exact else None
         text = rollout.completion
         prefill = self.config.prompt.prefill
         if prefill and text.startswith(prefill):
@@ -265,23 +270,24 @@ class Learner:
         segments = self.segments(chosen.trained)
         pad_id = int(self.policy.tokenizer.pad_token_id)
         temperature = cfg.generation.temperature
-        if self.ref_model is not None and segments:
-            reference_logprobs(
-                self.ref_model, segments, temperature, pad_id, cfg.grpo.micro_batch_size
+        with self.policy.precision():
+            if self.ref_model is not None and segments:
+                reference_logprobs(
+                    self.ref_model, segments, temperature, pad_id, cfg.grpo.micro_batch_size
+                )
+            result = (
+                grpo_update(
+                    self.policy.model,
+                    self.optimizer,
+                    segments,
+                    cfg.grpo,
+                    temperature=temperature,
+                    pad_id=pad_id,
+                    max_completion_length=cfg.generation.max_new_tokens,
+                )
+                if segments
+                else UpdateResult({}, 0.0, 0)
             )
-        result = (
-            grpo_update(
-                self.policy.model,
-                self.optimizer,
-                segments,
-                cfg.grpo,
-                temperature=temperature,
-                pad_id=pad_id,
-                max_completion_length=cfg.generation.max_new_tokens,
-            )
-            if segments
-            else UpdateResult({}, 0.0, 0)
-        )
         if segments:
             self.policy_version += cfg.grpo.iterations
         return RoundReport(

@@ -59,8 +59,10 @@ class _EmbeddingRows(torch.autograd.Function):
 
 
 def _scaled_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
-    """hidden @ weight.T / temperature in float32, a new tensor the caller may modify."""
-    logits = (hidden @ weight.T).float()
+    """hidden @ weight.T / temperature in the weight's format (fp32 even under autocast, so
+    forward and backward agree), as a new float32 tensor the caller may modify."""
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        logits = (hidden.to(weight.dtype) @ weight.T).float()
     return logits if temperature == 1.0 else logits.div_(temperature)
 
 
@@ -71,7 +73,7 @@ class _TokenLogprobs(torch.autograd.Function):
     def forward(
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float
     ) -> Tensor:
-        out = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)
+        out = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)  # [N]
         norms = torch.empty_like(out)  # log-normaliser of each row
         for start in range(0, hidden.size(0), LOGIT_CHUNK):
             end = start + LOGIT_CHUNK
@@ -98,7 +100,7 @@ class _TokenLogprobs(torch.autograd.Function):
                 dlogits.div_(temperature)
             dlogits = dlogits.to(weight.dtype)
             if grad_hidden is not None:
-                grad_hidden[start:end] = dlogits @ weight
+                grad_hidden[start:end] = dlogits @ weight  # cast to hidden's format
             if weight.requires_grad:
                 _add_to_grad(weight, lambda w, d=dlogits, h=h: w.addmm_(d.T, h))
         return grad_hidden, None, None, None
@@ -127,15 +129,19 @@ class _Packed:
     targets: list[int]  # the token it predicts
     cells: tuple[list[int], list[int]]  # where it goes in the [B, T] output
 
-    def attention_mask(self, dtype: torch.dtype) -> Tensor:
-        """[R, 1, L, L] additive mask: a position sees earlier positions of its prompt and
-        of its own completion (padding sees the prompt and padding, and is never read)."""
+    def attention_mask(self, additive: torch.dtype | None) -> Tensor:
+        """[R, 1, L, L]: a position sees earlier positions of its prompt and of its own
+        completion (padding sees the prompt and padding, and is never read). Boolean (True:
+        seen) for SDPA; with `additive`, 0 or that dtype's minimum, for eager attention."""
         column = torch.arange(self.ids.size(1))
         seen = (column[None, :] <= column[:, None])[None]  # [1, L, L] causal
         key, query = self.blocks[:, None, :], self.blocks[:, :, None]  # [R, 1, L], [R, L, 1]
-        seen = seen & ((key == -1) | (key == query))  # [R, L, L]
-        mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
-        return mask[:, None]
+        seen = (seen & ((key == -1) | (key == query)))[:, None]  # [R, 1, L, L]
+        if additive is None:
+            return seen
+        return torch.zeros(seen.shape, dtype=additive).masked_fill_(
+            ~seen, torch.finfo(additive).min
+        )
 
 
 def _pack(segments: Sequence[Segment], pad_id: int) -> _Packed:
@@ -188,30 +194,34 @@ def shared_prompt_logprobs(
     packed = _pack(segments, pad_id)
     body = model.get_decoder()  # the transformer without its vocabulary head
     embedding = model.get_input_embeddings().weight
+    device = embedding.device
+    eager = model.config._attn_implementation == "eager"
     hidden = body(
-        inputs_embeds=embedding_rows(embedding, packed.ids),
-        attention_mask=packed.attention_mask(embedding.dtype),
-        position_ids=packed.positions,
+        inputs_embeds=embedding_rows(embedding, packed.ids.to(device)),
+        attention_mask=packed.attention_mask(embedding.dtype if eager else None).to(device),
+        position_ids=packed.positions.to(device),
         use_cache=False,
     ).last_hidden_state  # [R, L, H]
     picked = token_logprobs(
-        hidden.reshape(-1, hidden.size(-1))[torch.tensor(packed.predictors)],
+        hidden.reshape(-1, hidden.size(-1))[torch.tensor(packed.predictors, device=device)],
         model.get_output_embeddings().weight,
-        torch.tensor(packed.targets),
+        torch.tensor(packed.targets, device=device),
         temperature,
     )  # [N]
     rows = [ids for seg in segments for ids in seg.completion_ids]
     width = max(len(ids) for ids in rows)
-    logprobs = torch.zeros(len(rows), width, dtype=torch.float32)  # [B, T]
+    logprobs = torch.zeros(len(rows), width, dtype=torch.float32, device=device)  # [B, T]
     cells = (torch.tensor(packed.cells[0]), torch.tensor(packed.cells[1]))
-    logprobs = logprobs.index_put(cells, picked.float())
+    logprobs = logprobs.index_put(tuple(c.to(device) for c in cells), picked.float())
     mask = padded([[1.0] * len(ids) for ids in rows], width, 0.0, torch.float32)
-    return logprobs, mask
+    return logprobs, mask.to(device)
 
 
 # Families whose causal-LM forward is decoder -> output head with nothing after the head,
 # checked by reading their modeling code; a family not listed takes the plain path.
 SHARED_PROMPT_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+# Attention implementations that take the packed sequences' 4D block mask as given.
+PACKED_ATTENTION = frozenset({"sdpa", "eager"})
 # Config fields through which some families change logits after the head (Gemma2/3 soft-cap,
 # Cohere scales, Granite divides), with the value that changes nothing.
 LOGIT_POSTPROCESSING: dict[str, float | None] = {
@@ -227,10 +237,12 @@ def supports_shared_prompt(model: Any) -> bool:
     The fast path runs the embedding, the decoder and the output head itself, so any step
     the model's forward takes after the head would be silently skipped: only allow-listed
     families, with those three reachable, a head without bias and no logit post-processing
-    configured, qualify.
+    configured, and an attention that takes a custom mask (SDPA or eager), qualify.
     """
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in SHARED_PROMPT_MODEL_TYPES:
+        return False
+    if getattr(config, "_attn_implementation", None) not in PACKED_ATTENTION:
         return False
     needed = ("get_decoder", "get_input_embeddings", "get_output_embeddings")
     if not all(hasattr(model, name) for name in needed):

@@ -40,7 +40,8 @@ def _micro_batches_with_old(
         rows = [lp for seg in batch for lp in seg.behaviour_logprobs]
         if all(r is not None for r in rows):
             width = max(len(ids) for seg in batch for ids in seg.completion_ids)
-            yield batch, padded([r or [] for r in rows], width, 0.0, torch.float32)
+            device = next(model.parameters()).device
+            yield batch, padded([r or [] for r in rows], width, 0.0, torch.float32).to(device)
             continue
         with torch.no_grad():
             current, _ = completion_logprobs(model, batch, temperature, pad_id)
@@ -81,11 +82,13 @@ def grpo_update(
         optimizer.zero_grad(set_to_none=True)
         for batch, old in prepared:
             logprobs, mask = completion_logprobs(model, batch, temperature, pad_id)
-            advantages = torch.tensor([a for seg in batch for a in seg.advantages])  # [b]
+            advantages = torch.tensor(
+                [a for seg in batch for a in seg.advantages], device=logprobs.device
+            )  # [b]
             ref = None
             if config.beta:
                 ref_rows = [r for seg in batch for r in (seg.ref_logprobs or [])]
-                ref = padded(ref_rows, logprobs.size(1), 0.0, torch.float32)
+                ref = padded(ref_rows, logprobs.size(1), 0.0, torch.float32).to(logprobs.device)
             loss, metrics = policy_loss(
                 logprobs,
                 old,
@@ -125,12 +128,12 @@ def grpo_update(
 def _set_checkpointing(model: Any, wanted: bool) -> None:
     """Turn transformers' activation checkpointing on or off (it acts in training mode only,
     so generation, in eval mode, keeps its cache either way)."""
-    if not hasattr(model, "gradient_checkpointing_enable"):
+    if not hasattr(model, "activation_checkpointing_enable"):
         return
-    if wanted and not model.is_gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif not wanted and model.is_gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+    if wanted and not model.is_activation_checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    elif not wanted and model.is_activation_checkpointing:
+        model.activation_checkpointing_disable()
 
 
 def make_optimizer(model: Any, config: GRPOConfig) -> torch.optim.Optimizer:

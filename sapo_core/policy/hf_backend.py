@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from sapo_core.config import GenerationConfig
+from sapo_core.memory import release_free_memory
 from sapo_core.policy.backend import Completion, ProgressCallback
 from sapo_core.policy.loading import Policy
 
@@ -38,7 +39,9 @@ def sample_one(probs: Tensor, generator: torch.Generator) -> Tensor:
     """
     cdf = probs.double().cumsum(-1)  # [A, V]
     total = cdf[:, -1:]  # [A, 1]
-    uniform = torch.rand(probs.size(0), 1, generator=generator, dtype=torch.float64)
+    uniform = torch.rand(
+        probs.size(0), 1, generator=generator, dtype=torch.float64, device=probs.device
+    )
     picked = torch.searchsorted(cdf, uniform * total, right=True).squeeze(1)
     last = (cdf < total).sum(-1)  # the last token with mass (rounding could pass it)
     return torch.minimum(picked, last)
@@ -88,13 +91,15 @@ class TransformersBackend:
     ) -> list[list[Completion]]:
         n = config.completions_per_question
         per_call = max(1, config.batch_size // n)  # questions per call: all n samples of each
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device=self.policy.device).manual_seed(seed)
         groups: list[list[Completion]] = []
         total = len(prompts) * n
         for start in range(0, len(prompts), per_call):
             report = _offset_progress(on_progress, start * n, total)
-            flat = self._sample(prompts[start : start + per_call], n, config, generator, report)
+            with self.policy.precision():
+                flat = self._sample(prompts[start : start + per_call], n, config, generator, report)
             groups.extend(flat[i * n : (i + 1) * n] for i in range(len(flat) // n))
+        release_free_memory()  # the caches' pages, before the update needs its own
         return groups
 
     @torch.inference_mode()
@@ -117,6 +122,9 @@ class TransformersBackend:
         model.eval()
         tokenizer.padding_side = "left"
         enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+        device = self.policy.device
+        enc = {key: value.to(device) for key, value in enc.items()}
+        stop_ids = self.stop_ids.to(device)
         attention = enc["attention_mask"].repeat_interleave(n, 0)  # [B, P]
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -1:]  # [B, 1]
         out = model(
@@ -130,17 +138,18 @@ class TransformersBackend:
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1, :].repeat_interleave(n, 0)  # [B, V]
         batch = attention.size(0)
-        tokens = torch.full((batch, config.max_new_tokens), self.pad_id, dtype=torch.long)
-        logprobs = torch.zeros(batch, config.max_new_tokens)
-        lengths = torch.full((batch,), config.max_new_tokens, dtype=torch.long)
-        alive = torch.arange(batch)  # original row of each row still in the batch
+        shape = (batch, config.max_new_tokens)
+        tokens = torch.full(shape, self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(shape, device=device)
+        lengths = torch.full((batch,), config.max_new_tokens, dtype=torch.long, device=device)
+        alive = torch.arange(batch, device=device)  # original row of each row still in the batch
         for step in range(config.max_new_tokens):
             logp = torch.log_softmax(logits.float() / config.temperature, -1)  # [A, V]
             probs = top_p_filter(logp.exp(), config.top_p)
             nxt = sample_one(probs, generator)  # [A]
             tokens[alive, step] = nxt
             logprobs[alive, step] = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
-            stopped = torch.isin(nxt, self.stop_ids)  # [A]
+            stopped = torch.isin(nxt, stop_ids)  # [A]
             lengths[alive[stopped]] = step + 1
             if step + 1 == config.max_new_tokens or bool(stopped.all()):
                 report(batch)

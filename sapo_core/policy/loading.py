@@ -2,20 +2,62 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sapo_core.config import BUNDLED_MODEL
+from sapo_core.config import BUNDLED_MODEL, ComputeConfig
 
 
 @dataclass
 class Policy:
-    """A causal LM with its tokenizer; `model_id` is what the ledger records."""
+    """A causal LM with its tokenizer; `model_id` is what the ledger records.
+
+    `autocast` names the reduced format its forward passes run in (None: fp32 throughout);
+    the weights stay fp32 on `model`'s device.
+    """
 
     model: Any
     tokenizer: Any
     model_id: str
+    autocast: Any = None  # a torch dtype, or None
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    @property
+    def exact_behaviour(self) -> bool:
+        """Whether generation's log-probs are the training forward's (fp32 both ways)."""
+        return self.autocast is None
+
+    @contextlib.contextmanager
+    def precision(self) -> Iterator[None]:
+        """Forward passes inside run in the policy's format."""
+        if self.autocast is None:
+            yield
+            return
+        import torch
+
+        with torch.autocast(device_type=self.device.type, dtype=self.autocast):
+            yield
+
+
+def placement(compute: ComputeConfig) -> tuple[str, Any]:
+    """The device a config asks for, and the autocast dtype (None: fp32)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if compute.device == "cuda" and not cuda:
+        raise RuntimeError("compute.device is 'cuda' but torch sees no CUDA device")
+    device = "cuda" if compute.device == "cuda" or (compute.device == "auto" and cuda) else "cpu"
+    if compute.precision == "bf16":
+        return device, torch.bfloat16
+    if compute.precision == "auto" and device == "cuda" and torch.cuda.is_bf16_supported():
+        return device, torch.bfloat16
+    return device, None
 
 
 def resolve(model: str) -> str:
@@ -56,10 +98,15 @@ def load_model(model: str) -> Any:
     return network
 
 
-def load_policy(model: str, *, threads: int | None = None) -> Policy:
-    """The network and its tokenizer; `threads` sets torch's intra-op thread count first."""
+def load_policy(
+    model: str, *, threads: int | None = None, compute: ComputeConfig | None = None
+) -> Policy:
+    """The network and its tokenizer, placed as `compute` says (default: fp32 on the CPU);
+    `threads` sets torch's intra-op thread count first."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    return Policy(model=load_model(model), tokenizer=load_tokenizer(model), model_id=model)
+    device, autocast = placement(compute or ComputeConfig(device="cpu", precision="fp32"))
+    network = load_model(model).to(device)
+    return Policy(network, load_tokenizer(model), model_id=model, autocast=autocast)

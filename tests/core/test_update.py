@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
+from sapo_core.config import (
+    ComputeConfig,
+    GenerationConfig,
+    GRPOConfig,
+    NodeConfig,
+    TaskConfig,
+    TaskSpec,
+)
 from sapo_core.grpo.logprobs import completion_logprobs
 from sapo_core.grpo.segments import Segment, split_segments
 from sapo_core.grpo.update import grpo_update
@@ -20,6 +27,7 @@ from sapo_core.policy.hf_backend import (
     stop_token_ids,
     top_p_filter,
 )
+from sapo_core.policy.loading import placement
 from sapo_core.rollouts import Group
 
 PAD = 2  # any id works as padding: it is masked
@@ -261,3 +269,30 @@ def test_silo_node_trains_on_its_own_groups(tiny_model_dir: Any) -> None:
     report = me.train(0, me.generate(0).groups)
     assert report.external_groups_used == 0 and report.groups_trained == 2
     assert report.training_reward_external is None
+
+
+def test_placement_defaults_to_fp32_on_the_cpu_here() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the defaults differ")
+    assert placement(ComputeConfig()) == ("cpu", None)
+    assert placement(ComputeConfig(precision="bf16")) == ("cpu", torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        placement(ComputeConfig(device="cuda"))
+
+
+def test_under_reduced_precision_the_update_recomputes_behaviour_logprobs(
+    tiny_model_dir: Any,
+) -> None:
+    bf16 = ComputeConfig(device="cpu", precision="bf16")
+    me = Learner(_node(tiny_model_dir, "half", local_groups=2, compute=bf16))
+    assert me.policy.autocast is torch.bfloat16 and not me.policy.exact_behaviour
+    assert all(p.dtype == torch.float32 for p in me.policy.model.parameters())  # master weights
+    own = me.generate(0)
+    chosen, _ = me.select(0, own.groups, [])
+    segments = me.segments(chosen.trained)
+    # generation's bf16 log-probs are kept for the ledger but not trusted by the update ...
+    assert own.groups[0].rollouts[0].logprobs is not None
+    assert all(b is None for seg in segments for b in seg.behaviour_logprobs)
+    # ... which recomputes them with its own forward, so the first step's ratio is 1
+    report = me.update(0, chosen)
+    assert report.update["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
