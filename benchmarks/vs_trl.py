@@ -3,7 +3,7 @@
 The peers' workload: one node, the bundled SmolLM2-135M-Instruct (fp32, full fine-tuning),
 8 reasoning-gym `chain_sum` questions x 4 completions x <= 128 new tokens per round, one
 optimizer step over all 32 sequences (gradients accumulated over micro-batches: TRL's of 8
-sequences, sapo's by its defaults, at most 1,024 packed tokens with activation
+sequences, sapo's by its defaults, at most 768 packed tokens with activation
 checkpointing; `--grpo KEY=VALUE` changes them), the same loss (`grpo`, eps 0.2 / 0.28,
 beta 0, max grad norm 1, lr 1e-5), every group trained on
 (TRL keeps all-equal groups; so does sapo here). Two prompt lengths:

@@ -185,7 +185,7 @@ class GRPOConfig(Strict):
         "micro-batches.",
     )
     micro_batch_tokens: int | None = Field(
-        1024,
+        768,
         ge=1,
         description="Also cap the tokens of a micro-batch's forward (prompts once, "
         "completions packed after them, padded to the longest): activation memory grows with "
