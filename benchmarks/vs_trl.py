@@ -57,7 +57,14 @@ def peak_rss_gb() -> float:
 # --- sapo -------------------------------------------------------------------------------
 
 
-def sapo_config(kind: str, seed: int, grpo: dict[str, Any] | None = None) -> NodeConfig:
+# sapo's sides: the node's default (bf16 sampling where the CPU has native bf16, behaviour
+# log-probs from the fp32 training forward) and fp32 generation throughout.
+SAPO_SIDES = {"sapo": "auto", "sapo-fp32": "fp32"}
+
+
+def sapo_config(
+    kind: str, seed: int, grpo: dict[str, Any] | None = None, generation_precision: str = "auto"
+) -> NodeConfig:
     """The node's config for this workload (`kind`: short or long prompts); `grpo`
     overrides GRPOConfig fields."""
     return NodeConfig.model_validate(
@@ -76,14 +83,19 @@ def sapo_config(kind: str, seed: int, grpo: dict[str, Any] | None = None) -> Nod
                 "batch_size": QUESTIONS * COMPLETIONS,
             },
             "grpo": {"drop_zero_variance": False, **(grpo or {})},  # else sapo's defaults
+            "compute": {"device": "cpu", "generation_precision": generation_precision},
         }
     )
 
 
-def run_sapo(kind: str, rounds: int, seed: int, grpo: dict[str, Any]) -> list[dict[str, float]]:
+def run_sapo(
+    kind: str, rounds: int, seed: int, grpo: dict[str, Any], side: str
+) -> list[dict[str, float]]:
     from sapo_core.learner import Learner
 
-    learner = Learner(sapo_config(kind, seed, grpo))
+    learner = Learner(sapo_config(kind, seed, grpo, SAPO_SIDES[side]))
+    sampling = learner.policy.sampling_dtype
+    print(f"{side}: generation samples in {sampling or 'fp32'}", file=sys.stderr, flush=True)
     rows = []
     for r in range(rounds):
         started = time.perf_counter()
@@ -235,8 +247,8 @@ def child(args: argparse.Namespace) -> None:
     from flows.env import apply_offline_defaults
 
     apply_offline_defaults()
-    if args.side == "sapo":
-        rows = run_sapo(args.prompt, args.rounds, args.seed, dict(args.grpo))
+    if args.side in SAPO_SIDES:
+        rows = run_sapo(args.prompt, args.rounds, args.seed, dict(args.grpo), args.side)
     else:
         rows = run_trl(args.prompt, args.rounds, args.seed)
     print(json.dumps({"rows": rows, "peak_gb": peak_rss_gb()}))
@@ -255,7 +267,8 @@ def measure(side: str, kind: str, args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--prompts", nargs="+", choices=["short", "long"], default=["short", "long"])
-    p.add_argument("--sides", nargs="+", choices=["sapo", "trl"], default=["sapo", "trl"])
+    sides = [*SAPO_SIDES, "trl"]
+    p.add_argument("--sides", nargs="+", choices=sides, default=["sapo", "trl"])
     p.add_argument("--rounds", type=int, default=3, help="rounds per run, the first a warm-up")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the summaries here")
@@ -267,7 +280,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a sapo GRPOConfig field for this run, e.g. micro_batch_tokens=512 (repeatable)",
     )
-    p.add_argument("--side", choices=["sapo", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--side", choices=sides, help=argparse.SUPPRESS)
     p.add_argument("--prompt", choices=["short", "long"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.side:
@@ -280,19 +293,20 @@ def main() -> None:
     for kind in args.prompts:
         for side in args.sides:
             results.setdefault(kind, {})[side] = measure(side, kind, args)
-    header = "prompts  side       s/round  gen_s  update_s  tokens/round  s/1k_tok  peak_GB"
+    header = "prompts  side           s/round  gen_s  update_s  tokens/round  s/1k_tok  peak_GB"
     print(header)
     for kind, sides in results.items():
         for side, s in sides.items():
             print(
-                f"{kind:7}  {side:9}  {s['round_s']:7.1f}  {s['generation_s']:5.1f}  "
+                f"{kind:7}  {side:13}  {s['round_s']:7.1f}  {s['generation_s']:5.1f}  "
                 f"{s['update_s']:8.1f}  {s['tokens']:12.0f}  {s['s_per_1k']:8.1f}  "
                 f"{s['peak_gb']:7.2f}"
             )
-        if {"sapo", "trl"} <= sides.keys():
-            a, b = sides["sapo"], sides["trl"]
+        compared = [name for name in SAPO_SIDES if name in sides and "trl" in sides]
+        for name in compared:
+            a, b = sides[name], sides["trl"]
             print(
-                f"{kind:7}  sapo/trl   {a['round_s'] / b['round_s']:7.2f}  "
+                f"{kind:7}  {name + '/trl':13}  {a['round_s'] / b['round_s']:7.2f}  "
                 f"{a['generation_s'] / b['generation_s']:5.2f}  "
                 f"{a['update_s'] / b['update_s']:8.2f}  {'':12}  "
                 f"{a['s_per_1k'] / b['s_per_1k']:8.2f}  {a['peak_gb'] / b['peak_gb']:7.2f}"

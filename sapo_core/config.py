@@ -156,6 +156,15 @@ class ComputeConfig(Strict):
         "without native bf16 run it slower). Under bf16 the behaviour log-probs are "
         "recomputed by the training forward before each update, so the ratio starts at 1.",
     )
+    generation_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="The format completions are sampled in. bf16: generation runs a bf16 "
+        "copy of the weights, made afresh each round (decoding reads every weight per token, "
+        "so halving their bytes nearly halves its time where bf16 is native); the update "
+        "then takes behaviour log-probs from its own fp32 forward, at no extra cost. auto: "
+        "bf16 where the device computes it natively (CUDA with bf16, CPUs with AVX512-BF16 "
+        "or AMX) or where `precision` is bf16, else fp32.",
+    )
 
 
 class GRPOConfig(Strict):

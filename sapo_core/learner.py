@@ -145,7 +145,7 @@ class Learner:
         the checkpoint's. Optimizer state, RNG and policy_version are the caller's to restore.
         """
         loaded = load_policy(str(model_dir), compute=config.compute)
-        policy = Policy(loaded.model, loaded.tokenizer, config.model, loaded.autocast)
+        policy = dataclasses.replace(loaded, model_id=config.model)
         return cls(config, policy, id_prefix=id_prefix)  # the reference: config.model's
 
     # -- generate ---------------------------------------------------------------------------

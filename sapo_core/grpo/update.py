@@ -9,7 +9,7 @@ needs (a segment's prompt runs once per micro-batch where the model family allow
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,24 +32,25 @@ class UpdateResult:
     tokens: int
 
 
-def _micro_batches_with_old(
-    model: Any, batches: list[list[Segment]], temperature: float, pad_id: int
-) -> Iterator[tuple[list[Segment], Tensor]]:
-    """Behaviour log-probs [b, T] per micro-batch; unknown rows get this policy's, no grad."""
-    for batch in batches:
-        rows = [lp for seg in batch for lp in seg.behaviour_logprobs]
-        if all(r is not None for r in rows):
-            width = max(len(ids) for seg in batch for ids in seg.completion_ids)
-            device = next(model.parameters()).device
-            yield batch, padded([r or [] for r in rows], width, 0.0, torch.float32).to(device)
-            continue
-        with torch.no_grad():
-            current, _ = completion_logprobs(model, batch, temperature, pad_id)
-        for i, row in enumerate(rows):
-            if row is not None:
-                current[i, : len(row)] = torch.tensor(row)
-                current[i, len(row) :] = 0.0
-        yield batch, current
+def _known_behaviour(batch: list[Segment], device: Any) -> Tensor | None:
+    """Behaviour log-probs [b, T] of a micro-batch whose rows all carry them, else None."""
+    rows = [lp for seg in batch for lp in seg.behaviour_logprobs]
+    if any(r is None for r in rows):
+        return None
+    width = max(len(ids) for seg in batch for ids in seg.completion_ids)
+    return padded([r or [] for r in rows], width, 0.0, torch.float32).to(device)
+
+
+def _with_own(batch: list[Segment], current: Tensor) -> Tensor:
+    """Behaviour log-probs [b, T]: each row's recorded ones, or this policy's `current` ones
+    (detached) for rows that carry none (peers' rows, reduced-precision generation)."""
+    old = current.detach().clone()
+    rows = [lp for seg in batch for lp in seg.behaviour_logprobs]
+    for i, row in enumerate(rows):
+        if row is not None:
+            old[i, : len(row)] = torch.tensor(row)
+            old[i, len(row) :] = 0.0
+    return old
 
 
 def grpo_update(
@@ -64,9 +65,11 @@ def grpo_update(
 ) -> UpdateResult:
     """`config.iterations` optimizer steps on one batch; gradients accumulate over micro-batches.
 
-    Behaviour log-probs are fixed before the first step (generation's for own rows, the
-    current policy's for peers' rows), so from the second iteration on the ratio and the
-    clip act as PPO intends.
+    Behaviour log-probs are fixed at the first step (generation's for own rows, the current
+    policy's for rows without them), so from the second iteration on the ratio and the clip
+    act as PPO intends. The current policy's are the first iteration's own forward, detached:
+    the weights change only after its last micro-batch, so they are what a separate pass
+    before the update would compute, without its cost.
     """
     started = time.perf_counter()
     if not segments:
@@ -74,14 +77,18 @@ def grpo_update(
     model.train()
     _set_checkpointing(model, config.gradient_checkpointing)
     batches = split_segments(segments, config.micro_batch_size, config.micro_batch_tokens)
-    prepared = list(_micro_batches_with_old(model, batches, temperature, pad_id))
+    device = next(model.parameters()).device
+    behaviour: list[Tensor | None] = [_known_behaviour(batch, device) for batch in batches]
     total_seqs = sum(len(s) for s in segments)
     total_tokens = float(sum(len(ids) for s in segments for ids in s.completion_ids))
     sums: dict[str, float] = {}
     for _ in range(config.iterations):
         optimizer.zero_grad(set_to_none=True)
-        for batch, old in prepared:
+        for index, batch in enumerate(batches):
             logprobs, mask = completion_logprobs(model, batch, temperature, pad_id)
+            old = behaviour[index]
+            if old is None:
+                old = behaviour[index] = _with_own(batch, logprobs)
             advantages = torch.tensor(
                 [a for seg in batch for a in seg.advantages], device=logprobs.device
             )  # [b]
@@ -107,7 +114,7 @@ def grpo_update(
                 micro_tokens=float(mask.sum()),
                 total_sequences=total_seqs,
                 total_tokens=total_tokens,
-                micro_batches=len(prepared),
+                micro_batches=len(batches),
             )
             (loss * weight).backward()
             release_free_memory()  # this micro-batch's activations, before the next's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ class Policy:
     tokenizer: Any
     model_id: str
     autocast: Any = None  # a torch dtype, or None
+    sampling_dtype: Any = None  # generation runs a copy of the weights in this dtype, or None
 
     @property
     def device(self) -> Any:
@@ -31,7 +33,14 @@ class Policy:
     @property
     def exact_behaviour(self) -> bool:
         """Whether generation's log-probs are the training forward's (fp32 both ways)."""
-        return self.autocast is None
+        return self.autocast is None and self.sampling_dtype is None
+
+    def sampler(self) -> Any:
+        """The network generation runs: the policy itself, or a copy of its current weights
+        in `sampling_dtype` (the weights change every round, so the copy is the caller's)."""
+        if self.sampling_dtype is None:
+            return self.model
+        return reduced_copy(self.model, self.sampling_dtype)
 
     @contextlib.contextmanager
     def precision(self) -> Iterator[None]:
@@ -58,6 +67,44 @@ def placement(compute: ComputeConfig) -> tuple[str, Any]:
     if compute.precision == "auto" and device == "cuda" and torch.cuda.is_bf16_supported():
         return device, torch.bfloat16
     return device, None
+
+
+def reduced_copy(model: Any, dtype: Any) -> Any:
+    """A frozen copy of `model` whose parameters are cast to `dtype`; buffers (rotary
+    frequencies) keep their format. Each parameter is cast straight from the original, so
+    no full-precision copy exists on the way, and tied parameters stay tied."""
+    import torch
+
+    memo = {
+        id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+        for p in model.parameters()
+    }
+    copied = copy.deepcopy(model, memo)
+    copied.eval()
+    return copied
+
+
+def native_bf16(device: str) -> bool:
+    """Whether the device computes bf16 matmuls in hardware (not emulated in fp32)."""
+    import torch
+
+    if device == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private, so guarded
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+def sampling_dtype(compute: ComputeConfig, device: str, autocast: Any) -> Any:
+    """The dtype generation's copy of the weights takes, or None to sample with the policy."""
+    import torch
+
+    if compute.generation_precision == "bf16":
+        return torch.bfloat16
+    if compute.generation_precision == "fp32":
+        return None
+    if autocast is not None:
+        return autocast  # a reduced copy beats casting every weight on every token
+    return torch.bfloat16 if native_bf16(device) else None
 
 
 def resolve(model: str) -> str:
@@ -101,12 +148,15 @@ def load_model(model: str) -> Any:
 def load_policy(
     model: str, *, threads: int | None = None, compute: ComputeConfig | None = None
 ) -> Policy:
-    """The network and its tokenizer, placed as `compute` says (default: fp32 on the CPU);
+    """The network and its tokenizer, placed as `compute` says (default: fp32 on the CPU,
+    generation included);
     `threads` sets torch's intra-op thread count first."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    device, autocast = placement(compute or ComputeConfig(device="cpu", precision="fp32"))
+    compute = compute or ComputeConfig(device="cpu", precision="fp32", generation_precision="fp32")
+    device, autocast = placement(compute)
     network = load_model(model).to(device)
-    return Policy(network, load_tokenizer(model), model_id=model, autocast=autocast)
+    sampling = sampling_dtype(compute, device, autocast)
+    return Policy(network, load_tokenizer(model), model, autocast, sampling)
