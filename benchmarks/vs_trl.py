@@ -267,8 +267,8 @@ def measure(side: str, kind: str, args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--prompts", nargs="+", choices=["short", "long"], default=["short", "long"])
-    sides = [*SAPO_SIDES, "trl"]
-    p.add_argument("--sides", nargs="+", choices=sides, default=["sapo", "trl"])
+    side_names = [*SAPO_SIDES, "trl"]
+    p.add_argument("--sides", nargs="+", choices=side_names, default=["sapo", "trl"])
     p.add_argument("--rounds", type=int, default=3, help="rounds per run, the first a warm-up")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the summaries here")
@@ -280,7 +280,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a sapo GRPOConfig field for this run, e.g. micro_batch_tokens=512 (repeatable)",
     )
-    p.add_argument("--side", choices=sides, help=argparse.SUPPRESS)
+    p.add_argument("--side", choices=side_names, help=argparse.SUPPRESS)
     p.add_argument("--prompt", choices=["short", "long"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.side:
