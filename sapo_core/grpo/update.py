@@ -127,6 +127,7 @@ def grpo_update(
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) / config.iterations
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # gradients are not kept through generation
+    release_free_memory()  # ... nor their pages, which generation's peak would sit on
     seconds = time.perf_counter() - started
     sums["tokens_per_s"] = total_tokens * config.iterations / max(seconds, 1e-9)
     return UpdateResult(sums, seconds, int(total_tokens))
