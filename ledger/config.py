@@ -48,6 +48,38 @@ class RowLimits(_Strict):
     )
 
 
+class ChangeLogConfig(_Strict):
+    """The change log (ledger/changes.py): how readers learn of new objects without listing
+    the whole store on every refresh."""
+
+    use: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="auto: on for S3 (a listing costs a request per 1,000 keys), off for a "
+        "local directory (listed cheaply by directory mtimes). Writers write markers only "
+        "when it is on, so every node of a swarm should agree.",
+    )
+    grace_s: float = Field(
+        10.0,
+        ge=0.0,
+        description="Each poll lists again the markers stamped this long before the reader's "
+        "clock: a PUT that was slow to land, or a writer whose clock lags by less, is still "
+        "caught. S3 and MinIO list a completed PUT at once; NTP keeps clocks within "
+        "milliseconds. Each poll costs a request per 1,000 markers written in this window.",
+    )
+    full_listing_every_s: float = Field(
+        3600.0,
+        gt=0.0,
+        description="Reconcile with a full listing this often: it catches objects written "
+        "without a marker (an older writer, a peer that skipped it, a clock far behind).",
+    )
+    future_tolerance_s: float = Field(
+        300.0,
+        ge=0.0,
+        description="Markers stamped further ahead of this reader's clock wait until their "
+        "time comes, so a peer's clock cannot move a reader's cursor past others' markers.",
+    )
+
+
 class LedgerConfig(_Strict):
     """Where the ledger lives and how it is read."""
 
@@ -79,6 +111,7 @@ class LedgerConfig(_Strict):
         description="Most memory the ledger's DuckDB connection may take; a query over it "
         "fails with an out-of-memory error instead of exhausting the machine.",
     )
+    change_log: ChangeLogConfig = Field(default_factory=ChangeLogConfig)  # type: ignore[arg-type]
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy,
         description="The one retry layer of storage reads and writes: a read that meets a "

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from ledger import identity, node_logs
+from ledger.changes import CHANGES_PREFIX
 from ledger.keys import node_prefix
 from ledger.manifests import node_manifest_prefix
 from ledger.schema import check_id
@@ -36,7 +37,10 @@ def node_policy(bucket: str, root: str, swarm_id: str, node_id: str) -> dict[str
     prefixes; delete only its own rollouts and signatures (compaction)."""
     root = root.strip("/")
     base = f"{root}/" if root else ""
-    writes = [f"arn:aws:s3:::{bucket}/{base}{p}*" for p in node_write_prefixes(swarm_id, node_id)]
+    prefixes = node_write_prefixes(swarm_id, node_id)
+    writes = [f"arn:aws:s3:::{bucket}/{base}{p}*" for p in prefixes]
+    # Change-log markers (ledger/changes.py) name the key they announce: only its own keys.
+    writes += [f"arn:aws:s3:::{bucket}/{base}{CHANGES_PREFIX}*/{p}*" for p in prefixes]
     own = node_prefix(swarm_id, node_id) + "/"
     deletes = [
         f"arn:aws:s3:::{bucket}/{base}{own}*",

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 
 from ledger import compaction, identity, manifests, node_logs, samples, validation
 from ledger.catalog import Catalog, FileChanged, RefreshStats
-from ledger.config import LedgerConfig, RowLimits
+from ledger.changes import with_change_log
+from ledger.config import ChangeLogConfig, LedgerConfig, RowLimits
 from ledger.duck import connect
 from ledger.identity import NodeKey
 from ledger.keys import round_key
@@ -100,6 +101,7 @@ class Ledger:
         signatures: str | None = None,
         signer: NodeKey | None = None,
         threads: int | None = None,
+        change_log: ChangeLogConfig | None = None,
     ) -> None:
         # What is not given takes LedgerConfig's default: one default per setting.
         given: dict[str, Any] = {
@@ -107,6 +109,7 @@ class Ledger:
             "retry": retry,
             "max_staleness_s": max_staleness_s,
             "signatures": signatures,
+            "change_log": change_log,
         }
         self.config = LedgerConfig.model_validate(
             {
@@ -116,7 +119,7 @@ class Ledger:
             }
         )
         self._lock = threading.RLock()
-        self.store = open_store(url, storage_options)
+        self.store = with_change_log(open_store(url, storage_options), self.config.change_log)
         self.con = connect(threads, memory_limit_mb=self.config.memory_limit_mb)
         self.store.configure_duckdb(self.con)
         self.catalog = Catalog(
@@ -138,6 +141,7 @@ class Ledger:
             max_staleness_s=config.max_staleness_s,
             signatures=config.signatures,
             signer=signer,
+            change_log=config.change_log,
         )
 
     @property

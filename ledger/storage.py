@@ -8,12 +8,14 @@ no-op.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import stat
 import time
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -93,7 +95,16 @@ class Store(Protocol):
     lists_versions: bool
     """Whether ``list`` reports each object's version (else ``stat`` is the way to tell)."""
 
+    requests: Counter[str]
+    """Requests made, by kind (list pages, get, head, put, delete): what the swarm simulator
+    prints. A local store counts its directory scans as list requests."""
+
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
+        """Every key under ``prefix`` that sorts after ``start_after``, in key order, whatever
+        its suffix (the change log's markers are not ledger objects)."""
+        ...
+
     def size(self, key: str) -> int: ...
     def stat(self, key: str) -> tuple[int, str | None]: ...
     def put_new(self, key: str, data: bytes) -> bool: ...
@@ -123,6 +134,7 @@ class LocalStore:
         self.url = self.root.as_uri()
         self._dirs: dict[str, tuple[int, list[str], list[ObjectInfo]]] = {}
         self.unsafe_keys: set[str] = set()
+        self.requests: Counter[str] = Counter()
 
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
@@ -152,6 +164,7 @@ class LocalStore:
                 continue
             cached = self._dirs.get(directory)
             if cached is None or cached[0] != mtime or now - mtime < _MTIME_SLACK_NS:
+                self.requests["list"] += 1
                 subdirs: list[str] = []
                 files: list[ObjectInfo] = []
                 try:
@@ -173,18 +186,34 @@ class LocalStore:
             found.extend(cached[2])
         return found
 
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
+        """A walk of ``prefix`` (uncached: the change log is an S3 device; a local ledger
+        lists cheaply by directory mtimes, and this serves its tests)."""
+        base = self._path(prefix.rstrip("/"))
+        cut = len(self._root) + 1
+        keys = []
+        for directory, _, names in os.walk(base):
+            self.requests["list"] += 1
+            for name in names:
+                key = os.path.join(directory, name)[cut:].replace(os.sep, "/")
+                if not name.startswith(".") and key > start_after and is_safe_key(key):
+                    keys.append(key)
+        return sorted(keys)
+
     def size(self, key: str) -> int:
         return self.stat(key)[0]
 
     def stat(self, key: str) -> tuple[int, str | None]:
         """Bytes and mtime of a regular file; NotRegularFile for anything else (checked
         without following links, right before a reader would open it)."""
+        self.requests["head"] += 1
         info = os.lstat(os.path.join(self._root, _check_key(key)))
         if not stat.S_ISREG(info.st_mode):
             raise NotRegularFile(f"{key} is not a regular file")
         return info.st_size, str(info.st_mtime_ns)
 
     def put_new(self, key: str, data: bytes) -> bool:
+        self.requests["put"] += 1
         final = self._path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
@@ -210,6 +239,7 @@ class LocalStore:
     def read(self, key: str, most: int | None = None) -> bytes:
         # Checked on the open descriptor, not the name: the entry may be swapped for a link
         # or FIFO after a stat (O_NONBLOCK: opening a FIFO does not wait for a writer).
+        self.requests["get"] += 1
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
         try:
             fd = os.open(os.path.join(self._root, _check_key(key)), flags)
@@ -259,11 +289,13 @@ class S3Store:
         self.fs = s3fs.S3FileSystem(**settings.s3fs_kwargs())
         self.fs.retries = settings.s3fs_retries
         self.unsafe_keys: set[str] = set()
+        self.requests: Counter[str] = Counter()
 
     def _path(self, key: str) -> str:
         return "/".join(p for p in (self.bucket, self.prefix, key and _check_key(key)) if p)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self.requests[what] += 1
         try:
             return fn(*args, **kwargs)
         except PermissionError as exc:
@@ -279,27 +311,53 @@ class S3Store:
                 raise StorageError(f"{what} on {self.url} failed: {exc}") from exc
             raise
 
+    def _pages(self, prefix: str, start_after: str = "") -> Iterator[list[dict[str, Any]]]:
+        """ListObjectsV2 pages (up to 1,000 keys each, in key order) of keys below the
+        ledger root starting with ``prefix``; keys are returned relative to the root."""
+        root = f"{self.prefix}/" if self.prefix else ""
+        request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix}
+        if start_after:
+            request["StartAfter"] = root + start_after
+        while True:
+            try:
+                page = self._call("list", self.fs.call_s3, "list_objects_v2", **request)
+            except FileNotFoundError:
+                self._check_bucket()
+                raise
+            yield [
+                {**item, "Key": item["Key"][len(root) :]}
+                for item in page.get("Contents", [])
+                if item["Key"].startswith(root)
+            ]
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            request["ContinuationToken"] = token
+
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        base = self._path(prefix)
-        root = self._path("")
-        try:
-            found = self._call("listing", self.fs.find, base, detail=True)
-        except FileNotFoundError:
-            found = {}
-        if not found:
-            self._check_bucket()
         out = []
-        for path, info in found.items():
-            name = path.rsplit("/", 1)[-1]
-            if info.get("type") == "file" and _visible(name):
-                key = path[len(root) + 1 :]
+        listed = 0
+        for page in self._pages(_check_key(prefix) if prefix else ""):
+            listed += len(page)
+            for item in page:
+                key = item["Key"]
+                if not _visible(key.rsplit("/", 1)[-1]):
+                    continue
                 if not is_safe_key(key):
                     if len(self.unsafe_keys) < MAX_UNSAFE_KEYS:
                         self.unsafe_keys.add(repr(key))
                     continue
-                etag = info.get("ETag") or info.get("etag")
-                out.append(ObjectInfo(key, int(info.get("size", 0)), etag and str(etag)))
+                etag = item.get("ETag")
+                out.append(ObjectInfo(key, int(item.get("Size", 0)), etag and str(etag)))
+        if not listed:
+            self._check_bucket()
         return sorted(out, key=lambda o: o.key)
+
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
+        keys = [
+            item["Key"] for page in self._pages(_check_key(prefix), start_after) for item in page
+        ]
+        return [key for key in keys if is_safe_key(key)]
 
     def check_exists(self) -> None:
         self._check_bucket()
