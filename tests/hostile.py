@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ledger.changes import ChangeLogStore, marker_key
 from ledger.records import to_table
 from tests.factories import round_rows
 
@@ -137,8 +139,17 @@ def plant(led: Any, name: str, data: bytes, prefix: str = PREFIX) -> str:
 
 
 def put_raw(led: Any, key: str, data: bytes) -> None:
-    """Write ``key`` past the store's key checks, as a peer with bucket access could."""
+    """Write ``key`` past the store's key checks, as a peer with bucket access could; where
+    readers follow a change log, announce it there too, as a peer that wants it read would."""
     store = led.store
+    if isinstance(store, ChangeLogStore):
+        _write_raw(store.inner, key, data)
+        _write_raw(store.inner, marker_key(key, True, int(time.time() * 1000)), b"")
+    else:
+        _write_raw(store, key, data)
+
+
+def _write_raw(store: Any, key: str, data: bytes) -> None:
     if hasattr(store, "root"):  # a local folder
         path = Path(store.root) / key
         path.parent.mkdir(parents=True, exist_ok=True)
