@@ -55,8 +55,11 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def open_ledger(url: str, options: dict[str, Any], change_log: str) -> Ledger:
-    return Ledger(url, options or None, change_log=ChangeLogConfig(use=change_log))  # type: ignore[arg-type]
+def open_ledger(
+    url: str, options: dict[str, Any], change_log: str, reader_index: Path | None = None
+) -> Ledger:
+    config = ChangeLogConfig.model_validate({"use": change_log})
+    return Ledger(url, options or None, change_log=config, reader_index=reader_index)
 
 
 # --- the reader, in its own process ------------------------------------------------------
@@ -118,7 +121,7 @@ def write_wave(writer: Ledger, nodes: int, wave: int, threads: int = 8) -> None:
 def trickle(writer: Ledger, nodes: int, wave: int, rate: float, stop: threading.Event) -> int:
     """Publish rounds of wave ``wave`` at ``rate`` files a second until stopped."""
     written = 0
-    while not stop.is_set() and written < nodes:
+    while rate > 0 and not stop.is_set() and written < nodes:
         started = time.perf_counter()
         key, data = round_bytes(f"n{written:04d}", wave)
         writer.store.put_new(key, data)
@@ -170,10 +173,29 @@ def run(args: argparse.Namespace, url: str, options: dict[str, Any]) -> list[dic
             }
             results.append(row)
             print(json.dumps(row), flush=True)
+        index = Path(tempfile.mkdtemp(prefix="swarm-sim-index-")) / "reader.duckdb"
         start = time.perf_counter()
-        cold = open_ledger(url, options, args.change_log)
+        cold = open_ledger(url, options, args.change_log, index)
         sample_calls(cold, args.nodes, 1, random.Random(1))
-        results.append({"cold_start_s": time.perf_counter() - start})
+        cold_s = time.perf_counter() - start
+        start = time.perf_counter()
+        cold.close()  # saves its index
+        save_s = time.perf_counter() - start
+        write_wave(writer, args.nodes // 10, args.waves + wave + 2)  # news while it was down
+        start = time.perf_counter()
+        restarted = open_ledger(url, options, args.change_log, index)
+        sample_calls(restarted, args.nodes, 1, random.Random(2))
+        restart_s = time.perf_counter() - start
+        restarted.close()
+        results.append(
+            {
+                "cold_start_s": cold_s,
+                "index_save_s": save_s,
+                "index_mb": index.stat().st_size / 2**20,
+                "restart_s": restart_s,
+                "new_while_down": args.nodes // 10,
+            }
+        )
         print(json.dumps(results[-1]), flush=True)
     finally:
         here.send(None)
@@ -190,7 +212,9 @@ def main() -> None:
     p.add_argument("--waves", type=int, default=20, help="rounds of every node to publish")
     p.add_argument("--every", type=int, default=4, help="measure after this many waves")
     p.add_argument("--calls", type=int, default=30, help="sample calls per measurement")
-    p.add_argument("--rate", type=float, default=20.0, help="files a second while sampling")
+    p.add_argument(
+        "--rate", type=float, default=20.0, help="files a second while sampling (0: none)"
+    )
     p.add_argument("--change-log", choices=["on", "off"], default="on")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args()
@@ -227,9 +251,13 @@ def print_table(results: list[dict[str, Any]]) -> None:
             f"{req.get('get', 0):8.1f}  {r['new_objects_per_call']:8.1f}  "
             f"{r['publish_p50_ms']:9.0f}ms  {r['reader_rss_mb']:9.0f}"
         )
-    cold = [r["cold_start_s"] for r in results if "cold_start_s" in r]
-    if cold:
-        print(f"a new reader's first sample: {cold[0]:.1f} s")
+    for r in results:
+        if "cold_start_s" in r:
+            print(
+                f"a new reader's first sample: {r['cold_start_s']:.1f} s; saving its index: "
+                f"{r['index_save_s']:.1f} s ({r['index_mb']:.0f} MB); restarted with it, "
+                f"{r['new_while_down']} files newer: first sample {r['restart_s']:.1f} s"
+            )
 
 
 if __name__ == "__main__":

@@ -172,7 +172,10 @@ def open_node(
     """A node ready for its next round: restored from its newest checkpoint if it has one."""
     spec = swarm.node(node_id)
     key = node_key(swarm, node_id)
-    ledger = Ledger.from_config(swarm.ledger, signer=key)
+    index = swarm.workdir / "reader-index" / swarm.swarm_id / f"{node_id}.duckdb"
+    ledger = Ledger.from_config(
+        swarm.ledger, signer=key, reader_index=index if swarm.ledger.reader_index else None
+    )
     try:
         # The swarm's rule (first node wins) and this node's key (first key wins), then
         # the manifest: a restart with the same config writes nothing.

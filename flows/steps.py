@@ -170,13 +170,28 @@ def publish(node: NodeRuntime, state: RoundState) -> list[str]:
     ]
     try:
         node.backlog.flush(node.ledger)
-        return node.ledger.publish(rows)
+        keys = node.ledger.publish(rows)
     except StorageError as exc:
         if not is_outage(exc):
             raise
         state.ledger_down = True
         node.backlog.add_rows(state.round, rows)
         return []
+    _compact_own(node)
+    return keys
+
+
+def _compact_own(node: NodeRuntime) -> None:
+    """Keep the node's partitions to few files as it publishes; a failure is the next
+    round's to retry, never this round's end."""
+    at_files = node.swarm.ledger.compact_at_files
+    try:
+        report = node.ledger.compact_own(node.swarm.swarm_id, node.spec.node_id, at_files)
+    except StorageError as exc:
+        log.warning("compaction of %s's partitions failed: %s", node.spec.node_id, exc)
+        return
+    if report.files_in:
+        log.info("merged %d files into %d", report.files_in, report.files_out)
 
 
 @timed("sample")

@@ -129,6 +129,9 @@ class Catalog:
         self.signatures = signatures
         """'swarm' (check where the swarm's rules require it), 'required' or 'off'."""
         self.registry = identity.Registry()
+        self.identity_objects: dict[str, bytes | None] = {}
+        """The key and rules objects read, as read (None: unreadable): a saved index
+        (ledger/reader_index.py) learns them again without reading the store."""
         self.files: dict[str, FileState] = {}
         self._by_path: dict[str, FileState] = {}
         self.log_files: dict[str, dict[str, int | None]] = {log.name: {} for log in node_logs.ALL}
@@ -252,7 +255,15 @@ class Catalog:
             ]
         )
         for key in new:
-            self.registry.learn(key, self._read_small(key, identity.MAX_OBJECT_BYTES))
+            self.learn_identity(key, self._read_small(key, identity.MAX_OBJECT_BYTES))
+
+    def learn_identity(self, key: str, data: bytes | None) -> None:
+        self.identity_objects[key] = data
+        self.registry.learn(key, data)
+
+    def mark_views_stale(self) -> None:
+        """The file set changed outside a refresh (a loaded index): rebuild views lazily."""
+        self._views_stale = True
 
     def _read_small(self, key: str, most: int) -> bytes | None:
         """The bytes of ``key`` if it is a regular object of at most ``most`` bytes."""
@@ -684,18 +695,22 @@ class Catalog:
         return bool(suspects)
 
     def _changed_paths(self, paths: list[str]) -> list[str]:
-        changed = []
-        for path in paths:
-            state = self._by_path.get(path)
-            if state is None:
-                continue
-            try:
-                now = self.store.stat(state.key)
-            except (FileNotFoundError, NotRegularFile):
-                now = (-1, None)
-            if now != (state.size, state.version):
-                changed.append(path)
-        return changed
+        """The paths whose object is no longer what was examined (stat'ed a few at a time:
+        on S3 each is a round trip)."""
+        states = [s for s in (self._by_path.get(p) for p in paths) if s is not None]
+        if len(states) > 1:
+            with ThreadPoolExecutor(min(EXAMINE_THREADS, len(states))) as pool:
+                moved = list(pool.map(self._moved, states))
+        else:
+            moved = [self._moved(s) for s in states]
+        return [s.path for s, m in zip(states, moved, strict=True) if m]
+
+    def _moved(self, state: FileState) -> bool:
+        try:
+            now = self.store.stat(state.key)
+        except (FileNotFoundError, NotRegularFile):
+            return True
+        return now != (state.size, state.version)
 
     def _check_unchanged(self, paths: list[str]) -> None:
         """Local files (whose listing carries no version) are stat'ed before they are read."""

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ledger.config import ChangeLogConfig
 from ledger.keys import is_safe_key
@@ -176,6 +176,26 @@ class ChangeLogStore:
         except (FileNotFoundError, NotRegularFile):
             return None
         return ObjectInfo(key, size, version)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The listing and cursor, for a reader's saved index (ledger/reader_index.py)."""
+        return {
+            "listing": [[o.key, o.size, o.version] for o in self._listing.values()],
+            "listed_fully_at": self._listed_fully_at,
+            "listed_fully_ms": self._listed_fully_ms,
+            "cursor_ms": self._cursor_ms,
+            "seen": self._seen,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume from a snapshot: the next poll reads markers from its cursor on."""
+        self._listing = {
+            key: ObjectInfo(key, size, version) for key, size, version in state["listing"]
+        }
+        self._listed_fully_at = float(state["listed_fully_at"])
+        self._listed_fully_ms = int(state["listed_fully_ms"])
+        self._cursor_ms = int(state["cursor_ms"])
+        self._seen = {str(k): int(v) for k, v in state["seen"].items()}
 
     # -- writes leave markers ----------------------------------------------------------
 

@@ -112,6 +112,19 @@ class LedgerConfig(_Strict):
         "fails with an out-of-memory error instead of exhausting the machine.",
     )
     change_log: ChangeLogConfig = Field(default_factory=ChangeLogConfig)  # type: ignore[arg-type]
+    compact_at_files: int = Field(
+        32,
+        ge=0,
+        description="A node merges its own partitions, today's included, once one of them "
+        "holds this many small files (0: never; `sapo ledger compact` does it by hand). "
+        "Readers keep reading while it runs and never see a merged row twice.",
+    )
+    reader_index: bool = Field(
+        True,
+        description="Nodes keep what their reader examined in a local DuckDB file "
+        "(<workdir>/reader-index/<swarm>/<node>.duckdb, ledger/reader_index.py), so that a "
+        "restarted node samples again without re-examining the ledger.",
+    )
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy,
         description="The one retry layer of storage reads and writes: a read that meets a "

@@ -46,6 +46,7 @@ def connect(
     # not move: a peer that overwrites its file in place would be read as it was. Readers
     # judge what is in the store now.
     con.execute("SET enable_external_file_cache = false")
+    con.execute("SET enable_progress_bar = false")  # a library never draws on the terminal
     if memory_limit_mb:
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
     if threads:

@@ -11,7 +11,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
@@ -21,12 +22,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledger import compaction, identity, manifests, node_logs, samples, validation
+from ledger import reader_index as index_file
 from ledger.catalog import Catalog, FileChanged, RefreshStats
 from ledger.changes import with_change_log
 from ledger.config import ChangeLogConfig, LedgerConfig, RowLimits
 from ledger.duck import connect
 from ledger.identity import NodeKey
-from ledger.keys import round_key
+from ledger.keys import node_prefix, round_key
 from ledger.manifests import NodeManifest
 from ledger.policies import AnyPolicy, parse_policy
 from ledger.records import RecordError, to_table
@@ -37,6 +39,8 @@ from ledger.storage import StorageError, StoreUnusable, open_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+INDEX_SAVE_EVERY_S = 60.0
+"""A reader index is saved at most this often while reads change it (and on close)."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_GROUPS_PER_SAMPLE = 100_000
@@ -102,6 +106,7 @@ class Ledger:
         signer: NodeKey | None = None,
         threads: int | None = None,
         change_log: ChangeLogConfig | None = None,
+        reader_index: str | Path | None = None,
     ) -> None:
         # What is not given takes LedgerConfig's default: one default per setting.
         given: dict[str, Any] = {
@@ -130,9 +135,19 @@ class Ledger:
         compacts for that node only. None: an unsigned writer (open swarms, analysis)."""
         self._listed_at = -float("inf")
         self._last_refresh = RefreshStats()
+        self.reader_index = Path(reader_index) if reader_index else None
+        """Where this reader's index is kept between runs (None: nowhere)."""
+        self._index_saved_at = time.monotonic()
+        if self.reader_index is not None and index_file.load(self.catalog, self.reader_index):
+            log.info("resuming from the reader index %s", self.reader_index)
 
     @classmethod
-    def from_config(cls, config: LedgerConfig, signer: NodeKey | None = None) -> Ledger:
+    def from_config(
+        cls,
+        config: LedgerConfig,
+        signer: NodeKey | None = None,
+        reader_index: str | Path | None = None,
+    ) -> Ledger:
         return cls(
             config.url,
             config.storage_options,
@@ -142,6 +157,7 @@ class Ledger:
             signatures=config.signatures,
             signer=signer,
             change_log=config.change_log,
+            reader_index=reader_index,
         )
 
     @property
@@ -150,7 +166,22 @@ class Ledger:
 
     @_serialized
     def close(self) -> None:
-        self.con.close()
+        try:
+            self.save_index()
+        finally:
+            self.con.close()
+
+    @_serialized
+    def save_index(self) -> None:
+        """Write the reader index now (also done on close and, after changes, every
+        ``INDEX_SAVE_EVERY_S``); a failure is logged, never raised: it is a cache."""
+        if self.reader_index is None:
+            return
+        try:
+            index_file.save(self.catalog, self.reader_index)
+        except (OSError, duckdb.Error) as exc:
+            log.warning("could not save the reader index %s: %s", self.reader_index, exc)
+        self._index_saved_at = time.monotonic()
 
     def __enter__(self) -> Ledger:
         return self
@@ -562,6 +593,9 @@ class Ledger:
             stats.removed += again.removed
             stats.vanished = again.vanished
         self._listed_at = time.monotonic()
+        changed = stats.added or stats.removed
+        if changed and self._listed_at - self._index_saved_at >= INDEX_SAVE_EVERY_S:
+            self.save_index()
 
     def _put_new(self, key: str, data: bytes) -> bool:
         """``store.put_new`` under the retry policy: write-once, so a retry is a no-op."""
@@ -617,6 +651,24 @@ class Ledger:
         assert row is not None
         report.groups, report.valid_rows = int(row[0]), int(row[1])
         return report
+
+    def compact_own(
+        self, swarm_id: str, node_id: str, at_files: int
+    ) -> compaction.CompactionReport:
+        """Merge the node's partitions, today's included, if one holds ``at_files`` small
+        files or more; what a node does after it publishes (``compact_at_files``)."""
+        if at_files < 2:
+            return compaction.CompactionReport()
+        prefix = node_prefix(swarm_id, node_id) + "/"
+        per_partition = Counter(
+            o.key.rsplit("/", 1)[0]
+            for o in self._store_call(f"listing {prefix}", self.store.list, prefix)
+            if o.key.endswith(".parquet")
+        )
+        if not per_partition or max(per_partition.values()) < at_files:
+            return compaction.CompactionReport()
+        tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+        return self.compact([node_id], swarm_id=swarm_id, before=tomorrow, min_files=at_files)
 
     @_serialized
     def compact(

@@ -320,7 +320,7 @@ class ManifestIndex:
                 self.skipped[key] = outcome
                 log.warning("skipping manifest %s: %s (%s)", key, outcome.reason, outcome.detail)
         if gone or any(isinstance(o, NodeManifest) for _, o in judged):
-            self._rebuild()
+            self.rebuild()
 
     def _judge_all(self, objects: list[ObjectInfo]) -> list[tuple[str, NodeManifest | Skipped]]:
         if len(objects) <= 1:
@@ -355,7 +355,7 @@ class ManifestIndex:
         except Exception as exc:  # whatever else a peer's bytes provoke: skip, never crash
             return key, Skipped(key, INVALID, f"{type(exc).__name__}: {exc}"[:300])
 
-    def _rebuild(self) -> None:
+    def rebuild(self) -> None:
         rows = sorted(self.valid.items())
         values: dict[str, list[Any]] = {name: [] for name, _, _ in TABLE_COLUMNS}
         for key, manifest in rows:

@@ -118,3 +118,39 @@ def test_unreachable_storage_is_a_clear_error_and_loses_nothing(s3_server):
     alive = Ledger(f"s3://{bucket}/ledger", s3_server.storage_options)
     assert len(alive.publish(rows)) == 1
     assert alive.query("SELECT count(*) FROM rollouts").item() == 2
+
+
+def test_a_node_compacting_as_it_publishes_keeps_few_files_and_readers_whole(site):
+    writer = site.open()
+    seen: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read_loop() -> None:
+        reader = site.open()
+        try:
+            while not stop.is_set():
+                counts = reader.query("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts")
+                seen.append(counts.row(0))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=read_loop)
+    thread.start()
+    most_files = 0
+    try:
+        for r in range(20):
+            writer.publish(round_rows("a", r, [[1, 0], [0, 1, 1]]))
+            writer.compact_own("sw", "a", at_files=6)
+            files = [o.key for o in writer.store.list("swarm_id=sw/node_id=a/")]
+            most_files = max(most_files, sum(k.endswith(".parquet") for k in files))
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert most_files <= 6  # merged each time the partition reached six files
+    assert writer.query("SELECT count(*) FROM rollouts").item() == 20 * 5
+    # Every read saw each row once, and never fewer rows than the read before.
+    assert all(total == distinct for total, distinct in seen)
+    totals = [total for total, _ in seen]
+    assert totals == sorted(totals) and len(totals) >= 2
