@@ -27,17 +27,12 @@ def test_readers_running_during_compaction_never_lose_or_duplicate_rows(site):
     errors: list[BaseException] = []
     stop = threading.Event()
 
-    def read_loop() -> None:
-        reader = site.open()
-        try:
-            while not stop.is_set():
-                rows = reader.query("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts")
-                drawn = reader.sample("a", 100, seed=3, swarm_id="sw")
-                seen.append((*rows.row(0), drawn.get_column("group_id").n_unique()))
-        except BaseException as exc:
-            errors.append(exc)
+    def read(reader) -> None:
+        rows = reader.query("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts")
+        drawn = reader.sample("a", 100, seed=3, swarm_id="sw")
+        seen.append((*rows.row(0), drawn.get_column("group_id").n_unique()))
 
-    thread = threading.Thread(target=read_loop)
+    thread = threading.Thread(target=_until_stopped, args=(stop, errors, site.open, read))
     thread.start()
     deadline = time.monotonic() + 60
     while not seen and not errors and time.monotonic() < deadline:
@@ -125,17 +120,11 @@ def test_a_node_compacting_as_it_publishes_keeps_few_files_and_readers_whole(sit
     seen: list[tuple[int, int]] = []
     errors: list[BaseException] = []
     stop = threading.Event()
-
-    def read_loop() -> None:
-        reader = site.open()
-        try:
-            while not stop.is_set():
-                counts = reader.query("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts")
-                seen.append(counts.row(0))
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=read_loop)
+    count_sql = "SELECT count(*), count(DISTINCT rollout_id) FROM rollouts"
+    thread = threading.Thread(
+        target=_until_stopped,
+        args=(stop, errors, site.open, lambda r: seen.append(r.query(count_sql).row(0))),
+    )
     thread.start()
     most_files = 0
     try:
@@ -154,3 +143,13 @@ def test_a_node_compacting_as_it_publishes_keeps_few_files_and_readers_whole(sit
     assert all(total == distinct for total, distinct in seen)
     totals = [total for total, _ in seen]
     assert totals == sorted(totals) and len(totals) >= 2
+
+
+def _until_stopped(stop, errors, open_reader, read) -> None:
+    """Read with a reader of its own until ``stop``; keep what went wrong in ``errors``."""
+    reader = open_reader()
+    try:
+        while not stop.is_set():
+            read(reader)
+    except BaseException as exc:
+        errors.append(exc)

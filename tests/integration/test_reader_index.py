@@ -28,6 +28,20 @@ def signed(site):
     return writers
 
 
+def _index_once(site, path) -> None:
+    """A reader that refreshes once and closes, leaving its index at ``path``."""
+    reader = site.open(reader_index=path)
+    reader.refresh()
+    reader.close()
+
+
+def _one_file_and_its_index(site, path):
+    writer = site.open()
+    writer.publish(round_rows("a", 0, [[1, 0]]))
+    _index_once(site, path)
+    return writer
+
+
 def _ok(led) -> list[str]:
     return sorted(k for k, s in led.catalog.files.items() if s.status == "ok")
 
@@ -55,9 +69,7 @@ def test_a_restarted_reader_resumes_without_examining_again(site, signed, tmp_pa
 
 def test_changes_made_while_a_reader_was_down_are_seen(site, signed, tmp_path):
     path = tmp_path / "reader.duckdb"
-    before = site.open(reader_index=path)
-    before.refresh()
-    before.close()
+    _index_once(site, path)
     signed["a"].publish(round_rows("a", 3, [[1, 1]]))
     report = signed["a"].compact(["a"])  # a's four files become one
     assert report.files_in == 4 and report.files_out == 1
@@ -71,12 +83,8 @@ def test_changes_made_while_a_reader_was_down_are_seen(site, signed, tmp_path):
 
 
 def test_an_index_for_other_settings_or_unreadable_is_ignored(local_site, tmp_path, caplog):
-    writer = local_site.open()
-    writer.publish(round_rows("a", 0, [[1, 0]]))
     path = tmp_path / "reader.duckdb"
-    first = local_site.open(reader_index=path)
-    first.refresh()
-    first.close()
+    _one_file_and_its_index(local_site, path)
     strict = local_site.open(reader_index=path, limits=RowLimits(max_group_size=4))
     assert not strict.catalog.files  # indexed under other limits: examined afresh
     assert strict.query("SELECT count(*) FROM rollouts").item() == 2
@@ -88,12 +96,8 @@ def test_an_index_for_other_settings_or_unreadable_is_ignored(local_site, tmp_pa
 
 
 def test_a_save_that_fails_keeps_the_previous_index(local_site, tmp_path, monkeypatch, caplog):
-    writer = local_site.open()
-    writer.publish(round_rows("a", 0, [[1, 0]]))
     path = tmp_path / "reader.duckdb"
-    first = local_site.open(reader_index=path)
-    first.refresh()
-    first.close()
+    writer = _one_file_and_its_index(local_site, path)
     before = path.read_bytes()
     reader = local_site.open(reader_index=path)
     writer.publish(round_rows("a", 1, [[1, 0]]))
