@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import polars as pl
@@ -40,6 +41,8 @@ from ledger.sqltext import (
 from ledger.storage import NotRegularFile, ObjectInfo, OversizedObject, StorageError, Store
 
 log = logging.getLogger(__name__)
+A = TypeVar("A")
+R = TypeVar("R")
 
 OK = "ok"
 VANISHED = "vanished"
@@ -84,6 +87,15 @@ def _changed(state: FileState, listed: ObjectInfo) -> bool:
 
 CONSISTENT_COLUMNS = ("task", "task_config", "task_seed", "task_index", "question", "answer")
 """Columns every row of a served group shares (the question it answers)."""
+
+
+def _in_threads(work: Callable[[A], R], items: list[A]) -> list[R]:
+    """``work`` over ``items``, on up to EXAMINE_THREADS threads when there is more than one
+    (each is a round trip on S3), in order."""
+    if len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(min(EXAMINE_THREADS, len(items))) as pool:
+        return list(pool.map(work, items))
 
 
 class FileChanged(StorageError):
@@ -208,8 +220,7 @@ class Catalog:
                 stats.added -= 1
                 stats.vanished += 1
                 continue
-            self.files[state.key] = state
-            self._by_path[state.path] = state
+            self.track(state)
             if state.status != OK:
                 stats.bad_files += 1
                 log.warning("skipping %s: %s (%s)", state.key, state.status, state.detail)
@@ -218,6 +229,11 @@ class Catalog:
                 log.warning("skipping rows of %s: %s", state.key, dict(state.rejected))
         self._update_groups([s.path for s in ok if s.status == OK], [])
         return stats
+
+    def track(self, state: FileState) -> None:
+        """Hold ``state`` as what its file was found to be (by a refresh or a saved index)."""
+        self.files[state.key] = state
+        self._by_path[state.path] = state
 
     def _forget(self, keys: list[str]) -> list[str]:
         """Drop ``keys`` from the file set (their groups go in ``_update_groups``); their
@@ -320,17 +336,9 @@ class Catalog:
         states = [self._place_and_size(o) for o in objects]
         pending = [s for s in states if s.status == OK]
         chunks = [pending[i : i + EXAMINE_CHUNK] for i in range(0, len(pending), EXAMINE_CHUNK)]
-        if len(chunks) > 1:
-            with ThreadPoolExecutor(EXAMINE_THREADS) as pool:
-                list(pool.map(self._check_schemas, chunks))
-        elif chunks:
-            self._check_schemas(chunks[0])
+        _in_threads(self._check_schemas, chunks)
         signed = [s for s in states if s.status == OK and self._needs_signature(s)]
-        if len(signed) > 1:
-            with ThreadPoolExecutor(EXAMINE_THREADS) as pool:
-                list(pool.map(self._check_signature, signed))
-        elif signed:
-            self._check_signature(signed[0])
+        _in_threads(self._check_signature, signed)
         return states
 
     def _needs_signature(self, state: FileState) -> bool:
@@ -698,11 +706,7 @@ class Catalog:
         """The paths whose object is no longer what was examined (stat'ed a few at a time:
         on S3 each is a round trip)."""
         states = [s for s in (self._by_path.get(p) for p in paths) if s is not None]
-        if len(states) > 1:
-            with ThreadPoolExecutor(min(EXAMINE_THREADS, len(states))) as pool:
-                moved = list(pool.map(self._moved, states))
-        else:
-            moved = [self._moved(s) for s in states]
+        moved = _in_threads(self._moved, states)
         return [s.path for s, m in zip(states, moved, strict=True) if m]
 
     def _moved(self, state: FileState) -> bool:

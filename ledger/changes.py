@@ -100,7 +100,6 @@ class ChangeLogStore:
         self.feed = FeedStats()
         self._listing: dict[str, ObjectInfo] = {}
         self._listed_fully_at = -float("inf")
-        self._listed_fully_ms = 0
         self._cursor_ms = 0
         self._seen: dict[str, int] = {}
         """Markers already acted on that a poll lists again (within the grace window)."""
@@ -121,7 +120,6 @@ class ChangeLogStore:
     def list_fully(self, now: float) -> None:
         """Replace the listing with the store's own; markers from ``grace_s`` before it
         started are read by the next poll (they may name what the listing missed)."""
-        self._listed_fully_ms = int(now * 1000)
         self._listing = {o.key: o for o in self.inner.list()}
         self._listed_fully_at = now
         self._advance(int(now * 1000))
@@ -140,11 +138,11 @@ class ChangeLogStore:
                 fresh.append((name, marker))
         # Added keys not listed, or marked since the full listing (an overwrite: the
         # version tells), and removed keys still listed.
-        listed = self._listing
+        listed, listed_fully_ms = self._listing, self._listed_fully_at * 1000
         touched = {
             m.key
             for _, m in fresh
-            if (m.key in listed) != m.added or (m.added and m.at_ms > self._listed_fully_ms)
+            if (m.key in listed) != m.added or (m.added and m.at_ms > listed_fully_ms)
         }
         self._settle(sorted(touched))
         for name, marker in fresh:
@@ -182,7 +180,6 @@ class ChangeLogStore:
         return {
             "listing": [[o.key, o.size, o.version] for o in self._listing.values()],
             "listed_fully_at": self._listed_fully_at,
-            "listed_fully_ms": self._listed_fully_ms,
             "cursor_ms": self._cursor_ms,
             "seen": self._seen,
         }
@@ -193,7 +190,6 @@ class ChangeLogStore:
             key: ObjectInfo(key, size, version) for key, size, version in state["listing"]
         }
         self._listed_fully_at = float(state["listed_fully_at"])
-        self._listed_fully_ms = int(state["listed_fully_ms"])
         self._cursor_ms = int(state["cursor_ms"])
         self._seen = {str(k): int(v) for k, v in state["seen"].items()}
 

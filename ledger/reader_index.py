@@ -31,6 +31,7 @@ from ledger import node_logs
 from ledger.catalog import Catalog, FileState
 from ledger.changes import ChangeLogStore
 from ledger.manifests import NodeManifest, Skipped
+from ledger.sqltext import sql_str
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def save(catalog: Catalog, path: str | Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     con = catalog.con
-    con.execute(f"ATTACH '{_quoted(tmp)}' AS _index")
+    con.execute(f"ATTACH {sql_str(str(tmp))} AS _index")
     try:
         try:
             for table in TABLES:
@@ -83,7 +84,7 @@ def load(catalog: Catalog, path: str | Path) -> bool:
         return False
     con = catalog.con
     try:
-        con.execute(f"ATTACH '{_quoted(path)}' AS _index (READ_ONLY)")
+        con.execute(f"ATTACH {sql_str(str(path))} AS _index (READ_ONLY)")
     except duckdb.Error as exc:
         log.warning("ignoring the reader index %s: %s", path, exc)
         return False
@@ -150,8 +151,7 @@ def _restore(catalog: Catalog, files: list[tuple[Any, ...]], state: dict[str, An
     for key, size, path, version, status, detail, rows, unpacked, rejected in files:
         file_state = FileState(key, size, path, version, status, detail, rows, unpacked)
         file_state.rejected = Counter(json.loads(rejected))
-        catalog.files[key] = file_state
-        catalog._by_path[path] = file_state
+        catalog.track(file_state)
     for name, known in state["log_files"].items():
         catalog.log_files.setdefault(name, {}).update(known)
     catalog.log_problems.update(
@@ -176,7 +176,3 @@ def _write(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
         con.execute(f"CREATE TABLE _index.{name} AS SELECT * FROM _index_arrow")
     finally:
         con.unregister("_index_arrow")
-
-
-def _quoted(path: Path) -> str:
-    return str(path).replace("'", "''")
