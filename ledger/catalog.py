@@ -35,6 +35,7 @@ from ledger.sqltext import (
     PUBLIC_COLUMNS_SQL,
     TYPED_EMPTY_NUMBERED,
     scan_sql,
+    sql_in,
     sql_list,
     sql_str,
 )
@@ -84,6 +85,9 @@ def _changed(state: FileState, listed: ObjectInfo) -> bool:
         listed.version is not None and listed.version != state.version
     )
 
+
+FIRST_COPY = "QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY source_file) = 1"
+"""Of the copies of a group about to be served, the one in the first file by name."""
 
 CONSISTENT_COLUMNS = ("task", "task_config", "task_seed", "task_index", "question", "answer")
 """Columns every row of a served group shares (the question it answers)."""
@@ -145,6 +149,8 @@ class Catalog:
         """The key and rules objects read, as read (None: unreadable): a saved index
         (ledger/reader_index.py) learns them again without reading the store."""
         self.files: dict[str, FileState] = {}
+        self._listed: dict[str, ObjectInfo] = {}
+        """The last listing read through, by key: what the next refresh compares with."""
         self._by_path: dict[str, FileState] = {}
         self.log_files: dict[str, dict[str, int | None]] = {log.name: {} for log in node_logs.ALL}
         """Per node log (by name): key -> size of every file of it seen (read or skipped)."""
@@ -155,8 +161,9 @@ class Catalog:
         self._group_problem_sql = v.group_problem_sql(limits)
         con.execute(f"CREATE TABLE group_index ({GROUP_COLUMNS})")
         con.execute(f"CREATE TABLE groups ({GROUP_COLUMNS})")
-        # Sampling looks up a handful of drawn groups among up to millions.
-        con.execute("CREATE INDEX groups_by_id ON groups (group_id)")
+        # Sampling looks up a handful of drawn groups among up to millions, and a refresh
+        # serves a new group unless its id is served already: both through the key's index.
+        con.execute("ALTER TABLE groups ADD PRIMARY KEY (group_id)")
         # Every accepted row by its place in its file: what ``rollouts`` serves, found by a
         # join instead of judging (and de-duplicating) the rows again on every query.
         con.execute("CREATE TABLE valid_rows (filename VARCHAR, file_row_number BIGINT)")
@@ -184,26 +191,38 @@ class Catalog:
 
     def _refresh_once(self) -> RefreshStats:
         listing = self.store.list()
+        current = {o.key: o for o in listing}
+        # What differs from the last listing read through: a refresh costs what is new,
+        # not what the ledger holds. Stores hand back the same ObjectInfo for an object
+        # they have not re-listed, so identity settles almost every comparison.
+        last = self._listed
+        listed = [o for o in listing if (seen := last.get(o.key)) is not o and seen != o]
+        gone = (last.keys() if last else self._known_keys()) - current.keys()
         for node_log in node_logs.ALL:
-            self._refresh_node_log(node_log, [o for o in listing if node_log.is_key(o.key)])
-        self.manifests.refresh(listing)
-        self._refresh_registry(listing)
-        current = {
-            o.key: o
-            for o in listing
-            if o.key.endswith(".parquet") and not o.key.startswith(node_logs.PREFIXES)
-        }
+            self._refresh_node_log(node_log, [o for o in listed if node_log.is_key(o.key)], gone)
+        self.manifests.refresh(listed, gone)
+        self._refresh_registry(listed)
         # Objects are written once, but a peer may overwrite its own: a known key is
         # examined again when the listing shows a new size or version (S3's ETag). A local
         # listing has neither; fetch_groups re-checks the files it reads instead.
-        removed = [k for k, f in self.files.items() if k not in current or _changed(f, current[k])]
-        added = [o for k, o in current.items() if k not in self.files or _changed(self.files[k], o)]
+        changed = [
+            o
+            for o in listed
+            if o.key.endswith(".parquet")
+            and not o.key.startswith(node_logs.PREFIXES)
+            and (o.key not in self.files or _changed(self.files[o.key], o))
+        ]
+        removed = [k for k in gone if k in self.files]
+        removed += [o.key for o in changed if o.key in self.files]
+        added = changed
         stats = RefreshStats(added=len(added), removed=len(removed))
         if not added and not removed:
+            self._listed = current
             return stats
         # Forgotten files lose their groups at once: whatever fails below, the index never
         # holds a group whose file it no longer tracks.
-        self._update_groups([], self._forget(removed))
+        if removed:
+            self._drop_files(self._forget(removed))
         self._views_stale = True
         new_states = self._examine_all(added)
         ok = [s for s in new_states if s.status == OK]
@@ -213,8 +232,9 @@ class Catalog:
         except BaseException:
             # Not yet tracked, so not yet served: drop what was indexed of them, and the
             # next refresh examines them afresh.
-            self._drop_index_rows([s.path for s in ok])
+            self._drop_files([s.path for s in ok])
             raise
+        vanished = {s.key for s in new_states if s.status == VANISHED}
         for state in new_states:
             if state.status == VANISHED:
                 stats.added -= 1
@@ -227,8 +247,16 @@ class Catalog:
             elif state.rejected:
                 stats.rejected_rows += sum(state.rejected.values())
                 log.warning("skipping rows of %s: %s", state.key, dict(state.rejected))
-        self._update_groups([s.path for s in ok if s.status == OK], [])
+        # A file that vanished is looked at again if it is listed again.
+        self._listed = {k: o for k, o in current.items() if k not in vanished}
         return stats
+
+    def _known_keys(self) -> set[str]:
+        """Every key the catalog holds something for (what a first listing may drop)."""
+        keys = set(self.files) | self.manifests.valid.keys() | self.manifests.skipped.keys()
+        for known in self.log_files.values():
+            keys |= known.keys()
+        return keys
 
     def track(self, state: FileState) -> None:
         """Hold ``state`` as what its file was found to be (by a refresh or a saved index)."""
@@ -236,8 +264,10 @@ class Catalog:
         self._by_path[state.path] = state
 
     def _forget(self, keys: list[str]) -> list[str]:
-        """Drop ``keys`` from the file set (their groups go in ``_update_groups``); their
+        """Drop ``keys`` from the file set (their groups go in ``_drop_files``); their
         paths. A forgotten key still in the store is examined afresh at the next refresh."""
+        for key in keys:
+            self._listed.pop(key, None)  # listed again, it is new again
         paths = [self.files.pop(k).path for k in keys if k in self.files]
         for path in paths:
             self._by_path.pop(path, None)
@@ -250,7 +280,7 @@ class Catalog:
         for state in states:
             log.warning("skipping %s from now on: %s", state.key, detail)
             state.status, state.detail = v.CHANGED, detail
-        self._update_groups([], [s.path for s in states])
+        self._drop_files([s.path for s in states])
         self._views_stale = True
 
     def evict(self, paths: list[str]) -> None:
@@ -258,15 +288,15 @@ class Catalog:
         keys = [self._by_path[p].key for p in paths if p in self._by_path]
         for key in keys:
             log.warning("%s changed since it was indexed: examining it again", key)
-        self._update_groups([], self._forget(keys))
+        self._drop_files(self._forget(keys))
         self._views_stale = True
 
-    def _refresh_registry(self, listing: list[ObjectInfo]) -> None:
+    def _refresh_registry(self, listed: list[ObjectInfo]) -> None:
         """Read key and rules objects not seen before (small, written once)."""
         new = self.registry.unseen(
             [
                 o.key
-                for o in listing
+                for o in listed
                 if o.key.startswith((identity.KEYS_PREFIX, identity.SWARMS_PREFIX))
             ]
         )
@@ -288,11 +318,14 @@ class Catalog:
         except (FileNotFoundError, NotRegularFile, PermissionError, OversizedObject):
             return None  # a peer's unreadable object is skipped, never a reader's crash
 
-    def _refresh_node_log(self, node_log: node_logs.NodeLog, listing: list[ObjectInfo]) -> None:
-        """Keep ``node_log``'s table = the sound lines of its files now in the store."""
+    def _refresh_node_log(
+        self, node_log: node_logs.NodeLog, listed: list[ObjectInfo], gone_keys: set[str]
+    ) -> None:
+        """Keep ``node_log``'s table = the sound lines of its files now in the store, given
+        its files new to the listing and the keys gone from it."""
         known = self.log_files[node_log.name]
-        current = {o.key: o.size for o in listing}
-        gone = [k for k in known if k not in current]
+        current = {o.key: o.size for o in listed}
+        gone = [k for k in gone_keys if k in known]
         if gone:
             gone_paths = sql_list([self.store.reader_path(k) for k in gone])
             self.con.execute(
@@ -516,15 +549,22 @@ class Catalog:
             FROM _judged WHERE reason IS NULL
             GROUP BY filename, group_id"""
         )
-        # A group seen before (in a file compaction since merged) keeps its first sight.
+        # A group seen before (in a file compaction since merged) keeps its first sight,
+        # which every indexed copy of it carries, the served one too.
         con.execute(
-            """INSERT INTO group_index
-            SELECT g.* EXCLUDE (problem, first_seen), coalesce(seen.first, g.first_seen)
+            """CREATE OR REPLACE TEMP TABLE _accepted AS
+            SELECT g.* EXCLUDE (problem, first_seen),
+                coalesce(seen.first_seen, g.first_seen) AS first_seen
             FROM _groups g LEFT JOIN (
-                SELECT group_id, min(first_seen) AS first FROM group_index
-                WHERE group_id IN (SELECT group_id FROM _groups) GROUP BY group_id
+                SELECT group_id, first_seen FROM groups SEMI JOIN _groups USING (group_id)
             ) seen USING (group_id)
             WHERE g.problem IS NULL"""
+        )
+        con.execute("INSERT INTO group_index SELECT * FROM _accepted")
+        # Served unless its id is served already (another copy, or another file of a
+        # peer that reuses ids): through the key's index, not a pass over all groups.
+        con.execute(
+            f"INSERT INTO groups SELECT * FROM _accepted {FIRST_COPY} ON CONFLICT DO NOTHING"
         )
         con.execute(
             """INSERT INTO valid_rows SELECT j.filename, j.file_row_number FROM _judged j
@@ -544,35 +584,36 @@ class Catalog:
             state.rows += int(n)
             if reason is not None:
                 state.rejected[reason] += int(n)
-        con.execute("DROP TABLE _judged; DROP TABLE _groups")
+        con.execute("DROP TABLE _judged; DROP TABLE _groups; DROP TABLE _accepted")
 
-    def _update_groups(self, added_paths: list[str], removed_paths: list[str]) -> None:
-        """Keep ``groups`` = one row per group id in ``group_index``, touching only changes."""
+    def _drop_files(self, paths: list[str]) -> None:
+        """Stop serving the files at ``paths``: their index rows go, and each group one of
+        them served is served from another indexed copy, if there is one."""
+        if not paths:
+            return
         con = self.con
-        added, removed = sql_list(added_paths), sql_list(removed_paths)
+        # Paths go in as a small table joined by hash: a list literal tested row by row
+        # costs (rows x paths), and compaction removes many files at once.
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _removed AS "
+            f"SELECT unnest({sql_list(paths)}::VARCHAR[]) AS path"
+        )
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _orphaned AS SELECT group_id FROM groups "
-            f"WHERE list_contains({removed}, source_file)"
+            "WHERE source_file IN (SELECT path FROM _removed)"
         )
-        if removed_paths:
-            self._drop_index_rows(removed_paths)
-            con.execute(f"DELETE FROM groups WHERE list_contains({removed}, source_file)")
+        for table, column in (
+            ("valid_rows", "filename"),
+            ("group_index", "source_file"),
+            ("groups", "source_file"),
+        ):
+            con.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT path FROM _removed)")
         con.execute(
             f"""INSERT INTO groups
-            SELECT gi.* FROM group_index gi
-            WHERE (list_contains({added}, gi.source_file)
-                   OR gi.group_id IN (SELECT group_id FROM _orphaned))
-              AND gi.group_id NOT IN (SELECT group_id FROM groups)
-            QUALIFY row_number() OVER (PARTITION BY gi.group_id ORDER BY gi.source_file) = 1"""
+            SELECT gi.* FROM group_index gi SEMI JOIN _orphaned USING (group_id)
+            {FIRST_COPY} ON CONFLICT DO NOTHING"""
         )
-        con.execute("DROP TABLE _orphaned")
-
-    def _drop_index_rows(self, paths: list[str]) -> None:
-        """Forget the indexed groups and accepted rows of the files at ``paths``."""
-        if paths:
-            listed = sql_list(paths)
-            self.con.execute(f"DELETE FROM valid_rows WHERE list_contains({listed}, filename)")
-            self.con.execute(f"DELETE FROM group_index WHERE list_contains({listed}, source_file)")
+        con.execute("DROP TABLE _orphaned; DROP TABLE _removed")
 
     def ensure_views(self) -> None:
         """(Re)define ``rollouts`` and ``ledger_files`` after the file set changed.
@@ -656,7 +697,7 @@ class Catalog:
         try:
             table = self.con.execute(
                 f"SELECT {PUBLIC_COLUMNS_SQL}, filename FROM ({scan}) raw "
-                "SEMI JOIN valid_rows v "
+                f"SEMI JOIN (SELECT * FROM valid_rows WHERE filename IN {sql_in(files)}) v "
                 "ON raw.filename = v.filename AND raw.file_row_number = v.file_row_number "
                 f"WHERE ({self._reason_sql}) IS NULL",
                 params,

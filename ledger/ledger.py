@@ -44,6 +44,8 @@ INDEX_SAVE_EVERY_S = 60.0
 F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_GROUPS_PER_SAMPLE = 100_000
+DRAW_POOL_PER_GROUP = 16
+"""A draw looks first among the lowest 16 draws per group asked for (see ``_draw``)."""
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -523,13 +525,21 @@ class Ledger:
             **chosen.parameters(when),
         }
         sql = chosen.sql
-        used = set(_PARAM.findall(sql))
+        used = set(_PARAM.findall(sql)) - {"pool"}
         params = {k: val for k, val in params.items() if k in used}
 
         def draw() -> list[str]:
             if n_groups == 0:
                 return []
-            return [r[0] for r in self.con.execute(sql, params).fetchall()]
+            # First among the lowest draws only. That answer is the answer over all
+            # candidates when it is full and no cap put any of it late, and none of it is
+            # an unknown peer's (the unknown cap counts across all candidates; a peer's
+            # rank among its own draws is the same in the pool as overall).
+            pooled = {**params, "pool": DRAW_POOL_PER_GROUP * int(n_groups)}
+            rows = self.con.execute(sql, pooled).fetchall()
+            if len(rows) < n_groups or any(late or unknown for _, late, unknown in rows):
+                rows = self.con.execute(sql, {**params, "pool": None}).fetchall()
+            return [r[0] for r in rows]
 
         return chosen, draw
 

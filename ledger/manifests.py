@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -303,12 +304,12 @@ class ManifestIndex:
         con.execute(f"CREATE TABLE node_manifests ({columns})")
         con.execute(VIEW_SQL)
 
-    def refresh(self, listing: list[ObjectInfo]) -> None:
-        """Judge manifests new in ``listing`` (a listing of the whole store); forget gone ones."""
-        current = {o.key: o.size for o in listing if o.key.startswith(PREFIX)}
-        gone = [k for k in (*self.valid, *self.skipped) if k not in current]
+    def refresh(self, listed: list[ObjectInfo], gone_keys: Iterable[str]) -> None:
+        """Judge manifests among ``listed`` (objects new to the listing) not judged yet;
+        forget those among ``gone_keys`` (keys no longer listed)."""
         known = self.valid.keys() | self.skipped.keys()
-        new = [ObjectInfo(k, s) for k, s in current.items() if k not in known]
+        new = [o for o in listed if o.key.startswith(PREFIX) and o.key not in known]
+        gone = [k for k in gone_keys if k in known]
         for key in gone:
             self.valid.pop(key, None)
             self.skipped.pop(key, None)

@@ -56,3 +56,9 @@ def sql_str(value: str) -> str:
 
 def sql_list(values: list[str]) -> str:
     return "[" + ", ".join(sql_str(x) for x in values) + "]"
+
+
+def sql_in(values: list[str]) -> str:
+    """``values`` as the parenthesised list of an ``IN``; never empty (an empty IN is a
+    syntax error), matching nothing when there are none."""
+    return "(" + (", ".join(sql_str(x) for x in values) or "NULL") + ")"

@@ -219,8 +219,10 @@ def group_problem_sql(limits: RowLimits) -> str:
     The completions of one group answer one question: a group whose rows disagree on it was
     not written by an honest publisher and is not trained on. Runs over ``JUDGED_COLUMNS``.
     """
+    # min <> max is count(DISTINCT) > 1 (both skip NULLs) without a hash table per group
+    # and column: what made this the costliest step of indexing a few new files.
     same = " OR ".join(
-        f"count(DISTINCT {name}) > 1"
+        f"min({name}) <> max({name})"
         for name in (
             "task",
             "task_config_digest",

@@ -10,12 +10,20 @@
 --             $known          peers the receiver has verified enough of (NULL: all known)
 --             $unknown_cap    soft cap on the groups of peers not in $known, all together
 --                             (max_unknown_share)
+--             $pool           draw among the $pool lowest draws only (NULL: all)
+--
+-- Besides each group id it returns whether a cap put it late and whether its peer is
+-- unknown: with those, the sampler can tell when an answer drawn from a small pool is the
+-- answer over all candidates (Ledger._draw), and skip the per-peer pass over all of them.
+pool AS (
+    SELECT * FROM candidates ORDER BY draw LIMIT $pool
+),
 per_peer AS (
     -- Each peer's lowest draws, in order, as many as the hard cap allows: a top-k per
     -- peer without sorting them all. No answer takes more than $n_groups from one peer,
     -- so that bounds k as well.
     SELECT node_id, min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
-    FROM candidates
+    FROM pool
     GROUP BY node_id
 ),
 ranked AS (
@@ -32,7 +40,9 @@ budgeted AS (
         END AS unknown_rank
     FROM ranked
 )
-SELECT pick.group_id
+SELECT pick.group_id,
+    peer_rank > $peer_share_cap OR coalesce(unknown_rank > $unknown_cap, false) AS late,
+    coalesce(NOT list_contains($known::VARCHAR[], node_id), false) AS unknown
 FROM budgeted
-ORDER BY peer_rank > $peer_share_cap OR coalesce(unknown_rank > $unknown_cap, false), pick.draw
+ORDER BY late, pick.draw
 LIMIT $n_groups

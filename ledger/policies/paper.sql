@@ -8,15 +8,16 @@
 --
 -- Parameters: $node_id  receiving node
 --             $swarm_id restrict to one swarm (NULL: any)
---             $seed     replayable draw: ordering by a hash of the text
---                       "group/receiver/seed" is a uniform random permutation of the
---                       candidates, independent between receivers that share a seed.
---                       (DuckDB's multi-argument hash(a, b, c) combines its inputs too
---                       weakly for this: over seeds it reached 8 of 20 possible 3-of-6
---                       draws.)
+--             $seed     replayable draw: the group's hash, xor'ed with a hash of
+--                       "receiver/seed", hashed again (DuckDB's integer hash is a
+--                       bijective mixer): a uniform random permutation of the candidates,
+--                       independent between receivers that share a seed, without
+--                       building a text per group. (DuckDB's multi-argument hash(a, b, c)
+--                       combines its inputs too weakly for this: over seeds it reached 8
+--                       of 20 possible 3-of-6 draws.)
 --             $excluded peers the receiver no longer samples (its reputation of them)
 WITH candidates AS (
-    SELECT group_id, node_id, hash(concat_ws('/', group_id, $node_id, $seed)) AS draw
+    SELECT group_id, node_id, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) AS draw
     FROM groups
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)

@@ -21,7 +21,7 @@
 --                 earlier of the publisher's stamp and this reader's first sight
 WITH candidates AS (
     SELECT group_id, node_id,
-           -ln((hash(concat_ws('/', group_id, $node_id, $seed)) % 4294967296 + 0.5) / 4294967296)
+           -ln((hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) % 4294967296 + 0.5) / 4294967296)
                / (reward_std * reward_std) AS draw
     FROM groups
     WHERE node_id <> $node_id
