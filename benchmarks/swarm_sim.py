@@ -6,13 +6,14 @@ folder. The ledger grows in waves (one round of every node each); after every fe
 simulator measures, with writers still publishing at ``--rate`` files a second:
 
 - sample: ``Ledger.sample`` of J = 8 groups by a long-lived reader in its own process, with a
-  fresh refresh on every call (``max_staleness_s = 0``), p50 / p95;
+  fresh refresh on every call (``max_staleness_s = 0``), p50 / p95, and the refresh's part;
 - requests per sample call, by kind (list pages, head, get), from the reader's store;
 - new objects the reader met per call, and the reader process's RSS;
 - publish: ``Ledger.publish`` of one more round (validation, Parquet, PUT, markers), p50;
 - at the end, a new reader's first sample (a cold start: lists and indexes everything).
 
-``--change-log on`` is the change log (ledger/changes.py), ``off`` a full listing per refresh.
+``--change-log on`` is the change log (ledger/changes.py), ``off`` a full listing per refresh;
+``--copies off`` lets DuckDB read S3 instead of the readers' one-GET local copies.
 
     python benchmarks/swarm_sim.py --store s3 --nodes 1000 --waves 20 --change-log on
     python benchmarks/swarm_sim.py --store s3 --nodes 1000 --waves 20 --change-log off
@@ -56,18 +57,24 @@ def rss_mb() -> float:
 
 
 def open_ledger(
-    url: str, options: dict[str, Any], change_log: str, reader_index: Path | None = None
+    url: str, options: dict[str, Any], args: argparse.Namespace, reader_index: Path | None = None
 ) -> Ledger:
-    config = ChangeLogConfig.model_validate({"use": change_log})
-    return Ledger(url, options or None, change_log=config, reader_index=reader_index)
+    config = ChangeLogConfig.model_validate({"use": args.change_log})
+    return Ledger(
+        url,
+        options or None,
+        change_log=config,
+        reader_index=reader_index,
+        local_copies=args.copies,
+    )
 
 
 # --- the reader, in its own process ------------------------------------------------------
 
 
-def reader_main(conn: Any, url: str, options: dict[str, Any], change_log: str) -> None:
+def reader_main(conn: Any, url: str, options: dict[str, Any], args: argparse.Namespace) -> None:
     apply_offline_defaults()
-    reader = open_ledger(url, options, change_log)
+    reader = open_ledger(url, options, args)
     rng = random.Random(0)
     while True:
         command = conn.recv()
@@ -78,7 +85,7 @@ def reader_main(conn: Any, url: str, options: dict[str, Any], change_log: str) -
 
 
 def sample_calls(reader: Ledger, nodes: int, calls: int, rng: random.Random) -> dict[str, Any]:
-    latencies, requests, added = [], [], []
+    latencies, refreshes, requests, added = [], [], [], []
     for _ in range(calls):
         before = dict(reader.store.requests)
         start = time.perf_counter()
@@ -93,12 +100,14 @@ def sample_calls(reader: Ledger, nodes: int, calls: int, rng: random.Random) -> 
         after = reader.store.requests
         requests.append({k: after[k] - before.get(k, 0) for k in after})
         added.append(reader._last_refresh.added)
+        refreshes.append(reader._last_refresh.seconds * 1000)
         assert got.get_column("group_id").n_unique() == J, got.height
         time.sleep(0.05)  # a node samples once a round, not in a tight loop
     kinds = sorted({k for r in requests for k in r})
     return {
         "sample_p50_ms": pct(latencies, 50),
         "sample_p95_ms": pct(latencies, 95),
+        "refresh_p50_ms": pct(refreshes, 50),
         "requests_per_call": {k: statistics.mean(r.get(k, 0) for r in requests) for k in kinds},
         "new_objects_per_call": statistics.mean(added),
         "reader_rss_mb": rss_mb(),
@@ -144,10 +153,10 @@ def publish_latency(writer: Ledger, wave: int, repeat: int = 5) -> float:
 
 
 def run(args: argparse.Namespace, url: str, options: dict[str, Any]) -> list[dict[str, Any]]:
-    writer = open_ledger(url, options, args.change_log)
+    writer = open_ledger(url, options, args)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    reader = ctx.Process(target=reader_main, args=(there, url, options, args.change_log))
+    reader = ctx.Process(target=reader_main, args=(there, url, options, args))
     reader.start()
     results = []
     try:
@@ -175,7 +184,7 @@ def run(args: argparse.Namespace, url: str, options: dict[str, Any]) -> list[dic
             print(json.dumps(row), flush=True)
         index = Path(tempfile.mkdtemp(prefix="swarm-sim-index-")) / "reader.duckdb"
         start = time.perf_counter()
-        cold = open_ledger(url, options, args.change_log, index)
+        cold = open_ledger(url, options, args, index)
         sample_calls(cold, args.nodes, 1, random.Random(1))
         cold_s = time.perf_counter() - start
         start = time.perf_counter()
@@ -183,7 +192,7 @@ def run(args: argparse.Namespace, url: str, options: dict[str, Any]) -> list[dic
         save_s = time.perf_counter() - start
         write_wave(writer, args.nodes // 10, args.waves + wave + 2)  # news while it was down
         start = time.perf_counter()
-        restarted = open_ledger(url, options, args.change_log, index)
+        restarted = open_ledger(url, options, args, index)
         sample_calls(restarted, args.nodes, 1, random.Random(2))
         restart_s = time.perf_counter() - start
         restarted.close()
@@ -216,6 +225,12 @@ def main() -> None:
         "--rate", type=float, default=20.0, help="files a second while sampling (0: none)"
     )
     p.add_argument("--change-log", choices=["on", "off"], default="on")
+    p.add_argument(
+        "--copies",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="readers' verified local copies (ledger.local_copies; auto: on for S3)",
+    )
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args()
     apply_offline_defaults()
@@ -226,7 +241,11 @@ def main() -> None:
                 url, options = moto.bucket(f"sim-{int(time.time())}"), moto.options()
             else:
                 url, options = str(Path(tmp) / "ledger"), {}
-            print(f"{args.store}, change log {args.change_log}, {args.nodes} nodes", flush=True)
+            print(
+                f"{args.store}, change log {args.change_log}, copies {args.copies}, "
+                f"{args.nodes} nodes",
+                flush=True,
+            )
             results = run(args, url, options)
         finally:
             if moto is not None:
@@ -238,7 +257,7 @@ def main() -> None:
 
 def print_table(results: list[dict[str, Any]]) -> None:
     print(
-        "objects    rows  sample_p50  sample_p95  list/call  head/call  get/call  "
+        "objects    rows  sample_p50  sample_p95  refresh_p50  list/call  head/call  get/call  "
         "new/call  publish_p50  reader_MB"
     )
     for r in results:
@@ -247,7 +266,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         req = r["requests_per_call"]
         print(
             f"{r['objects']:7d} {r['rows']:7d}  {r['sample_p50_ms']:8.0f}ms  "
-            f"{r['sample_p95_ms']:8.0f}ms  {req.get('list', 0):9.1f}  {req.get('head', 0):9.1f}  "
+            f"{r['sample_p95_ms']:8.0f}ms  {r['refresh_p50_ms']:9.0f}ms  "
+            f"{req.get('list', 0):9.1f}  {req.get('head', 0):9.1f}  "
             f"{req.get('get', 0):8.1f}  {r['new_objects_per_call']:8.1f}  "
             f"{r['publish_p50_ms']:9.0f}ms  {r['reader_rss_mb']:9.0f}"
         )

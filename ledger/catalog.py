@@ -16,10 +16,12 @@ live in the same connection:
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
@@ -28,6 +30,7 @@ import polars as pl
 from ledger import identity, manifests, node_logs
 from ledger import validation as v
 from ledger.config import RowLimits
+from ledger.copies import LocalCopies
 from ledger.keys import parse_key
 from ledger.retrying import first_line
 from ledger.schema import COLUMN_NAMES
@@ -39,7 +42,14 @@ from ledger.sqltext import (
     sql_list,
     sql_str,
 )
-from ledger.storage import NotRegularFile, ObjectInfo, OversizedObject, StorageError, Store
+from ledger.storage import (
+    NotRegularFile,
+    ObjectInfo,
+    OversizedObject,
+    StorageError,
+    Store,
+    is_local,
+)
 
 log = logging.getLogger(__name__)
 A = TypeVar("A")
@@ -129,6 +139,8 @@ class RefreshStats:
     bad_files: int = 0
     rejected_rows: int = 0
     vanished: int = 0
+    seconds: float = 0.0
+    """How long the refresh took (listing, examining and indexing)."""
 
 
 class Catalog:
@@ -138,8 +150,12 @@ class Catalog:
         con: duckdb.DuckDBPyConnection,
         limits: RowLimits,
         signatures: str = "swarm",
+        copies: LocalCopies | None = None,
     ) -> None:
         self.store = store
+        self.copies = copies
+        """Where new rollout files are copied, checked and served from (ledger/copies.py);
+        None: DuckDB reads them in the store."""
         self.con = con
         self.limits = limits
         self.signatures = signatures
@@ -187,7 +203,10 @@ class Catalog:
         ``stats.vanished`` and not remembered: the listing was stale, and listing again is
         the caller's call (``Ledger`` does it under its retry policy, the only retry layer).
         """
-        return self._refresh_once()
+        start = time.perf_counter()
+        stats = self._refresh_once()
+        stats.seconds = time.perf_counter() - start
+        return stats
 
     def _refresh_once(self) -> RefreshStats:
         listing = self.store.list()
@@ -235,6 +254,8 @@ class Catalog:
             self._drop_files([s.path for s in ok])
             raise
         vanished = {s.key for s in new_states if s.status == VANISHED}
+        if self.copies is not None:  # only what is served is kept
+            self.copies.remove([s.path for s in new_states if s.status != OK])
         for state in new_states:
             if state.status == VANISHED:
                 stats.added -= 1
@@ -271,6 +292,8 @@ class Catalog:
         paths = [self.files.pop(k).path for k in keys if k in self.files]
         for path in paths:
             self._by_path.pop(path, None)
+        if self.copies is not None:
+            self.copies.remove(paths)
         return paths
 
     def condemn(self, paths: list[str], detail: str) -> None:
@@ -280,6 +303,8 @@ class Catalog:
         for state in states:
             log.warning("skipping %s from now on: %s", state.key, detail)
             state.status, state.detail = v.CHANGED, detail
+        if self.copies is not None:
+            self.copies.remove([s.path for s in states])
         self._drop_files([s.path for s in states])
         self._views_stale = True
 
@@ -367,6 +392,8 @@ class Catalog:
     def _examine_all(self, objects: list[ObjectInfo]) -> list[FileState]:
         """Judge new files by their place, size and Parquet footer, chunks in parallel."""
         states = [self._place_and_size(o) for o in objects]
+        if self.copies is not None:
+            _in_threads(self._take_copy, [s for s in states if s.status == OK])
         pending = [s for s in states if s.status == OK]
         chunks = [pending[i : i + EXAMINE_CHUNK] for i in range(0, len(pending), EXAMINE_CHUNK)]
         _in_threads(self._check_schemas, chunks)
@@ -389,9 +416,33 @@ class Catalog:
             state.status = identity.UNKNOWN_SIGNER
             state.detail = f"no usable key registered for {parts.node_id}: {public or 'none'}"
             return
-        found = self.read_checked(state, public)
+        if self.copies is not None:
+            found = self._signed(state, Path(state.path).read_bytes(), public)
+        else:
+            found = self.read_checked(state, public)
         if isinstance(found, tuple):
             state.status, state.detail = found
+
+    def _take_copy(self, state: FileState) -> None:
+        """Read ``state``'s object in one GET (bounded) and keep it as its local copy."""
+        assert self.copies is not None
+        try:
+            data = self.store.read(state.key, self.limits.max_file_bytes)
+        except FileNotFoundError:
+            state.status = VANISHED
+            return
+        except OversizedObject:
+            state.status = v.OVERSIZED_FILE
+            state.detail = f"more than {self.limits.max_file_bytes} bytes"
+            return
+        except (NotRegularFile, PermissionError) as exc:
+            state.status, state.detail = v.CORRUPT, f"unreadable: {exc}"
+            return
+        if state.size and len(data) != state.size:  # the listing told its size
+            state.status, state.detail = v.CHANGED, "changed while it was examined"
+            return
+        state.size = len(data)
+        state.path = self.copies.write(state.key, state.version, data)
 
     def read_checked(
         self, state: FileState, public: identity.Ed25519PublicKey | None
@@ -409,6 +460,13 @@ class Catalog:
             return v.CHANGED, "grew while it was examined"
         if len(data) != state.size:
             return v.CHANGED, "changed while it was examined"
+        return self._signed(state, data, public)
+
+    def _signed(
+        self, state: FileState, data: bytes, public: identity.Ed25519PublicKey | None
+    ) -> bytes | tuple[str, str]:
+        """``data`` if ``public`` is None or signed ``data`` as ``state``'s object; else
+        (status, why)."""
         if public is None:
             return data
         signature = self._read_small(
@@ -424,7 +482,7 @@ class Catalog:
         if parse_key(obj.key) is None:
             state.status, state.detail = v.MISPLACED, "not under swarm_id=/node_id=/day=/"
             return state
-        if obj.size is None:
+        if obj.size is None and self.copies is None:
             try:
                 state.size, state.version = self.store.stat(obj.key)
             except FileNotFoundError:
@@ -513,6 +571,8 @@ class Catalog:
         """Why reading ``key`` failed: it is corrupt, or gone, or the read itself failed (an
         I/O or HTTP error: like a vanished file, not remembered, so that the next refresh
         examines it again instead of holding an honest file corrupt until a restart)."""
+        if self.copies is not None:  # read from its local copy: the bytes are at fault
+            return v.CORRUPT, first_line(exc)
         if isinstance(exc, duckdb.IOException | duckdb.HTTPException):
             return VANISHED, first_line(exc)
         return (v.CORRUPT if self.store.exists(key) else VANISHED), first_line(exc)
@@ -737,17 +797,26 @@ class Catalog:
         every file changed since it was examined. True if any was (worth a retry)."""
         message = str(exc)
         named = [p for p in self._by_path if p in message]
-        changed = [] if self.store.lists_versions else self._changed_paths(self.ok_paths())
+        changed = [] if self._reads_stay_put else self._changed_paths(self.ok_paths())
         suspects = sorted(set(named) | set(changed))
         if suspects:
             self.evict(suspects)
         return bool(suspects)
 
+    @property
+    def _reads_stay_put(self) -> bool:
+        """Whether what is read is what was examined without checking: copies are ours,
+        and a store that lists versions shows an overwrite at the next listing."""
+        return self.copies is not None or self.store.lists_versions
+
     def _changed_paths(self, paths: list[str]) -> list[str]:
         """The paths whose object is no longer what was examined (stat'ed a few at a time:
         on S3 each is a round trip)."""
         states = [s for s in (self._by_path.get(p) for p in paths) if s is not None]
-        moved = _in_threads(self._moved, states)
+        if is_local(self.store):  # a stat takes microseconds: threads would cost more
+            moved = [self._moved(s) for s in states]
+        else:
+            moved = _in_threads(self._moved, states)
         return [s.path for s, m in zip(states, moved, strict=True) if m]
 
     def _moved(self, state: FileState) -> bool:
@@ -759,7 +828,7 @@ class Catalog:
 
     def _check_unchanged(self, paths: list[str]) -> None:
         """Local files (whose listing carries no version) are stat'ed before they are read."""
-        if self.store.lists_versions:
+        if self._reads_stay_put:
             return
         changed = self._changed_paths(paths)
         if changed:

@@ -125,6 +125,13 @@ class LedgerConfig(_Strict):
         "(<workdir>/reader-index/<swarm>/<node>.duckdb, ledger/reader_index.py), so that a "
         "restarted node samples again without re-examining the ledger.",
     )
+    local_copies: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Read each new rollout file in one GET into a local copy, and check, "
+        "index and serve it from there (ledger/copies.py); 'auto': on for S3, off for a "
+        "local folder. Costs local disk the size of the files read; saves the round trips "
+        "DuckDB makes to read a remote file, at every refresh and every sample.",
+    )
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy,
         description="The one retry layer of storage reads and writes: a read that meets a "

@@ -26,6 +26,7 @@ from ledger import reader_index as index_file
 from ledger.catalog import Catalog, FileChanged, RefreshStats
 from ledger.changes import with_change_log
 from ledger.config import ChangeLogConfig, LedgerConfig, RowLimits
+from ledger.copies import LocalCopies
 from ledger.duck import connect
 from ledger.identity import NodeKey
 from ledger.keys import node_prefix, round_key
@@ -35,7 +36,7 @@ from ledger.records import RecordError, to_table
 from ledger.retrying import RetryPolicy, first_line, retrying
 from ledger.schema import check_id
 from ledger.sqltext import EMPTY_ROLLOUTS_SQL
-from ledger.storage import StorageError, StoreUnusable, open_store
+from ledger.storage import S3Store, StorageError, StoreUnusable, open_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,6 +110,7 @@ class Ledger:
         threads: int | None = None,
         change_log: ChangeLogConfig | None = None,
         reader_index: str | Path | None = None,
+        local_copies: str | None = None,
     ) -> None:
         # What is not given takes LedgerConfig's default: one default per setting.
         given: dict[str, Any] = {
@@ -117,6 +119,7 @@ class Ledger:
             "max_staleness_s": max_staleness_s,
             "signatures": signatures,
             "change_log": change_log,
+            "local_copies": local_copies,
         }
         self.config = LedgerConfig.model_validate(
             {
@@ -126,22 +129,29 @@ class Ledger:
             }
         )
         self._lock = threading.RLock()
-        self.store = with_change_log(open_store(url, storage_options), self.config.change_log)
+        self._inner_store = open_store(url, storage_options)
+        self.store = with_change_log(self._inner_store, self.config.change_log)
         self.con = connect(threads, memory_limit_mb=self.config.memory_limit_mb)
         self.store.configure_duckdb(self.con)
+        self.reader_index = Path(reader_index) if reader_index else None
+        """Where this reader's index is kept between runs (None: nowhere)."""
         self.catalog = Catalog(
-            self.store, self.con, self.config.limits, signatures=self.config.signatures
+            self.store,
+            self.con,
+            self.config.limits,
+            signatures=self.config.signatures,
+            copies=self._local_copies(),
         )
         self.signer = signer
         """The node this ledger publishes as: its files are signed, and it publishes and
         compacts for that node only. None: an unsigned writer (open swarms, analysis)."""
         self._listed_at = -float("inf")
         self._last_refresh = RefreshStats()
-        self.reader_index = Path(reader_index) if reader_index else None
-        """Where this reader's index is kept between runs (None: nowhere)."""
         self._index_saved_at = time.monotonic()
         if self.reader_index is not None and index_file.load(self.catalog, self.reader_index):
             log.info("resuming from the reader index %s", self.reader_index)
+        elif self.catalog.copies is not None:
+            self.catalog.copies.clear()  # copies of an index that was not loaded
 
     @classmethod
     def from_config(
@@ -160,7 +170,18 @@ class Ledger:
             signer=signer,
             change_log=config.change_log,
             reader_index=reader_index,
+            local_copies=config.local_copies,
         )
+
+    def _local_copies(self) -> LocalCopies | None:
+        """The folder of verified copies (ledger/copies.py) if this reader keeps them: next
+        to its reader index (they outlive a restart with it), else a temporary one."""
+        wanted = self.config.local_copies
+        if wanted == "off" or (wanted == "auto" and not isinstance(self._inner_store, S3Store)):
+            return None
+        if self.reader_index is None:
+            return LocalCopies()
+        return LocalCopies(self.reader_index.with_suffix(".copies"))
 
     @property
     def url(self) -> str:
@@ -172,6 +193,8 @@ class Ledger:
             self.save_index()
         finally:
             self.con.close()
+            if self.catalog.copies is not None:
+                self.catalog.copies.close()
 
     @_serialized
     def save_index(self) -> None:
@@ -602,6 +625,7 @@ class Ledger:
             stats.added += again.added
             stats.removed += again.removed
             stats.vanished = again.vanished
+            stats.seconds += again.seconds
         self._listed_at = time.monotonic()
         changed = stats.added or stats.removed
         if changed and self._listed_at - self._index_saved_at >= INDEX_SAVE_EVERY_S:

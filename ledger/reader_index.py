@@ -28,7 +28,7 @@ import duckdb
 import pyarrow as pa
 
 from ledger import node_logs
-from ledger.catalog import Catalog, FileState
+from ledger.catalog import OK, Catalog, FileState
 from ledger.changes import ChangeLogStore
 from ledger.manifests import NodeManifest, Skipped
 from ledger.sqltext import sql_str
@@ -48,6 +48,7 @@ def fingerprint(catalog: Catalog) -> str:
             "url": catalog.store.url,
             "limits": catalog.limits.model_dump(mode="json"),
             "signatures": catalog.signatures,
+            "copies": catalog.copies is not None and str(catalog.copies.folder),
         },
         sort_keys=True,
     )
@@ -148,10 +149,16 @@ def _state_json(catalog: Catalog) -> str:
 
 
 def _restore(catalog: Catalog, files: list[tuple[Any, ...]], state: dict[str, Any]) -> None:
+    lost = []
     for key, size, path, version, status, detail, rows, unpacked, rejected in files:
         file_state = FileState(key, size, path, version, status, detail, rows, unpacked)
         file_state.rejected = Counter(json.loads(rejected))
         catalog.track(file_state)
+        copies = catalog.copies
+        if status == OK and copies is not None and not copies.holds(path, size):
+            lost.append(path)
+    # Files whose local copy is gone or not whole are forgotten, and examined afresh.
+    catalog.evict(lost)
     for name, known in state["log_files"].items():
         catalog.log_files.setdefault(name, {}).update(known)
     catalog.log_problems.update(

@@ -123,6 +123,11 @@ class Store(Protocol):
     def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None: ...
 
 
+def is_local(store: Store) -> bool:
+    """Whether ``store`` (or the store a change log wraps) is a local directory."""
+    return isinstance(getattr(store, "inner", store), LocalStore)
+
+
 class LocalStore:
     """A ledger in a local (or mounted network) directory."""
 

@@ -92,6 +92,11 @@ def site(request: pytest.FixtureRequest, tmp_path: Any) -> LedgerSite:
 
 
 @pytest.fixture
+def s3_site(s3_server: S3Server) -> LedgerSite:
+    return LedgerSite(f"s3://{s3_server.new_bucket()}/ledger", s3_server.storage_options, "s3")
+
+
+@pytest.fixture
 def local_site(tmp_path: Any) -> LedgerSite:
     return LedgerSite(str(tmp_path / "ledger"))
 

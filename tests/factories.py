@@ -74,3 +74,16 @@ def rollout_of(
         completion_tokens=3,
         reward=claimed,
     )
+
+
+def signed_swarm(site: Any, nodes: tuple[str, ...] = ("a", "b")) -> dict[str, Any]:
+    """Swarm "sw" at ``site``, requiring signatures, with a registered key per node; the
+    keys by node."""
+    from ledger import NodeKey
+
+    keys = {node: NodeKey.generate("sw", node) for node in nodes}
+    setup = site.open()
+    setup.declare_swarm("sw", "required")
+    for key in keys.values():
+        setup.register_key(key)
+    return keys

@@ -7,20 +7,15 @@ import logging
 
 import pytest
 
-from ledger import NodeKey
 from ledger import reader_index as index_file
 from ledger.config import RowLimits
-from tests.factories import round_rows
+from tests.factories import round_rows, signed_swarm
 
 
 @pytest.fixture
 def signed(site):
     """A swarm that requires signatures; node a publishes three rounds, b one."""
-    keys = {node: NodeKey.generate("sw", node) for node in ("a", "b")}
-    setup = site.open()
-    setup.declare_swarm("sw", "required")
-    for key in keys.values():
-        setup.register_key(key)
+    keys = signed_swarm(site)
     writers = {node: site.open(signer=key) for node, key in keys.items()}
     for r in range(3):
         writers["a"].publish(round_rows("a", r, [[1, 0], [0, 1, 1]]))

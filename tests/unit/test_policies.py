@@ -217,3 +217,41 @@ def test_excluded_peers_are_never_drawn(ledger):
                 "me", 6, policy, seed=seed, swarm_id="sw", exclude_nodes=["c"]
             )
             assert drawn and not any(g.startswith("sw.c.") for g in drawn)
+
+
+def test_a_draw_from_the_lowest_draws_is_the_draw_over_every_candidate(tmp_path, monkeypatch):
+    """``Ledger._draw`` looks among the lowest draws first and keeps that answer only when it
+    provably equals the full one: with pools of one draw per group asked for (answers often
+    refused) and of sixteen (the default), every answer equals the one over all candidates."""
+    from ledger import ledger as ledger_module
+
+    led = Ledger(str(tmp_path / "ledger"))
+    # Peers of very different sizes: p0 publishes 1 mixed group, p11 twelve; some flat.
+    for p in range(12):
+        led.publish(round_rows(f"p{p}", 0, [[1, 0, p % 2]] * (p + 1) + [[1, 1]]))
+    policies = [
+        "paper",
+        RewardFilteredPolicy(max_per_peer=2, min_mean_reward=0.3),
+        VarianceWeightedPolicy(max_peer_share=0.25),
+        PaperPolicy(max_peer_share=None, max_unknown_share=None),
+    ]
+    cases = [
+        (policy, n, seed, known)
+        for policy in policies
+        for n in (1, 3, 8, 40)
+        for seed in range(12)
+        for known in (None, ["p11", "p10", "p3"], [f"p{p}" for p in range(1, 12)])
+    ]
+
+    def draws(pool: int) -> list[list[str]]:
+        monkeypatch.setattr(ledger_module, "DRAW_POOL_PER_GROUP", pool)
+        return [
+            led.sample_group_ids("p0", n, policy, seed=seed, swarm_id="sw", known_nodes=known)
+            for policy, n, seed, known in cases
+        ]
+
+    everything = draws(10**6)
+    assert draws(1) == everything
+    assert draws(16) == everything
+    assert {len(d) for d in everything} >= {1, 3, 8}
+    led.close()
