@@ -68,10 +68,14 @@ def test_stale_paths_fail_loudly_rather_than_silently(site):
     reader.refresh()
     writer.compact(["a"])
     ids = [f"sw.a.r{r}.g0" for r in range(3)]
-    # The catalog forgets the vanished files and says so; the ledger lists again and reads.
-    with pytest.raises(FileChanged):
-        reader.catalog.fetch_groups(ids)
-    assert not reader.catalog.files
+    if reader.catalog.copies is not None:
+        # A reader with local copies (S3) serves what it checked, vanished or not ...
+        assert reader.catalog.fetch_groups(ids).get_column("group_id").n_unique() == 3
+    else:
+        # ... one without forgets the vanished files and says so; the ledger lists again.
+        with pytest.raises(FileChanged):
+            reader.catalog.fetch_groups(ids)
+        assert not reader.catalog.files
     assert reader.sample("b", 3, seed=0).get_column("group_id").n_unique() == 3
 
 
