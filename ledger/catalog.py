@@ -427,7 +427,7 @@ class Catalog:
         """Read ``state``'s object in one GET (bounded) and keep it as its local copy."""
         assert self.copies is not None
         try:
-            data = self.store.read(state.key, self.limits.max_file_bytes)
+            data, version = self.store.read_versioned(state.key, self.limits.max_file_bytes)
         except FileNotFoundError:
             state.status = VANISHED
             return
@@ -438,11 +438,15 @@ class Catalog:
         except (NotRegularFile, PermissionError) as exc:
             state.status, state.detail = v.CORRUPT, f"unreadable: {exc}"
             return
-        if state.size and len(data) != state.size:  # the listing told its size
+        if (state.size and state.size != len(data)) or (
+            state.version and version and state.version != version
+        ):
+            # Not the object the listing showed: kept as changed until a listing shows
+            # another version (then it is examined afresh).
             state.status, state.detail = v.CHANGED, "changed while it was examined"
             return
-        state.size = len(data)
-        state.path = self.copies.write(state.key, state.version, data)
+        state.size, state.version = len(data), version
+        state.path = self.copies.write(state.key, version, data)
 
     def read_checked(
         self, state: FileState, public: identity.Ed25519PublicKey | None

@@ -10,14 +10,15 @@ object a writer puts or deletes gets an empty marker beside the ledger::
 S3 lists keys in order, so a reader asks only for markers after the last it has seen
 (ListObjectsV2 ``StartAfter``): one request per 1,000 new markers, whatever the ledger holds.
 
-Markers are hints and are never trusted. A marked key joins the listing only once the store
-says it exists (its size and version are the store's, not the marker's); a key leaves only
-once the store says it is gone; only keys a full listing would show are considered. A marker
-that lands late (a slow PUT, a writer whose clock lags) is still read: each poll lists again
-from ``grace_s`` before its own clock. One that never comes (an older writer, a peer that
-skips it, a clock far behind) is caught by a full listing every ``full_listing_every_s``. A
-marker stamped far ahead of the reader's clock waits for its time, so a peer's clock cannot
-push the reader past others' markers. Markers carry neither ledger suffix, so a plain
+Markers are hints and are never trusted. A marked key joins the listing without a size or
+version, which only the store gives: the reader's read of it (one GET) confirms it, and a
+read that finds nothing drops it. A key leaves only once the store says it is gone; only
+keys a full listing would show are considered. A marker that lands late (a slow PUT, a
+writer whose clock lags) is still read: each poll lists again from ``grace_s`` before its
+own clock. One that never comes (an older writer, a peer that skips it, a clock far behind)
+is caught by a full listing every ``full_listing_every_s``. A marker stamped far ahead of
+the reader's clock waits for its time, so a peer's clock cannot push the reader past others'
+markers. Markers carry neither ledger suffix, so a plain
 ``read_parquet('<root>/**/*.parquet')`` and the full listing never see them.
 """
 
@@ -137,14 +138,21 @@ class ChangeLogStore:
             marker = parse_marker(name)
             if marker is not None and name not in self._seen and marker.at_ms <= horizon:
                 fresh.append((name, marker))
-        # Added keys not listed, or marked since the full listing (an overwrite: the
-        # version tells), and removed keys still listed.
+        # A key new to the listing joins it unconfirmed (no size, no version): the reader
+        # reads it next, and that read confirms it or drops it (``read_versioned``), so
+        # that a new object costs one request, not a HEAD and then a GET. Keys marked again
+        # since the full listing (an overwrite: the version tells), and removed keys still
+        # listed, are stat'ed.
         listed, listed_fully_ms = self._listing, self._listed_fully_at * 1000
+        new = {m.key for _, m in fresh if m.added and m.key not in listed}
         touched = {
             m.key
             for _, m in fresh
-            if (m.key in listed) != m.added or (m.added and m.at_ms > listed_fully_ms)
+            if m.key not in new
+            and ((m.key in listed) != m.added or (m.added and m.at_ms > listed_fully_ms))
         }
+        for key in new:
+            listed[key] = ObjectInfo(key, None)
         self._settle(sorted(touched))
         for name, marker in fresh:
             self._seen[name] = marker.at_ms
@@ -225,8 +233,11 @@ class ChangeLogStore:
         return self.stat(key)[0]
 
     def read(self, key: str, most: int | None = None) -> bytes:
+        return self.read_versioned(key, most)[0]
+
+    def read_versioned(self, key: str, most: int | None = None) -> tuple[bytes, str | None]:
         try:
-            return self.inner.read(key, most)
+            return self.inner.read_versioned(key, most)
         except FileNotFoundError:
             self._listing.pop(key, None)
             raise

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
+from fsspec.asyn import sync
+
 from ledger.keys import is_safe_key
 from ledger.s3 import S3Settings
 
@@ -110,6 +112,11 @@ class Store(Protocol):
     def put_new(self, key: str, data: bytes) -> bool: ...
     def read(self, key: str, most: int | None = None) -> bytes:
         """The object's bytes; OversizedObject once more than ``most`` arrive."""
+        ...
+
+    def read_versioned(self, key: str, most: int | None = None) -> tuple[bytes, str | None]:
+        """``read``, with the version of what was read (as ``stat`` tells it), from the
+        same request."""
         ...
 
     def exists(self, key: str) -> bool: ...
@@ -242,6 +249,9 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
 
     def read(self, key: str, most: int | None = None) -> bytes:
+        return self.read_versioned(key, most)[0]
+
+    def read_versioned(self, key: str, most: int | None = None) -> tuple[bytes, str | None]:
         # Checked on the open descriptor, not the name: the entry may be swapped for a link
         # or FIFO after a stat (O_NONBLOCK: opening a FIFO does not wait for a writer).
         self.requests["get"] += 1
@@ -253,10 +263,11 @@ class LocalStore:
                 raise NotRegularFile(f"{key} is not a regular file") from exc
             raise
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise NotRegularFile(f"{key} is not a regular file")
             data = handle.read() if most is None else handle.read(most + 1)
-        return _bounded(key, data, most)
+        return _bounded(key, data, most), str(info.st_mtime_ns)
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
@@ -390,19 +401,34 @@ class S3Store:
         return True
 
     def read(self, key: str, most: int | None = None) -> bytes:
+        return self.read_versioned(key, most)[0]
+
+    def read_versioned(self, key: str, most: int | None = None) -> tuple[bytes, str | None]:
         # A ranged GET: an object overwritten since its size was checked still costs at most
         # ``most`` + 1 bytes.
-        bounds = {} if most is None else {"start": 0, "end": most + 1}
+        path = self._path(key)
         try:
-            data: bytes = self._call("get", self.fs.cat_file, self._path(key), **bounds)
+            data, etag = self._call("get", sync, self.fs.loop, self._get_object, path, most)
         except StorageError as exc:
             # S3 answers 416 to any range of an empty object (a range from byte 0 is
             # unsatisfiable only there): a peer's empty file is data to judge, not an outage.
             cause = exc.__cause__
-            if bounds and isinstance(cause, OSError) and cause.errno == errno.EINVAL:
-                return b""
+            if most is not None and isinstance(cause, OSError) and cause.errno == errno.EINVAL:
+                return b"", None
             raise
-        return _bounded(key, data, most)
+        return _bounded(key, data, most), etag
+
+    async def _get_object(self, path: str, most: int | None) -> tuple[bytes, str | None]:
+        """GetObject's body and ETag (s3fs's ``cat_file`` drops the headers)."""
+        bucket, key, _ = self.fs.split_path(path)
+        ranged = {} if most is None else {"Range": f"bytes=0-{most}"}
+        answer = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **ranged)
+        try:
+            data: bytes = await answer["Body"].read()
+        finally:
+            answer["Body"].close()
+        etag = answer.get("ETag")
+        return data, etag and str(etag)
 
     def size(self, key: str) -> int:
         return self.stat(key)[0]
