@@ -85,7 +85,7 @@ def reader_main(conn: Any, url: str, options: dict[str, Any], args: argparse.Nam
 
 
 def sample_calls(reader: Ledger, nodes: int, calls: int, rng: random.Random) -> dict[str, Any]:
-    latencies, refreshes, requests, added = [], [], [], []
+    latencies, refreshes, listings, reads, requests, added = [], [], [], [], [], []
     for _ in range(calls):
         before = dict(reader.store.requests)
         start = time.perf_counter()
@@ -101,6 +101,8 @@ def sample_calls(reader: Ledger, nodes: int, calls: int, rng: random.Random) -> 
         requests.append({k: after[k] - before.get(k, 0) for k in after})
         added.append(reader._last_refresh.added)
         refreshes.append(reader._last_refresh.seconds * 1000)
+        listings.append(reader._last_refresh.list_seconds * 1000)
+        reads.append(reader._last_refresh.read_seconds * 1000)
         assert got.get_column("group_id").n_unique() == J, got.height
         time.sleep(0.05)  # a node samples once a round, not in a tight loop
     kinds = sorted({k for r in requests for k in r})
@@ -108,8 +110,11 @@ def sample_calls(reader: Ledger, nodes: int, calls: int, rng: random.Random) -> 
         "sample_p50_ms": pct(latencies, 50),
         "sample_p95_ms": pct(latencies, 95),
         "refresh_p50_ms": pct(refreshes, 50),
+        "refresh_list_p50_ms": pct(listings, 50),
+        "refresh_read_p50_ms": pct(reads, 50),
         "requests_per_call": {k: statistics.mean(r.get(k, 0) for r in requests) for k in kinds},
         "new_objects_per_call": statistics.mean(added),
+        "new_objects_p50": pct(added, 50),
         "reader_rss_mb": rss_mb(),
         "files_indexed": len(reader.catalog.files),
     }
@@ -257,8 +262,8 @@ def main() -> None:
 
 def print_table(results: list[dict[str, Any]]) -> None:
     print(
-        "objects    rows  sample_p50  sample_p95  refresh_p50  list/call  head/call  get/call  "
-        "new/call  publish_p50  reader_MB"
+        "objects    rows  sample_p50  sample_p95  refresh_p50  (list  read)  list/call  head/call  "
+        "get/call  new/call (p50)  publish_p50  reader_MB"
     )
     for r in results:
         if "objects" not in r:
@@ -267,8 +272,10 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print(
             f"{r['objects']:7d} {r['rows']:7d}  {r['sample_p50_ms']:8.0f}ms  "
             f"{r['sample_p95_ms']:8.0f}ms  {r['refresh_p50_ms']:9.0f}ms  "
+            f"({r.get('refresh_list_p50_ms', 0):4.0f} {r.get('refresh_read_p50_ms', 0):5.0f})  "
             f"{req.get('list', 0):9.1f}  {req.get('head', 0):9.1f}  "
-            f"{req.get('get', 0):8.1f}  {r['new_objects_per_call']:8.1f}  "
+            f"{req.get('get', 0):8.1f}  {r['new_objects_per_call']:8.1f} "
+            f"({r.get('new_objects_p50', 0):4.0f})  "
             f"{r['publish_p50_ms']:9.0f}ms  {r['reader_rss_mb']:9.0f}"
         )
     for r in results:

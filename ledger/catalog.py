@@ -140,7 +140,11 @@ class RefreshStats:
     rejected_rows: int = 0
     vanished: int = 0
     seconds: float = 0.0
-    """How long the refresh took (listing, examining and indexing)."""
+    """How long the refresh took (listing, examining and indexing), of which:"""
+    list_seconds: float = 0.0
+    """listing the store (a change-log poll, a local walk);"""
+    read_seconds: float = 0.0
+    """reading new files into local copies (with copies; else DuckDB reads as it examines)."""
 
 
 class Catalog:
@@ -209,7 +213,9 @@ class Catalog:
         return stats
 
     def _refresh_once(self) -> RefreshStats:
+        started = time.perf_counter()
         listing = self.store.list()
+        listed_in = time.perf_counter() - started
         current = {o.key: o for o in listing}
         # What differs from the last listing read through: a refresh costs what is new,
         # not what the ledger holds. Stores hand back the same ObjectInfo for an object
@@ -234,7 +240,7 @@ class Catalog:
         removed = [k for k in gone if k in self.files]
         removed += [o.key for o in changed if o.key in self.files]
         added = changed
-        stats = RefreshStats(added=len(added), removed=len(removed))
+        stats = RefreshStats(added=len(added), removed=len(removed), list_seconds=listed_in)
         if not added and not removed:
             self._listed = current
             return stats
@@ -243,7 +249,7 @@ class Catalog:
         if removed:
             self._drop_files(self._forget(removed))
         self._views_stale = True
-        new_states = self._examine_all(added)
+        new_states = self._examine_all(added, stats)
         ok = [s for s in new_states if s.status == OK]
         try:
             for start in range(0, len(ok), INGEST_BATCH_FILES):
@@ -389,11 +395,13 @@ class Catalog:
         what = "lines of" if problem.lines else "node log"
         log.warning("skipping %s %s: %s (%s)", what, key, problem.reason, problem.detail)
 
-    def _examine_all(self, objects: list[ObjectInfo]) -> list[FileState]:
+    def _examine_all(self, objects: list[ObjectInfo], stats: RefreshStats) -> list[FileState]:
         """Judge new files by their place, size and Parquet footer, chunks in parallel."""
         states = [self._place_and_size(o) for o in objects]
         if self.copies is not None:
+            started = time.perf_counter()
             _in_threads(self._take_copy, [s for s in states if s.status == OK])
+            stats.read_seconds = time.perf_counter() - started
         pending = [s for s in states if s.status == OK]
         chunks = [pending[i : i + EXAMINE_CHUNK] for i in range(0, len(pending), EXAMINE_CHUNK)]
         _in_threads(self._check_schemas, chunks)

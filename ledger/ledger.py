@@ -626,6 +626,8 @@ class Ledger:
             stats.removed += again.removed
             stats.vanished = again.vanished
             stats.seconds += again.seconds
+            stats.list_seconds += again.list_seconds
+            stats.read_seconds += again.read_seconds
         self._listed_at = time.monotonic()
         changed = stats.added or stats.removed
         if changed and self._listed_at - self._index_saved_at >= INDEX_SAVE_EVERY_S:
