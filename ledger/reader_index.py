@@ -35,7 +35,8 @@ from ledger.sqltext import sql_str
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+"""2: valid_rows holds one row per file, with its accepted row numbers as a list."""
 TABLES = ("group_index", "groups", "valid_rows", *(n.name for n in node_logs.ALL))
 """The catalog's own relations, copied as they are."""
 

@@ -144,7 +144,7 @@ class LocalStore:
         self.root = Path(root).expanduser().resolve()
         self._root = str(self.root)
         self.url = self.root.as_uri()
-        self._dirs: dict[str, tuple[int, list[str], list[ObjectInfo]]] = {}
+        self._dirs: dict[str, tuple[int, list[str], dict[str, ObjectInfo]]] = {}
         self.unsafe_keys: set[str] = set()
         self.requests: Counter[str] = Counter()
 
@@ -177,26 +177,37 @@ class LocalStore:
             cached = self._dirs.get(directory)
             if cached is None or cached[0] != mtime or now - mtime < _MTIME_SLACK_NS:
                 self.requests["list"] += 1
+                # A file seen in the last scan keeps its ObjectInfo: readers tell what is
+                # new by identity, and a busy directory is scanned again and again.
+                known = cached[2] if cached is not None else {}
                 subdirs: list[str] = []
-                files: list[ObjectInfo] = []
+                files: dict[str, ObjectInfo] = {}
                 try:
                     with os.scandir(directory) as entries:
                         for entry in entries:
                             if entry.is_dir(follow_symlinks=False):
                                 subdirs.append(entry.path)
-                            elif _visible(entry.name):
-                                key = entry.path[cut:].replace(os.sep, "/")
-                                if entry.is_file(follow_symlinks=False) and is_safe_key(key):
-                                    files.append(ObjectInfo(key, None))
-                                elif len(self.unsafe_keys) < MAX_UNSAFE_KEYS:
-                                    self.unsafe_keys.add(repr(key))
+                            elif not _visible(entry.name):
+                                continue
+                            elif not entry.is_file(follow_symlinks=False):
+                                self._unsafe(entry.path[cut:])
+                            elif (seen := known.get(entry.name)) is not None:
+                                files[entry.name] = seen
+                            elif is_safe_key(key := entry.path[cut:].replace(os.sep, "/")):
+                                files[entry.name] = ObjectInfo(key, None)
+                            else:
+                                self._unsafe(key)
                 except FileNotFoundError:
                     continue
                 cached = (mtime, subdirs, files)
                 self._dirs[directory] = cached
             stack.extend(cached[1])
-            found.extend(cached[2])
+            found.extend(cached[2].values())
         return found
+
+    def _unsafe(self, key: str) -> None:
+        if len(self.unsafe_keys) < MAX_UNSAFE_KEYS:
+            self.unsafe_keys.add(repr(key.replace(os.sep, "/")))
 
     def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
         """A walk of ``prefix`` (uncached: the change log is an S3 device; a local ledger
