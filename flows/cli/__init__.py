@@ -1,6 +1,6 @@
 """The `sapo` command line: a thin layer over the ledger and the flows.
 
-One module per command group (ledger, swarm, sweep). Heavy libraries are imported inside
+One module per command group (ledger, swarm, sweep, infra). Heavy libraries are imported inside
 the commands, so `sapo --help` stays quick and `sapo ledger ...` runs on the base install
 (no torch, Prefect or MLflow).
 """
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import ledger, swarm, sweep
+from flows.cli import infra, ledger, swarm, sweep
 from flows.cli.common import parse_storage_options
 from flows.env import apply_offline_defaults
 
@@ -27,6 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(ledger.app, name="ledger")
+app.add_typer(infra.app, name="infra")
 for command in (swarm.swarm, swarm.node, swarm.deploy, sweep.experiment, sweep.report, swarm.demo):
     app.command()(command)
 

@@ -47,6 +47,7 @@ WorkdirOpt = Annotated[
 EXTRAS = {
     "flows": ("torch", "transformers", "reasoning_gym", "prefect", "mlflow", "rich"),
     "dashboards": ("matplotlib",),
+    "infra": ("prefect", "mlflow", "psycopg", "moto"),
 }
 
 

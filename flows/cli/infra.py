@@ -1,0 +1,82 @@
+"""`sapo infra up|down|status`: the production-shaped stack from packages (flows/stack.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import fail, require
+
+app = typer.Typer(
+    help="PostgreSQL, an S3 server, Prefect and MLflow on this machine, without Docker "
+    "(infra/docker-compose.yml is the same stack with Docker).",
+    no_args_is_help=True,
+)
+
+HomeOpt = Annotated[
+    Path, typer.Option("--home", help="Where the stack keeps its state, logs and data.")
+]
+
+
+@app.command()
+def up(
+    home: HomeOpt = Path("sapo-work/stack"),
+    host: Annotated[str, typer.Option(help="Address every service binds.")] = "127.0.0.1",
+    s3_endpoint: Annotated[
+        str | None, typer.Option(help="Use this S3 server (MinIO) instead of starting one.")
+    ] = None,
+    free_ports: Annotated[
+        bool, typer.Option(help="Pick free ports instead of 5432, 9000, 4200 and 5000.")
+    ] = False,
+) -> None:
+    """Start the stack; print its URLs and the variables clients export."""
+    require("infra")
+    from flows import stack
+
+    ports = dict.fromkeys(stack.DEFAULT_PORTS, 0) if free_ports else None
+    try:
+        started = stack.up(home, host=host, ports=ports, s3_endpoint=s3_endpoint)
+    except stack.StackError as exc:
+        raise fail(str(exc)) from exc
+    described = stack.describe(started)
+    for name in ("prefect", "mlflow", "s3", "ledger", "postgres"):
+        print(f"{name:9s}{described[name]}")
+    print("\n# on every machine that runs nodes or workers:")
+    for name, value in described["env"].items():
+        print(f"export {name}={value}")
+
+
+@app.command()
+def down(home: HomeOpt = Path("sapo-work/stack")) -> None:
+    """Stop everything the stack at --home started."""
+    from flows import stack
+
+    try:
+        stopped = stack.down(home)
+    except stack.StackError as exc:
+        raise fail(str(exc)) from exc
+    print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@app.command()
+def status(
+    home: HomeOpt = Path("sapo-work/stack"),
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Whether each service answers (exit 1 if one does not)."""
+    from flows import stack
+
+    try:
+        answers = stack.status(home)
+    except stack.StackError as exc:
+        raise fail(str(exc)) from exc
+    if as_json:
+        print(json.dumps(answers))
+    else:
+        for name, ok in answers.items():
+            print(f"{name:9s}{'up' if ok else 'DOWN'}")
+    if not all(answers.values()):
+        raise typer.Exit(1)
