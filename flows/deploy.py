@@ -2,10 +2,11 @@
 
 Two ways to run them:
 - work pool (several machines): `sapo deploy -c FILE --work-pool sapo` registers the
-  deployments with the Prefect server at PREFECT_API_URL; on each machine
-  `prefect worker start --pool sapo` picks up scheduled runs. Workers need this package
-  installed and access to the ledger and the tracking store; the swarm file travels as a
-  parameter.
+  deployments with the Prefect server at PREFECT_API_URL (`--pin NODE=QUEUE` pins a node to
+  the machine whose worker polls that queue); on each machine
+  `prefect worker start --pool sapo [--work-queue QUEUE]` picks up scheduled runs. Workers
+  need this package installed (the entrypoint is a module path) and access to the ledger and
+  the tracking store; the swarm file travels as a parameter.
 - serve (one machine): `sapo deploy -c FILE --serve` registers the same deployments and
   runs their schedules in this process until stopped. Schedules need a Prefect server (the
   ephemeral mode creates no scheduled runs); without PREFECT_API_URL it starts one on
@@ -24,15 +25,12 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from flows.config import SwarmConfig, swarm_yaml
-
-SOURCE_ROOT = Path(__file__).resolve().parents[1]
-ENTRYPOINT = "flows/round.py:node_flow"
 
 
 def deployment_parameters(config: SwarmConfig, node_id: str, rounds_per_run: int) -> dict[str, Any]:
@@ -93,16 +91,40 @@ def register_with_pool(
     cron: str | None,
     interval_s: float | None,
     rounds_per_run: int,
+    queues: dict[str, str] | None = None,
 ) -> list[str]:
-    """Register the deployments with a work pool on the Prefect server; returns their ids."""
+    """Register the deployments with a process work pool on the Prefect server (created if
+    missing); returns their ids.
+
+    The entrypoint is the flow's module path (``flows.round.node_flow``), which every
+    machine with sapo installed imports: workers need no copy of this checkout. ``queues``
+    pins nodes to machines: node id -> the work queue a machine's worker polls
+    (``prefect worker start --pool P --work-queue Q``); other nodes go to the default queue.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.deployments.runner import EntrypointType
+    from prefect.exceptions import ObjectAlreadyExists
+
     from flows.round import node_flow
 
+    unknown = sorted(set(queues or {}) - {spec.node_id for spec in config.nodes})
+    if unknown:
+        raise ValueError(f"pinned nodes not in the swarm: {', '.join(unknown)}")
+    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
+        client.create_work_pool(WorkPoolCreate(name=work_pool, type="process"))
     made = per_node(config, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
     ids = []
     for kwargs in made:
-        flow = node_flow.from_source(source=str(SOURCE_ROOT), entrypoint=ENTRYPOINT)
-        deployment_id = flow.deploy(  # type: ignore[union-attr]
-            work_pool_name=work_pool, build=False, push=False, print_next_steps=False, **kwargs
+        node_id = kwargs["parameters"]["node_id"]
+        deployment_id = node_flow.deploy(
+            work_pool_name=work_pool,
+            work_queue_name=(queues or {}).get(node_id),
+            entrypoint_type=EntrypointType.MODULE_PATH,
+            build=False,
+            push=False,
+            print_next_steps=False,
+            **kwargs,
         )
         ids.append(str(deployment_id))
     return ids

@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.cli.common import SetOpt, SwarmFileOpt, WorkdirOpt, fail, print_frame, require
+from flows.cli.common import (
+    SetOpt,
+    SwarmFileOpt,
+    WorkdirOpt,
+    fail,
+    guarded,
+    print_frame,
+    require,
+)
 
 if TYPE_CHECKING:
     from flows.config import SwarmConfig
@@ -233,6 +241,13 @@ def deploy(
     serve: Annotated[
         bool, typer.Option(help="Run the schedules in this process until stopped.")
     ] = False,
+    pin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NODE=QUEUE: the node's runs go to that work queue, which one machine's "
+            "worker polls (--work-pool only; repeatable)."
+        ),
+    ] = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
 ) -> None:
@@ -248,14 +263,25 @@ def deploy(
     if work_pool is not None:
         if not os.environ.get("PREFECT_API_URL"):
             raise fail("--work-pool needs a Prefect server: set PREFECT_API_URL")
-        ids = deploying.register_with_pool(
-            cfg, work_pool=work_pool, cron=cron, interval_s=interval, rounds_per_run=rounds_per_run
+        queues = pinned_queues(pin)
+        ids = guarded(
+            lambda: deploying.register_with_pool(
+                cfg,
+                work_pool=work_pool,
+                cron=cron,
+                interval_s=interval,
+                rounds_per_run=rounds_per_run,
+                queues=queues,
+            )
         )
         print(
             f"registered {len(ids)} deployments with work pool {work_pool!r}; run workers "
             f"with: prefect worker start --pool {work_pool}"
+            + (" --work-queue QUEUE" if queues else "")
         )
         return
+    if pin:
+        raise fail("--pin goes with --work-pool")
     api = os.environ.get("PREFECT_API_URL")
     if api:
         serve_deployments(cfg, cron, interval, rounds_per_run, api)
@@ -265,6 +291,17 @@ def deploy(
         os.environ["PREFECT_API_URL"] = api  # before Prefect is imported
         print(f"started a Prefect server for these schedules at {api.removesuffix('/api')}")
         serve_deployments(cfg, cron, interval, rounds_per_run, api)
+
+
+def pinned_queues(pins: list[str] | None) -> dict[str, str]:
+    """``--pin NODE=QUEUE`` options as node id -> work queue."""
+    out = {}
+    for pin in pins or []:
+        node, sep, queue = pin.partition("=")
+        if not (sep and node and queue):
+            raise fail(f"--pin takes NODE=QUEUE, got {pin!r}")
+        out[node] = queue
+    return out
 
 
 def serve_deployments(

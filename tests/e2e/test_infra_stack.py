@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows import stack as stack_module
+from tests.e2e.test_swarm import swarm_file, tiny_model  # noqa: F401  (fixture)
 from tests.factories import round_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -33,7 +34,7 @@ def _exports(text: str) -> dict[str, str]:
     return {p[0]: p[1] for p in pairs if len(p) == 2 and p[0].isupper()}
 
 
-def test_the_stack_comes_up_serves_and_goes_down(tmp_path: Path) -> None:
+def test_the_stack_comes_up_serves_and_goes_down(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
     home = tmp_path / "stack"
     started = _sapo("infra", "up", "--home", str(home), "--free-ports")
     assert started.returncode == 0, started.stderr
@@ -49,6 +50,7 @@ def test_the_stack_comes_up_serves_and_goes_down(tmp_path: Path) -> None:
             "postgres": True,
         }
         _check_services(stack, env)
+        _check_deployments(stack, env, swarm_file(tmp_path, tiny_model, node_count=3))
     finally:
         stopped = _sapo("infra", "down", "--home", str(home))
     assert stopped.returncode == 0, stopped.stderr
@@ -71,6 +73,7 @@ import json, os, duckdb, mlflow, s3fs
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from ledger import Ledger
+from tests.e2e.test_swarm import swarm_file, tiny_model  # noqa: F401  (fixture)
 from tests.factories import round_rows
 
 # Prefect: a work pool, created and read back through the API.
@@ -117,3 +120,35 @@ print(json.dumps({{"pool": pool, "artifacts": artifacts, "metric": metric, "rows
         )
         assert count.returncode == 0, count.stderr
         assert int(count.stdout.strip()) >= 1
+
+
+def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Path) -> None:
+    """`sapo deploy --work-pool` registers one deployment per node on a process pool (made
+    if missing): the flow by module path (workers import it, no checkout needed), one run at
+    a time, node-0 pinned to its machine's queue."""
+    import httpx
+
+    registered = _sapo(
+        "deploy", "-c", str(swarm), "--work-pool", "machines", "--interval", "3600",
+        "--pin", "node-0=machine-a", env=env,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr[-2000:]
+    assert "registered 3 deployments with work pool 'machines'" in registered.stdout
+    api = stack.prefect_api_url
+    deployments = httpx.post(f"{api}/deployments/filter", json={}, timeout=30).json()
+    by_name = {d["name"]: d for d in deployments}
+    assert set(by_name) == {f"e2e-swarm-node-{i}" for i in range(3)}
+    for name, d in by_name.items():
+        assert d["entrypoint"] == "flows.round.node_flow"
+        assert d["work_pool_name"] == "machines"
+        assert d["work_queue_name"] == ("machine-a" if name.endswith("node-0") else "default")
+        assert d["parameters"]["node_id"] == name.removeprefix("e2e-swarm-")
+        # One run at a time (Prefect 3 keeps it as the deployment's concurrency limit object).
+        limit = d.get("concurrency_limit") or (d.get("global_concurrency_limit") or {}).get("limit")
+        assert limit == 1
+        assert d["schedules"][0]["schedule"]["interval"] == 3600
+    pool = httpx.get(f"{api}/work_pools/machines", timeout=30).json()
+    assert pool["type"] == "process"
+    bad = _sapo("deploy", "-c", str(swarm), "--work-pool", "machines", "--interval", "60",
+                "--pin", "node-9=x", env=env)  # fmt: skip
+    assert bad.returncode == 2 and "pinned nodes not in the swarm: node-9" in bad.stderr
