@@ -18,11 +18,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -48,12 +46,11 @@ from ledger.storage import (
     OversizedObject,
     StorageError,
     Store,
+    in_threads,
     is_local,
 )
 
 log = logging.getLogger(__name__)
-A = TypeVar("A")
-R = TypeVar("R")
 
 OK = "ok"
 VANISHED = "vanished"
@@ -61,8 +58,7 @@ VANISHED = "vanished"
 INGEST_BATCH_FILES = 2000
 """Files read per ingest query: bounds memory when a reader first meets a large ledger."""
 EXAMINE_CHUNK = 256
-EXAMINE_THREADS = 8
-"""Footers are read in chunks on a few threads: on S3 each footer is a round trip."""
+"""Footers are read in chunks, a few chunks at a time (``in_threads``)."""
 
 GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
@@ -96,20 +92,8 @@ def _changed(state: FileState, listed: ObjectInfo) -> bool:
     )
 
 
-FIRST_COPY = "QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY source_file) = 1"
-"""Of the copies of a group about to be served, the one in the first file by name."""
-
 CONSISTENT_COLUMNS = ("task", "task_config", "task_seed", "task_index", "question", "answer")
 """Columns every row of a served group shares (the question it answers)."""
-
-
-def _in_threads(work: Callable[[A], R], items: list[A]) -> list[R]:
-    """``work`` over ``items``, on up to EXAMINE_THREADS threads when there is more than one
-    (each is a round trip on S3), in order."""
-    if len(items) <= 1:
-        return [work(item) for item in items]
-    with ThreadPoolExecutor(min(EXAMINE_THREADS, len(items))) as pool:
-        return list(pool.map(work, items))
 
 
 class FileChanged(StorageError):
@@ -231,16 +215,15 @@ class Catalog:
         # Objects are written once, but a peer may overwrite its own: a known key is
         # examined again when the listing shows a new size or version (S3's ETag). A local
         # listing has neither; fetch_groups re-checks the files it reads instead.
-        changed = [
+        added = [
             o
             for o in listed
             if o.key.endswith(".parquet")
             and not o.key.startswith(node_logs.PREFIXES)
             and (o.key not in self.files or _changed(self.files[o.key], o))
         ]
-        removed = [k for k in gone if k in self.files]
-        removed += [o.key for o in changed if o.key in self.files]
-        added = changed
+        overwritten = [o.key for o in added if o.key in self.files]
+        removed = [k for k in gone if k in self.files] + overwritten
         stats = RefreshStats(added=len(added), removed=len(removed), list_seconds=listed_in)
         if not added and not removed:
             self._listed = current
@@ -299,8 +282,6 @@ class Catalog:
         paths = [self.files.pop(k).path for k in keys if k in self.files]
         for path in paths:
             self._by_path.pop(path, None)
-        if self.copies is not None:
-            self.copies.remove(paths)
         return paths
 
     def condemn(self, paths: list[str], detail: str) -> None:
@@ -310,8 +291,6 @@ class Catalog:
         for state in states:
             log.warning("skipping %s from now on: %s", state.key, detail)
             state.status, state.detail = v.CHANGED, detail
-        if self.copies is not None:
-            self.copies.remove([s.path for s in states])
         self._drop_files([s.path for s in states])
         self._views_stale = True
 
@@ -401,13 +380,13 @@ class Catalog:
         states = [self._place_and_size(o) for o in objects]
         if self.copies is not None:
             started = time.perf_counter()
-            _in_threads(self._take_copy, [s for s in states if s.status == OK])
+            in_threads(self._take_copy, [s for s in states if s.status == OK])
             stats.read_seconds = time.perf_counter() - started
         pending = [s for s in states if s.status == OK]
         chunks = [pending[i : i + EXAMINE_CHUNK] for i in range(0, len(pending), EXAMINE_CHUNK)]
-        _in_threads(self._check_schemas, chunks)
+        in_threads(self._check_schemas, chunks)
         signed = [s for s in states if s.status == OK and self._needs_signature(s)]
-        _in_threads(self._check_signature, signed)
+        in_threads(self._check_signature, signed)
         return states
 
     def _needs_signature(self, state: FileState) -> bool:
@@ -664,10 +643,12 @@ class Catalog:
         con.execute("DROP TABLE _judged; DROP TABLE _groups; DROP TABLE _accepted")
 
     def _drop_files(self, paths: list[str]) -> None:
-        """Stop serving the files at ``paths``: their index rows go, and each group one of
-        them served is served from another indexed copy, if there is one."""
+        """Stop serving the files at ``paths``: their index rows and local copies go, and
+        each group one of them served is served from another indexed copy, if there is one."""
         if not paths:
             return
+        if self.copies is not None:
+            self.copies.remove(paths)
         con = self.con
         # Paths go in as a small table joined by hash: a list literal tested row by row
         # costs (rows x paths), and compaction removes many files at once.
@@ -685,10 +666,12 @@ class Catalog:
             ("groups", "source_file"),
         ):
             con.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT path FROM _removed)")
+        # Each orphan from its first other copy by file name (DuckDB inserts in the order
+        # given), as a new group is served.
         con.execute(
-            f"""INSERT INTO groups
+            """INSERT INTO groups
             SELECT gi.* FROM group_index gi SEMI JOIN _orphaned USING (group_id)
-            {FIRST_COPY} ON CONFLICT DO NOTHING"""
+            ORDER BY gi.source_file ON CONFLICT DO NOTHING"""
         )
         con.execute("DROP TABLE _orphaned; DROP TABLE _removed")
 
@@ -835,7 +818,7 @@ class Catalog:
         if is_local(self.store):  # a stat takes microseconds: threads would cost more
             moved = [self._moved(s) for s in states]
         else:
-            moved = _in_threads(self._moved, states)
+            moved = in_threads(self._moved, states)
         return [s.path for s, m in zip(states, moved, strict=True) if m]
 
     def _moved(self, state: FileState) -> bool:

@@ -28,13 +28,12 @@ import builtins
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledger.config import ChangeLogConfig
 from ledger.keys import is_safe_key
-from ledger.storage import LEDGER_SUFFIXES, NotRegularFile, ObjectInfo, Store
+from ledger.storage import LEDGER_SUFFIXES, NotRegularFile, ObjectInfo, Store, in_threads
 
 if TYPE_CHECKING:
     import duckdb
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
 CHANGES_PREFIX = "_changes/"
 ADDED = ".added"
 REMOVED = ".removed"
-STAT_THREADS = 8
-"""Marked keys are stat'ed a few at a time: on S3 each is a round trip."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +165,7 @@ class ChangeLogStore:
         """Each key is listed as the store has it now, or not at all."""
         if not keys:
             return
-        with ThreadPoolExecutor(min(STAT_THREADS, len(keys))) as pool:
-            found = list(pool.map(self._stat_or_none, keys))
+        found = in_threads(self._stat_or_none, keys)
         self.feed.stats += len(keys)
         for key, info in zip(keys, found, strict=True):
             if info is None:

@@ -36,7 +36,7 @@ from ledger.records import RecordError, to_table
 from ledger.retrying import RetryPolicy, first_line, retrying
 from ledger.schema import check_id
 from ledger.sqltext import EMPTY_ROLLOUTS_SQL
-from ledger.storage import S3Store, StorageError, StoreUnusable, open_store
+from ledger.storage import StorageError, StoreUnusable, is_local, open_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -129,8 +129,7 @@ class Ledger:
             }
         )
         self._lock = threading.RLock()
-        self._inner_store = open_store(url, storage_options)
-        self.store = with_change_log(self._inner_store, self.config.change_log)
+        self.store = with_change_log(open_store(url, storage_options), self.config.change_log)
         self.con = connect(threads, memory_limit_mb=self.config.memory_limit_mb)
         self.store.configure_duckdb(self.con)
         self.reader_index = Path(reader_index) if reader_index else None
@@ -177,7 +176,7 @@ class Ledger:
         """The folder of verified copies (ledger/copies.py) if this reader keeps them: next
         to its reader index (they outlive a restart with it), else a temporary one."""
         wanted = self.config.local_copies
-        if wanted == "off" or (wanted == "auto" and not isinstance(self._inner_store, S3Store)):
+        if wanted == "off" or (wanted == "auto" and is_local(self.store)):
             return None
         if self.reader_index is None:
             return LocalCopies()

@@ -49,7 +49,6 @@ import json
 import logging
 import re
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -67,7 +66,7 @@ from pydantic import (
 
 from ledger.keys import digest, node_prefix
 from ledger.schema import check_id
-from ledger.storage import ObjectInfo, OversizedObject, StorageError, Store
+from ledger.storage import ObjectInfo, OversizedObject, StorageError, Store, in_threads
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,6 @@ PREFIX: Final = "_manifests/"
 MAX_MANIFEST_BYTES: Final = 16_384
 """Largest manifest a reader reads; a real one is a few hundred bytes."""
 MAX_POLICY_PARAMS_CHARS: Final = 4_096
-READ_THREADS: Final = 8
 
 _KEY = re.compile(
     r"^_manifests/swarm_id=(?P<swarm_id>[^/=]+)/node_id=(?P<node_id>[^/=]+)/"
@@ -324,12 +322,7 @@ class ManifestIndex:
             self.rebuild()
 
     def _judge_all(self, objects: list[ObjectInfo]) -> list[tuple[str, NodeManifest | Skipped]]:
-        if len(objects) <= 1:
-            results = [self._judge(o) for o in objects]
-        else:
-            with ThreadPoolExecutor(min(READ_THREADS, len(objects))) as pool:
-                results = list(pool.map(self._judge, objects))
-        return [r for r in results if r is not None]
+        return [r for r in in_threads(self._judge, objects) if r is not None]
 
     def _judge(self, obj: ObjectInfo) -> tuple[str, NodeManifest | Skipped] | None:
         """The manifest at ``obj``, why it is skipped, or None if it vanished (not remembered:

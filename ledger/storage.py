@@ -15,10 +15,11 @@ import stat
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from fsspec.asyn import sync
@@ -31,7 +32,10 @@ if TYPE_CHECKING:
 
 
 S3_READ_THREADS = 8
+"""Requests to a store in flight at once (DuckDB's reads of remote Parquet, and ``in_threads``)."""
 _MTIME_SLACK_NS = 2_000_000_000
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 class StorageError(RuntimeError):
@@ -128,6 +132,15 @@ class Store(Protocol):
         ...
 
     def configure_duckdb(self, con: duckdb.DuckDBPyConnection) -> None: ...
+
+
+def in_threads(work: Callable[[A], R], items: Sequence[A]) -> list[R]:
+    """``work`` over ``items`` in order, on up to ``S3_READ_THREADS`` threads when there is
+    more than one: each item is a round trip to the store on S3."""
+    if len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(min(S3_READ_THREADS, len(items))) as pool:
+        return list(pool.map(work, items))
 
 
 def is_local(store: Store) -> bool:
