@@ -19,6 +19,7 @@ deployment loads as it is (`swarm_yaml`).
 from __future__ import annotations
 
 import copy
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Self, get_args
@@ -36,6 +37,8 @@ DEFAULT_SWARM = "cpu.yaml"
 # The sampling policy kinds (the `kind` default of each policy model).
 KINDS = frozenset(str(m.model_fields["kind"].default) for m in get_args(AnyPolicy))
 DEFAULT_NODE_COUNT = 3
+WORKDIR_ENV = "SAPO_WORKDIR"
+"""Where a worker machine's nodes keep their state, over the deployed swarm's workdir."""
 
 
 class ConfigError(ValueError):
@@ -45,7 +48,11 @@ class ConfigError(ValueError):
 class TrackingConfig(Strict):
     """MLflow: where runs go. Null uri: a SQLite file under the working directory."""
 
-    uri: str | None = Field(None, description="MLflow tracking URI (sqlite:///..., http://...).")
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (sqlite:///..., http://...); default: "
+        "$MLFLOW_TRACKING_URI, else <workdir>/mlflow.db.",
+    )
     experiment: str | None = Field(None, description="Experiment name; default: the swarm id.")
     artifact_location: str | None = Field(
         None, description="Where new experiments keep artifacts; default: <workdir>/mlartifacts."
@@ -180,10 +187,23 @@ class SwarmConfig(Strict):
         raise ConfigError(f"no node {node_id!r} in swarm {self.swarm_id}; it has {known}")
 
     def tracking_uri(self) -> str:
-        return self.tracking.uri or f"sqlite:///{self.workdir / 'mlflow.db'}"
+        """As configured, else $MLFLOW_TRACKING_URI (what `sapo infra up` exports for a
+        tracking server), else a SQLite file in the working directory."""
+        return (
+            self.tracking.uri
+            or os.environ.get("MLFLOW_TRACKING_URI")
+            or f"sqlite:///{self.workdir / 'mlflow.db'}"
+        )
 
-    def artifact_location(self) -> str:
-        return self.tracking.artifact_location or (self.workdir / "mlartifacts").as_uri()
+    def artifact_location(self) -> str | None:
+        """Where a new experiment keeps its artifacts: as configured; for a local store,
+        <workdir>/mlartifacts; for a tracking server, None (the server's own artifact
+        root, which it may serve from a bucket)."""
+        if self.tracking.artifact_location:
+            return self.tracking.artifact_location
+        if self.tracking_uri().startswith(("http://", "https://", "databricks")):
+            return None
+        return (self.workdir / "mlartifacts").as_uri()
 
 
 def node_entries(data: dict[str, Any]) -> list[Any]:

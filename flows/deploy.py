@@ -35,8 +35,14 @@ from flows.config import SwarmConfig, swarm_yaml
 
 def deployment_parameters(config: SwarmConfig, node_id: str, rounds_per_run: int) -> dict[str, Any]:
     """The node flow's parameters: the resolved swarm travels with them (workers need no
-    copy of the file)."""
-    return {"node_id": node_id, "swarm_text": swarm_yaml(config), "more_rounds": rounds_per_run}
+    copy of the file). Each run adds `rounds_per_run` rounds up to the swarm's last; runs
+    after it do nothing."""
+    return {
+        "node_id": node_id,
+        "swarm_text": swarm_yaml(config),
+        "more_rounds": rounds_per_run,
+        "until_round": config.rounds,
+    }
 
 
 def schedule_kwargs(cron: str | None, interval_s: float | None) -> dict[str, Any]:

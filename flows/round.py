@@ -13,6 +13,7 @@ generation and updates are not I/O and a retry would not help them.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,8 +24,9 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 from prefect.utilities.annotations import quote
 
-from flows import steps
-from flows.config import SwarmConfig, load_swarm
+from flows import checkpoint, steps
+from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
+from flows.env import apply_offline_defaults
 from flows.progress import NodeProgress
 from flows.runtime import NodeRuntime, open_node
 from flows.steps import RoundState
@@ -121,6 +123,17 @@ def round_flow(
     return track_task(node, this)
 
 
+def rounds_to_run(start: int, end: int, until_round: int | None, more_rounds: int | None) -> range:
+    """The rounds a node flow runs from checkpoint `start`: up to `end`, or `more_rounds`
+    of them; with both `more_rounds` and `until_round`, no further than `end` (a scheduled
+    deployment's run after the swarm's last round runs none)."""
+    if more_rounds is None:
+        return range(start, end)
+    if until_round is None:  # `sapo node --more-rounds`: may go past the swarm's rounds
+        return range(start, start + more_rounds)
+    return range(start, min(start + more_rounds, end))
+
+
 @flow(name="sapo-node", flow_run_name="{node_id}")
 def node_flow(
     node_id: str,
@@ -133,21 +146,38 @@ def node_flow(
     swarm: SwarmConfig | None = None,
 ) -> dict[str, Any]:
     """Run a node's rounds: up to `until_round` in total (default: the swarm's rounds), or
-    `more_rounds` past its checkpoint (what a scheduled deployment runs each time).
+    `more_rounds` past its checkpoint, and then no further than `until_round` when both
+    are given (what a scheduled deployment runs each time: its runs after the swarm's last
+    round do nothing).
 
     The swarm comes resolved (`swarm`, what `sapo node` passes: Prefect records it as the
     run's parameter), or as a file or its text (`swarm_text`: what a deployment passes, so
-    workers on other machines need no copy of the file)."""
+    workers on other machines need no copy of the file). Then $SAPO_WORKDIR, where the
+    worker's machine sets it, is where the node keeps its checkpoints, key and index."""
+    apply_offline_defaults()  # a worker's flow run starts here, not in the sapo command
     if swarm is None:
-        swarm = load_swarm(swarm_file, overrides or [], text=swarm_text)
+        swarm = load_swarm(
+            swarm_file, overrides or [], text=swarm_text, workdir=os.environ.get(WORKDIR_ENV)
+        )
+    saved = checkpoint.latest(swarm.workdir, node_id)
+    end = until_round or swarm.rounds
+    if (
+        saved is not None
+        and not saved.resumable
+        and not rounds_to_run(saved.next_round, end, until_round, more_rounds)
+    ):
+        # A node that kept only its final model has nothing left to run or score (and
+        # could not be opened to train: its optimizer state is gone).
+        print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
+        return {"node_id": node_id, "rounds": [], "metrics": []}
     progress = NodeProgress.for_process(node_id)
     node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
     try:
-        start = node.next_round
-        stop = start + more_rounds if more_rounds is not None else (until_round or swarm.rounds)
+        rounds = rounds_to_run(node.next_round, end, until_round, more_rounds)
+        start, stop = rounds.start, rounds.stop
         history = []
         with running(node):
-            for round_ in range(start, stop):
+            for round_ in rounds:
                 progress.emit("round", round=round_, stop=stop)
                 last = round_ == stop - 1
                 metrics = round_flow(node_id, round_, last, started_at=time.perf_counter())
@@ -159,7 +189,10 @@ def node_flow(
                 # before it is scored by the next run, whose loop is then empty.
                 quoted: Any = quote(node)
                 final_evaluation_task(quoted)
-        node.finish(log_model=swarm.tracking.log_models and stop > start)
+        # The model is logged when the node reaches its last round (or went past it), not
+        # after every scheduled run of a few rounds.
+        reached = node.next_round >= swarm.rounds or until_round is None
+        node.finish(log_model=swarm.tracking.log_models and stop > start and reached)
         return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
     finally:
         node.close()

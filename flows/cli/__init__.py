@@ -28,7 +28,15 @@ app = typer.Typer(
 )
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(infra.app, name="infra")
-for command in (swarm.swarm, swarm.node, swarm.deploy, sweep.experiment, sweep.report, swarm.demo):
+for command in (
+    swarm.swarm,
+    swarm.node,
+    swarm.deploy,
+    sweep.experiment,
+    sweep.report,
+    sweep.compare,
+    swarm.demo,
+):
     app.command()(command)
 
 

@@ -126,10 +126,12 @@ def check_resume(
 
 
 def where(cfg: SwarmConfig) -> str:
+    uri = cfg.tracking_uri()
+    server = uri.startswith(("http://", "https://"))
     return (
         f"ledger: {cfg.ledger.url}  (sapo ledger query {cfg.ledger.url} "
         f"--dashboard reward_per_node_round)\n"
-        f"MLflow: mlflow ui --backend-store-uri {cfg.tracking_uri()}"
+        f"MLflow: {uri if server else f'mlflow ui --backend-store-uri {uri}'}"
     )
 
 
@@ -222,7 +224,7 @@ def node(
     node_flow(
         node_id,
         swarm=cfg,
-        until_round=cfg.rounds,
+        until_round=None if more_rounds else cfg.rounds,  # --more-rounds may go past it
         more_rounds=more_rounds,
         parent_run_id=parent_run_id,
     )
@@ -275,10 +277,16 @@ def deploy(
             )
         )
         print(
-            f"registered {len(ids)} deployments with work pool {work_pool!r}; run workers "
-            f"with: prefect worker start --pool {work_pool}"
+            f"registered {len(ids)} deployments with work pool {work_pool!r}; on each machine "
+            f"run a worker: SAPO_WORKDIR=<its folder> prefect worker start --pool {work_pool}"
             + (" --work-queue QUEUE" if queues else "")
         )
+        if "://" not in cfg.ledger.url or cfg.ledger.url.startswith("file://"):
+            typer.secho(
+                f"note: the ledger is a local folder ({cfg.ledger.url}): only workers on this "
+                "machine share it; give other machines a bucket (ledger.url=s3://...)",
+                err=True,
+            )
         return
     if pin:
         raise fail("--pin goes with --work-pool")

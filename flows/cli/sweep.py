@@ -1,4 +1,5 @@
-"""`sapo experiment` and `sapo report`: sharing sweeps and the report of any ledger."""
+"""`sapo experiment`, `sapo report` and `sapo compare`: sharing sweeps, the report of any
+ledger, and the nodes of an MLflow tracking store side by side."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from typing import Annotated
 import typer
 
 from flows.cli.common import (
+    FormatOpt,
     SetOpt,
     StorageOpt,
     fail,
     guarded,
     open_ledger,
     parse_storage_options,
+    print_frame,
     require,
 )
 
@@ -96,3 +99,43 @@ def report(
             f"({made.check.matched} node-rounds, max difference {made.check.max_abs_diff:.1e})"
         )
     print(f"report: {made.html}")
+
+
+def compare(
+    mlflow: Annotated[
+        str,
+        typer.Option(
+            envvar="MLFLOW_TRACKING_URI",
+            help="MLflow tracking URI: a server (http://host:5000) or sqlite:///path.",
+        ),
+    ],
+    experiment_name: Annotated[
+        str | None, typer.Option("--experiment", help="One MLflow experiment (default: all).")
+    ] = None,
+    register: Annotated[
+        str | None,
+        typer.Option(help="Register the best node's logged model under this name."),
+    ] = None,
+    fmt: FormatOpt = "table",
+) -> None:
+    """Nodes and sharing configurations side by side, from MLflow (best first by
+    cumulative_own_reward); optionally register the best node's model."""
+    require("flows", "mlflow")
+    from flows.comparison import read_comparison, register_best_model
+
+    made = guarded(lambda: read_comparison(mlflow, experiment_name))
+    print("nodes:")
+    print_frame(made.nodes, fmt)
+    print("configurations (means over their nodes):")
+    print_frame(made.configurations, fmt)
+    if register is None:
+        return
+    found = guarded(lambda: register_best_model(mlflow, made.nodes, register))
+    if found is None:
+        raise fail("no node run logged a model: nothing to register")
+    best, version = found
+    print(
+        f"registered {best['node_id']} of {best['swarm_id']} ({best['model']}, "
+        f"cumulative_own_reward {best['cumulative_own_reward']:.3f}) as {register!r} "
+        f"version {version}"
+    )

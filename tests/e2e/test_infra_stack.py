@@ -1,22 +1,34 @@
 """`sapo infra up|status|down`: PostgreSQL, an S3 server, Prefect on PostgreSQL and MLflow
 on PostgreSQL with artifacts in the bucket, from packages on 127.0.0.1, each checked through
-its own API, and nothing left running after `down`."""
+its own API; three nodes deployed on a work pool run their scheduled rounds on two workers
+("machines": separate folders that share nothing but the services); nothing is left running
+after `down`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from flows import stack as stack_module
+from tests.conftest import stop_process_group
+from tests.e2e.test_deploy import _wait
+from tests.e2e.test_stop import processes_mentioning
 from tests.e2e.test_swarm import swarm_file, tiny_model  # noqa: F401  (fixture)
 from tests.factories import round_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SERVICES = {"mlflow", "prefect", "s3", "postgres"}
 
 
 def _sapo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -34,36 +46,45 @@ def _exports(text: str) -> dict[str, str]:
     return {p[0]: p[1] for p in pairs if len(p) == 2 and p[0].isupper()}
 
 
-def test_the_stack_comes_up_serves_and_goes_down(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
-    home = tmp_path / "stack"
-    started = _sapo("infra", "up", "--home", str(home), "--free-ports")
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[stack_module.Stack, dict[str, str]]]:
+    """The stack, up through the CLI for this module's tests; `down` at the end must stop
+    every service it started and leave nothing behind."""
+    home = tmp_path_factory.mktemp("stack")
+    # The scheduler looks for new deployments every 5 s instead of 60: the test's schedules
+    # start sooner, nothing else changes.
+    started = _sapo(
+        "infra", "up", "--home", str(home), "--free-ports",
+        env={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"},
+    )  # fmt: skip
     assert started.returncode == 0, started.stderr
+    stack = stack_module.Stack.load(home)
     try:
-        env = _exports(started.stdout)
-        stack = stack_module.Stack.load(home)
-        assert env == stack.client_env()
-        status = _sapo("infra", "status", "--home", str(home), "--json")
-        assert status.returncode == 0 and json.loads(status.stdout) == {
-            "prefect": True,
-            "mlflow": True,
-            "s3": True,
-            "postgres": True,
-        }
-        _check_services(stack, env)
-        _check_deployments(stack, env, swarm_file(tmp_path, tiny_model, node_count=3))
+        yield stack, _exports(started.stdout)
     finally:
         stopped = _sapo("infra", "down", "--home", str(home))
     assert stopped.returncode == 0, stopped.stderr
-    assert set(stopped.stdout.split(": ", 1)[1].strip().split(", ")) == {
-        "mlflow",
-        "prefect",
-        "s3",
-        "postgres",
-    }
+    assert set(stopped.stdout.split(": ", 1)[1].strip().split(", ")) == SERVICES
     for pid in stack.pids.values():
         assert not stack_module._alive(pid)
     assert not Path(stack.pg_data).exists()
     assert _sapo("infra", "status", "--home", str(home)).returncode == 2  # no stack there
+    assert processes_mentioning(str(home)) == []
+
+
+def test_each_service_answers_through_its_own_api(
+    stack: tuple[stack_module.Stack, dict[str, str]],
+    tmp_path: Path,
+    tiny_model: Path,  # noqa: F811
+) -> None:
+    started, env = stack
+    assert env == started.client_env()
+    status = _sapo("infra", "status", "--home", started.home, "--json")
+    assert status.returncode == 0 and json.loads(status.stdout) == dict.fromkeys(SERVICES, True)
+    _check_services(started, env)
+    _check_deployments(started, env, swarm_file(tmp_path, tiny_model, node_count=3))
 
 
 def _check_services(stack: stack_module.Stack, env: dict[str, str]) -> None:
@@ -126,11 +147,9 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
     """`sapo deploy --work-pool` registers one deployment per node on a process pool (made
     if missing): the flow by module path (workers import it, no checkout needed), one run at
     a time, node-0 pinned to its machine's queue."""
-    import httpx
-
     registered = _sapo(
         "deploy", "-c", str(swarm), "--work-pool", "machines", "--interval", "3600",
-        "--pin", "node-0=machine-a", env=env,
+        "--pin", "node-0=registry-check", env=env,
     )  # fmt: skip
     assert registered.returncode == 0, registered.stderr[-2000:]
     assert "registered 3 deployments with work pool 'machines'" in registered.stdout
@@ -141,7 +160,7 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
     for name, d in by_name.items():
         assert d["entrypoint"] == "flows.round.node_flow"
         assert d["work_pool_name"] == "machines"
-        assert d["work_queue_name"] == ("machine-a" if name.endswith("node-0") else "default")
+        assert d["work_queue_name"] == ("registry-check" if name.endswith("node-0") else "default")
         assert d["parameters"]["node_id"] == name.removeprefix("e2e-swarm-")
         # One run at a time (Prefect 3 keeps it as the deployment's concurrency limit object).
         limit = d.get("concurrency_limit") or (d.get("global_concurrency_limit") or {}).get("limit")
@@ -152,3 +171,215 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
     bad = _sapo("deploy", "-c", str(swarm), "--work-pool", "machines", "--interval", "60",
                 "--pin", "node-9=x", env=env)  # fmt: skip
     assert bad.returncode == 2 and "pinned nodes not in the swarm: node-9" in bad.stderr
+
+
+POOL = "swarm-pool"
+MACHINES = {"machine-a": ["node-0", "node-1"], "machine-b": ["node-2"]}
+"""Each "machine" (a folder of its own, with its own worker) and the nodes pinned to it."""
+
+
+def test_two_workers_run_scheduled_rounds_of_three_nodes_sharing_only_the_services(
+    stack: tuple[stack_module.Stack, dict[str, str]],
+    tmp_path: Path,
+    tiny_model: Path,  # noqa: F811
+) -> None:
+    started, env = stack
+    deployer = tmp_path / "deployer"  # the machine `sapo deploy` runs on
+    deployer.mkdir()
+    swarm = swarm_file(
+        deployer, tiny_model, swarm_id="pool-swarm", node_count=3, rounds=2, peer_wait_s=0,
+        ledger={"url": started.ledger_url},
+    )  # fmt: skip
+    pins = [f"--pin={node}={machine}" for machine, nodes in MACHINES.items() for node in nodes]
+    registered = _sapo(
+        "deploy", "-c", str(swarm), "--work-pool", POOL, "--interval", "20", *pins, env=env
+    )
+    assert registered.returncode == 0, registered.stderr[-2000:]
+    workers = {machine: _start_worker(tmp_path / machine, machine, env) for machine in MACHINES}
+    try:
+        nodes = [node for pinned in MACHINES.values() for node in pinned]
+        _wait(lambda: _models_logged(started, workers) == set(nodes), 900, "3 nodes' 2 rounds")
+        _check_prefect(started, nodes)
+        _check_mlflow(started, nodes)
+        _check_ledger(started, nodes)
+        _check_compare(started, env)
+    finally:
+        for worker in workers.values():
+            stop_process_group(worker)
+        # Flow runs are started by their worker in sessions of their own.
+        _stop_processes_mentioning([str(tmp_path / machine) for machine in MACHINES])
+    for machine, pinned in MACHINES.items():
+        # Each machine holds its own nodes' state, and nothing of the others'.
+        assert sorted(p.name for p in (tmp_path / machine / "work" / "nodes").iterdir()) == pinned
+        assert processes_mentioning(str(tmp_path / machine)) == []
+    assert not (deployer / "work").exists()  # nothing ran on the deployer's machine
+
+
+def _start_worker(home: Path, machine: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`prefect worker start` as on a machine of its own: its own folder (the node's
+    workdir, Prefect's home, the worker's log) and its own work queue."""
+    home.mkdir()
+    with open(home / "worker.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL,
+             "--work-queue", machine, "--name", machine],
+            cwd=home,
+            env={
+                **os.environ, **env,
+                "SAPO_WORKDIR": str(home / "work"),
+                "PREFECT_HOME": str(home / "prefect"),
+                "PREFECT_WORKER_QUERY_SECONDS": "2",
+            },
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
+def _models_logged(
+    started: stack_module.Stack, workers: dict[str, subprocess.Popen[bytes]]
+) -> set[str]:
+    """The nodes whose MLflow run has its final model (logged after its last round)."""
+    from mlflow.tracking import MlflowClient
+
+    for machine, worker in workers.items():
+        assert worker.poll() is None, f"the worker of {machine} exited"
+    client = MlflowClient(started.mlflow_url)
+    experiment = client.get_experiment_by_name("pool-swarm")
+    if experiment is None:
+        return set()
+    runs = client.search_runs([experiment.experiment_id], "tags.`sapo.model_path` != ''")
+    return {run.data.tags["sapo.node_id"] for run in runs}
+
+
+def _check_prefect(started: stack_module.Stack, nodes: list[str]) -> None:
+    """Prefect's API: every node's two rounds are completed `sapo-round` flow runs, inside
+    runs of the node's deployment that its schedule created."""
+    api = started.prefect_api_url
+    rounds = httpx.post(
+        f"{api}/flow_runs/filter",
+        json={"flows": {"name": {"any_": ["sapo-round"]}},
+              "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
+        timeout=30,
+    ).json()  # fmt: skip
+    assert sorted(r["name"] for r in rounds) == [f"{n}-round-{i}" for n in nodes for i in range(2)]
+    deployments = {
+        d["id"]: d["name"]
+        for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=30).json()
+    }
+    # The node runs that held each round (scheduled runs are many: ask for these by id).
+    task_runs = [
+        httpx.get(f"{api}/task_runs/{r['parent_task_run_id']}", timeout=30).json() for r in rounds
+    ]
+    ids = [t["flow_run_id"] for t in task_runs]
+    parents = {
+        r["id"]: r
+        for r in httpx.post(
+            f"{api}/flow_runs/filter", json={"flow_runs": {"id": {"any_": ids}}}, timeout=30
+        ).json()
+    }
+    for r, parent_id in zip(rounds, ids, strict=True):
+        node_run = parents[parent_id]
+        assert node_run["auto_scheduled"], "the round ran in a run its schedule created"
+        node = r["name"].rsplit("-round-", 1)[0]
+        assert deployments[node_run["deployment_id"]] == f"pool-swarm-{node}"
+
+
+def _check_mlflow(started: stack_module.Stack, nodes: list[str]) -> None:
+    """The MLflow server: one run per node with its per-round rewards, and its model's
+    files in the bucket (served through the server's artifact proxy)."""
+    import s3fs
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(started.mlflow_url)
+    experiment = client.get_experiment_by_name("pool-swarm")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.data.tags["sapo.node_id"] for r in runs) == nodes  # one run per node
+    fs = s3fs.S3FileSystem(
+        key=started.env["MINIO_ROOT_USER"],
+        secret=started.env["MINIO_ROOT_PASSWORD"],
+        client_kwargs={"endpoint_url": started.s3_endpoint},
+    )
+    bucket = started.env["MLFLOW_BUCKET"]
+    for run in runs:
+        for key in ("own_reward", "cumulative_own_reward"):
+            history = client.get_metric_history(run.info.run_id, key)
+            assert sorted(m.step for m in history) == [0, 1], key
+        own = sorted(client.get_metric_history(run.info.run_id, "own_reward"), key=lambda m: m.step)
+        total = client.get_metric_history(run.info.run_id, "cumulative_own_reward")
+        assert max(m.value for m in total) == pytest.approx(sum(m.value for m in own))
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+        model = run.data.tags["sapo.model_path"]
+        files = fs.find(f"{bucket}/artifacts/{experiment.experiment_id}/{run.info.run_id}")
+        assert any(f.endswith(f"{model}/MLmodel") for f in files), files
+        assert any(f.endswith(".safetensors") for f in files), files
+
+
+def _check_ledger(started: stack_module.Stack, nodes: list[str]) -> None:
+    """Plain DuckDB (its own S3 secret, no sapo code) reads every node's rows from the
+    bucket: 2 rounds of 4 questions (I + J, all published) of 3 completions each."""
+    import duckdb
+
+    from ledger.duck import httpfs_extension_path
+
+    con = duckdb.connect()
+    con.execute(f"LOAD '{httpfs_extension_path()}'")
+    endpoint = started.s3_endpoint.removeprefix("http://")
+    con.execute(
+        f"CREATE SECRET (TYPE s3, KEY_ID '{started.env['MINIO_ROOT_USER']}', "
+        f"SECRET '{started.env['MINIO_ROOT_PASSWORD']}', ENDPOINT '{endpoint}', "
+        "URL_STYLE 'path', USE_SSL false, REGION 'us-east-1')"
+    )
+    files = f"{started.ledger_url}/**/*.parquet"
+    rows = con.execute(
+        f"SELECT node_id, node_round, count(*) FROM read_parquet('{files}',"
+        " hive_partitioning = true, union_by_name = true) WHERE swarm_id = 'pool-swarm'"
+        " GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+    assert rows == [(node, r, 4 * 3) for node in nodes for r in range(2)]
+
+
+def _check_compare(started: stack_module.Stack, env: dict[str, str]) -> None:
+    """`sapo compare` reads the server's runs and registers the best node's model, whose
+    version's files are in the bucket."""
+    from mlflow.tracking import MlflowClient
+
+    compared = _sapo(
+        "compare", "--experiment", "pool-swarm", "--register", "pool-policy", "-f", "csv", env=env
+    )
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    assert compared.stdout.count("pool-swarm,node-") == 3
+    best = compared.stdout.splitlines()[2].split(",")[2]  # nodes are listed best first
+    assert f"registered {best} of pool-swarm" in compared.stdout
+    (version,) = MlflowClient(started.mlflow_url).search_model_versions("name = 'pool-policy'")
+    assert version.version == "1" and version.tags.get("sapo.node_id", best) == best
+    assert version.source.startswith("mlflow-artifacts:") and "model-round-1" in version.source
+
+
+def _stop_processes_mentioning(texts: list[str]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [
+            int(entry.name)
+            for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _mentions(entry, texts)
+        ]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 15
+        while (
+            pids
+            and time.monotonic() < deadline
+            and any(_mentions(Path(f"/proc/{p}"), texts) for p in pids)
+        ):
+            time.sleep(0.3)
+
+
+def _mentions(entry: Path, texts: list[str]) -> bool:
+    if entry.name == str(os.getpid()):
+        return False
+    try:
+        environ = (entry / "environ").read_bytes().decode(errors="replace")
+        state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and any(text in environ for text in texts)

@@ -73,3 +73,23 @@ def test_rounds_are_flows_of_the_papers_steps(tmp_path: Path, prefect_harness: N
             ]  # fmt: skip
             assert all(t.state is not None and t.state.is_completed() for t in mine)
             assert all(t.empirical_policy.retries == 0 for t in mine)
+
+
+def test_a_scheduled_run_adds_its_rounds_up_to_the_swarms_last_in_the_workers_folder(
+    tmp_path: Path, prefect_harness: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a deployment's runs do on a worker: the swarm comes as text naming the
+    deployer's folder, $SAPO_WORKDIR names the worker's; each run adds one round, and a run
+    after the swarm's last round runs none."""
+    from flows import checkpoint
+    from flows.round import node_flow
+
+    model = build_tiny_model(tmp_path / "model")
+    text = swarm_text(tmp_path / "deployer", model)
+    machine = tmp_path / "machine" / "work"
+    monkeypatch.setenv("SAPO_WORKDIR", str(machine))
+    ran = [node_flow("a", swarm_text=text, more_rounds=1, until_round=2)["rounds"] for _ in "123"]
+    assert ran == [[0], [1], []]
+    saved = checkpoint.latest(machine, "a")
+    assert saved is not None and saved.next_round == 2
+    assert not (tmp_path / "deployer").exists()

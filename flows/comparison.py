@@ -1,0 +1,137 @@
+"""`sapo compare`: every node run of an MLflow tracking store side by side (a server's, where
+nodes on many machines log, or a local file), each sharing configuration's mean, and the
+best node's model registered.
+
+The runs are found by the tags every node run carries (`sapo.node_id`, `sapo.swarm_id`,
+`sapo.sharing`, `sapo.sampling_policy`: flows/runtime.py), so nodes started by `sapo swarm`,
+by `sapo node` on other machines or by scheduled deployments compare alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from flows.tracking import MODEL_PATH_TAG
+
+RANKED_BY = "cumulative_own_reward"
+COMPARED = ("own_reward", "training_reward", "cumulative_own_reward", "cumulative_training_reward")
+"""Each node run's last value of these (the README's "Rewards, by name")."""
+
+NODE_SCHEMA: dict[str, Any] = {
+    "experiment": pl.String,
+    "swarm_id": pl.String,
+    "node_id": pl.String,
+    "sharing": pl.String,
+    "policy": pl.String,
+    "rounds": pl.Int64,
+    **{name: pl.Float64 for name in COMPARED},
+    "model": pl.String,
+    "run_id": pl.String,
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    nodes: pl.DataFrame
+    """One row per node run, best first."""
+    configurations: pl.DataFrame
+    """One row per swarm and sharing configuration: its nodes' means."""
+
+
+def node_rows(runs: list[Any], experiments: dict[str, str], rounds: dict[str, int]) -> pl.DataFrame:
+    """MLflow runs (``mlflow.entities.Run``) of nodes as rows; ``experiments``: id -> name;
+    ``rounds``: run id -> rounds logged. `model` is the artifact path of the run's newest
+    logged model (null: none)."""
+    rows = []
+    for run in runs:
+        tags, metrics = run.data.tags, run.data.metrics
+        rows.append(
+            {
+                "experiment": experiments.get(run.info.experiment_id, run.info.experiment_id),
+                "swarm_id": tags.get("sapo.swarm_id", ""),
+                "node_id": tags["sapo.node_id"],
+                "sharing": tags.get("sapo.sharing", ""),
+                "policy": tags.get("sapo.sampling_policy", ""),
+                "rounds": rounds.get(run.info.run_id),
+                **{name: metrics.get(name) for name in COMPARED},
+                "model": tags.get(MODEL_PATH_TAG),
+                "run_id": run.info.run_id,
+            }
+        )
+    frame = pl.DataFrame(rows, schema=NODE_SCHEMA)
+    return frame.sort(
+        [RANKED_BY, "swarm_id", "node_id"], descending=[True, False, False], nulls_last=True
+    )
+
+
+def configurations(nodes: pl.DataFrame) -> pl.DataFrame:
+    """Each swarm's sharing configurations (I/J and policy): node count and mean rewards."""
+    return (
+        nodes.group_by(["experiment", "swarm_id", "sharing", "policy"])
+        .agg(
+            pl.len().alias("nodes"),
+            pl.col("rounds").max(),
+            *[pl.col(name).mean() for name in COMPARED],
+        )
+        .sort([RANKED_BY, "swarm_id"], descending=[True, False], nulls_last=True)
+    )
+
+
+def best_with_model(nodes: pl.DataFrame) -> dict[str, Any] | None:
+    """The best ranked node run that logged a model (None: no run did)."""
+    eligible = nodes.filter(pl.col("model").is_not_null() & pl.col(RANKED_BY).is_not_null())
+    return eligible.row(0, named=True) if eligible.height else None
+
+
+def read_comparison(tracking_uri: str, experiment: str | None = None) -> Comparison:
+    """The node runs of one MLflow experiment (default: all) at ``tracking_uri``.
+    ValueError (one line) when the experiment is unknown or holds no node runs."""
+    from flows.env import apply_offline_defaults
+
+    apply_offline_defaults()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    known = {e.experiment_id: e.name for e in client.search_experiments()}
+    if experiment is not None:
+        known = {i: name for i, name in known.items() if name == experiment}
+        if not known:
+            raise ValueError(f"{tracking_uri}: no MLflow experiment named {experiment!r}")
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs(
+            list(known), filter_string="tags.`sapo.node_id` != ''", page_token=token
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    if not runs:
+        where = f"experiment {experiment!r}" if experiment else "any experiment"
+        raise ValueError(f"{tracking_uri}: no node runs in {where}")
+    # Rounds count from 0: a node's rounds are its last logged step plus one.
+    rounds = {}
+    for run in runs:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, RANKED_BY)]
+        if steps:
+            rounds[run.info.run_id] = max(steps) + 1
+    nodes = node_rows(runs, known, rounds)
+    return Comparison(nodes, configurations(nodes))
+
+
+def register_best_model(
+    tracking_uri: str, nodes: pl.DataFrame, name: str
+) -> tuple[dict[str, Any], str] | None:
+    """Register the model of the best node run that logged one as a new version of
+    ``name``; returns that node's row and the version (None: no run logged a model)."""
+    from flows.tracking import open_tracker
+
+    best = best_with_model(nodes)
+    if best is None:
+        return None
+    tracker = open_tracker(tracking_uri, best["experiment"], None)
+    return best, tracker.register(name, best["run_id"], best["model"])

@@ -1,0 +1,90 @@
+"""`sapo compare`: node runs of a tracking store side by side, best first, each sharing
+configuration's mean, and the best node that logged a model registered."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.tracking import MODEL_PATH_TAG, open_tracker, sharing_tags
+
+runner = CliRunner()
+
+# node -> (sharing I/J, own_reward per round, logs a model)
+NODES = {
+    "a": ((4, 4), [0.5, 0.7, 0.9], False),  # the best, but it logged no model
+    "b": ((4, 4), [0.4, 0.6, 0.6], True),
+    "c": ((8, 0), [0.2, 0.3, 0.1], True),
+}
+
+
+def _store(tmp_path: Path) -> str:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = open_tracker(uri, "cmp", str(tmp_path / "artifacts"))
+    for node, ((i, j), rewards, model) in NODES.items():
+        run_id = tracker.run(node, {"sapo.swarm_id": "s", "sapo.node_id": node})
+        assert run_id is not None
+        tracker.set_tags(run_id, sharing_tags(i, j, "paper"))
+        total = 0.0
+        for step, reward in enumerate(rewards):
+            total += reward
+            tracker.log_metrics(
+                run_id, {"own_reward": reward, "cumulative_own_reward": total}, step=step
+            )
+        if model:
+            folder = tmp_path / f"model-{node}"
+            folder.mkdir()
+            (folder / "weights.bin").write_bytes(node.encode())
+            tracker.log_artifacts(run_id, str(folder), "model-round-2")
+            tracker.set_tags(run_id, {MODEL_PATH_TAG: "model-round-2"})
+    other = open_tracker(uri, "elsewhere", str(tmp_path / "artifacts"))
+    assert other.run("z", {"sapo.swarm_id": "t", "sapo.node_id": "z"}) is not None
+    return uri
+
+
+def test_nodes_best_first_configurations_averaged_best_model_registered(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = _store(tmp_path)
+    done = runner.invoke(
+        app, ["compare", "--mlflow", uri, "--experiment", "cmp", "--register", "best", "-f", "csv"]
+    )
+    assert done.exit_code == 0, done.output
+    nodes_csv, configurations_csv = done.output.split("configurations")
+    nodes = pl.read_csv(io.StringIO(nodes_csv.split("\n", 1)[1]))
+    assert nodes["node_id"].to_list() == ["a", "b", "c"]
+    assert nodes["cumulative_own_reward"].to_list() == pytest.approx([2.1, 1.6, 0.6])
+    assert nodes["rounds"].to_list() == [3, 3, 3]
+    assert nodes["sharing"].to_list() == ["4/4", "4/4", "8/0"]
+    configs = pl.read_csv(
+        io.StringIO(configurations_csv.split("\n", 1)[1].rsplit("registered", 1)[0])
+    )
+    assert configs["sharing"].to_list() == ["4/4", "8/0"]
+    assert configs["nodes"].to_list() == [2, 1]
+    assert configs["cumulative_own_reward"].to_list() == pytest.approx([1.85, 0.6])
+    # a ranks first but logged no model: b's is registered
+    assert (
+        "registered b of s (model-round-2, cumulative_own_reward 1.600) as 'best' version 1"
+        in done.output
+    )
+    (version,) = MlflowClient(uri).search_model_versions("name = 'best'")
+    assert version.run_id == nodes.filter(pl.col("node_id") == "b")["run_id"][0]
+    assert version.source.endswith("/model-round-2")
+    # Without --experiment, every experiment's node runs.
+    every = runner.invoke(app, ["compare", "--mlflow", uri, "-f", "json"])
+    assert every.exit_code == 0 and '"node_id":"z"' in every.output
+
+
+def test_nothing_to_compare_is_one_line(tmp_path: Path) -> None:
+    uri = _store(tmp_path)
+    for args, message in (
+        (["--experiment", "nope"], "no MLflow experiment named 'nope'"),
+        (["--experiment", "Default"], "no node runs in experiment 'Default'"),
+    ):
+        done = runner.invoke(app, ["compare", "--mlflow", uri, *args])
+        assert done.exit_code == 2 and message in done.output, done.output
