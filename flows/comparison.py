@@ -9,12 +9,15 @@ by `sapo node` on other machines or by scheduled deployments compare alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
 from flows.tracking import MODEL_PATH_TAG
+from ledger.retrying import first_line
 
 RANKED_BY = "cumulative_own_reward"
 COMPARED = ("own_reward", "training_reward", "cumulative_own_reward", "cumulative_training_reward")
@@ -94,7 +97,23 @@ def read_comparison(tracking_uri: str, experiment: str | None = None) -> Compari
     apply_offline_defaults()
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
+    with _one_line(tracking_uri):
+        return _read(MlflowClient(tracking_uri=tracking_uri), tracking_uri, experiment)
+
+
+@contextmanager
+def _one_line(tracking_uri: str) -> Iterator[None]:
+    """MLflow's errors (a server down, a bad URI; open_tracker's RuntimeError after its
+    retries) as a ValueError of one line."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except (MlflowException, RuntimeError) as exc:
+        raise ValueError(f"{tracking_uri}: {first_line(exc)}") from exc
+
+
+def _read(client: Any, tracking_uri: str, experiment: str | None) -> Comparison:
     known = {e.experiment_id: e.name for e in client.search_experiments()}
     if experiment is not None:
         known = {i: name for i, name in known.items() if name == experiment}
@@ -133,5 +152,6 @@ def register_best_model(
     best = best_with_model(nodes)
     if best is None:
         return None
-    tracker = open_tracker(tracking_uri, best["experiment"], None)
-    return best, tracker.register(name, best["run_id"], best["model"])
+    with _one_line(tracking_uri):
+        tracker = open_tracker(tracking_uri, best["experiment"], None)
+        return best, tracker.register(name, best["run_id"], best["model"])

@@ -88,3 +88,10 @@ def test_nothing_to_compare_is_one_line(tmp_path: Path) -> None:
     ):
         done = runner.invoke(app, ["compare", "--mlflow", uri, *args])
         assert done.exit_code == 2 and message in done.output, done.output
+
+
+def test_an_unreachable_server_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    done = runner.invoke(app, ["compare", "--mlflow", "http://127.0.0.1:9"])
+    assert done.exit_code == 2, done.output
+    assert "http://127.0.0.1:9: " in done.output and "Traceback" not in done.output
