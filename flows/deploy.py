@@ -123,16 +123,15 @@ def register_with_pool(
     ids = []
     for kwargs in made:
         node_id = kwargs["parameters"]["node_id"]
-        deployment_id = node_flow.deploy(
+        # to_deployment + apply registers it as `flow.deploy` would, without Prefect's
+        # tables and advice printed for each node.
+        deployment: Any = node_flow.to_deployment(  # sync here: a RunnerDeployment
             work_pool_name=work_pool,
             work_queue_name=(queues or {}).get(node_id),
             entrypoint_type=EntrypointType.MODULE_PATH,
-            build=False,
-            push=False,
-            print_next_steps=False,
             **kwargs,
         )
-        ids.append(str(deployment_id))
+        ids.append(str(deployment.apply()))
     return ids
 
 

@@ -125,7 +125,8 @@ def compare(
 
     made = guarded(lambda: read_comparison(mlflow, experiment_name))
     print("nodes:")
-    print_frame(made.nodes, fmt)
+    # A terminal table without the run ids (csv and json keep them).
+    print_frame(made.nodes.drop("run_id") if fmt == "table" else made.nodes, fmt)
     print("configurations (means over their nodes):")
     print_frame(made.configurations, fmt)
     if register is None:

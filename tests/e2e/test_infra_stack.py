@@ -153,12 +153,15 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
     )  # fmt: skip
     assert registered.returncode == 0, registered.stderr[-2000:]
     assert "registered 3 deployments with work pool 'machines'" in registered.stdout
+    assert len(registered.stdout.splitlines()) == 1  # not Prefect's table per deployment
     api = stack.prefect_api_url
     deployments = httpx.post(f"{api}/deployments/filter", json={}, timeout=30).json()
     by_name = {d["name"]: d for d in deployments}
     assert set(by_name) == {f"e2e-swarm-node-{i}" for i in range(3)}
     for name, d in by_name.items():
         assert d["entrypoint"] == "flows.round.node_flow"
+        # Nothing to fetch from the deployer's machine: no code path, no pull steps.
+        assert d["path"] is None and not d["pull_steps"] and d["storage_document_id"] is None
         assert d["work_pool_name"] == "machines"
         assert d["work_queue_name"] == ("registry-check" if name.endswith("node-0") else "default")
         assert d["parameters"]["node_id"] == name.removeprefix("e2e-swarm-")
