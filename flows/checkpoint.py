@@ -14,6 +14,7 @@ logged to MLflow (state.json then names where it is). Such a checkpoint cannot b
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -74,6 +75,27 @@ class Checkpoint:
 
 def node_dir(workdir: Path, node_id: str) -> Path:
     return workdir / "nodes" / node_id
+
+
+FINISHED = "finished.json"
+
+
+def mark_finished(workdir: Path, node_id: str, rounds: int) -> None:
+    """Record that the node finished `rounds` rounds completely: scored, and its model in
+    MLflow when models are logged. Later runs asked for no more rounds stop at once."""
+    path = node_dir(workdir, node_id) / FINISHED
+    tmp = path.with_name(f".{FINISHED}.tmp")
+    tmp.write_text(json.dumps({"rounds": rounds}))
+    os.replace(tmp, path)
+
+
+def finished_rounds(workdir: Path, node_id: str) -> int:
+    """The rounds the node finished completely (0: none recorded)."""
+    path = node_dir(workdir, node_id) / FINISHED
+    try:
+        return int(json.loads(path.read_text())["rounds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def latest(workdir: Path, node_id: str) -> Checkpoint | None:

@@ -9,7 +9,7 @@ by `sapo node` on other machines or by scheduled deployments compare alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -64,7 +64,8 @@ def node_rows(runs: list[Any], experiments: dict[str, str], rounds: dict[str, in
                 "run_id": run.info.run_id,
             }
         )
-    frame = pl.DataFrame(rows, schema=NODE_SCHEMA)
+    # A NaN would sort above every number and be registered: treat it as missing.
+    frame = pl.DataFrame(rows, schema=NODE_SCHEMA).with_columns(pl.col(COMPARED).fill_nan(None))
     return frame.sort(
         [RANKED_BY, "swarm_id", "node_id"], descending=[True, False, False], nulls_last=True
     )
@@ -114,21 +115,17 @@ def _one_line(tracking_uri: str) -> Iterator[None]:
 
 
 def _read(client: Any, tracking_uri: str, experiment: str | None) -> Comparison:
-    known = {e.experiment_id: e.name for e in client.search_experiments()}
     if experiment is not None:
-        known = {i: name for i, name in known.items() if name == experiment}
-        if not known:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
             raise ValueError(f"{tracking_uri}: no MLflow experiment named {experiment!r}")
-    runs: list[Any] = []
-    token = None
-    while True:
-        page = client.search_runs(
-            list(known), filter_string="tags.`sapo.node_id` != ''", page_token=token
-        )
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
+        known = {found.experiment_id: found.name}
+    else:
+        known = {e.experiment_id: e.name for e in _all_pages(client.search_experiments)}
+    query = "tags.`sapo.node_id` != ''"
+    runs = _all_pages(
+        lambda page_token: client.search_runs(list(known), query, page_token=page_token)
+    )
     if not runs:
         where = f"experiment {experiment!r}" if experiment else "any experiment"
         raise ValueError(f"{tracking_uri}: no node runs in {where}")
@@ -140,6 +137,18 @@ def _read(client: Any, tracking_uri: str, experiment: str | None) -> Comparison:
             rounds[run.info.run_id] = max(steps) + 1
     nodes = node_rows(runs, known, rounds)
     return Comparison(nodes, configurations(nodes))
+
+
+def _all_pages(search: Callable[..., Any]) -> list[Any]:
+    """Every item of an MLflow search, page after page."""
+    items: list[Any] = []
+    token = None
+    while True:
+        page = search(page_token=token)
+        items.extend(page)
+        token = page.token
+        if not token:
+            return items
 
 
 def register_best_model(

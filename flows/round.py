@@ -134,6 +134,23 @@ def rounds_to_run(start: int, end: int, until_round: int | None, more_rounds: in
     return range(start, min(start + more_rounds, end))
 
 
+def nothing_left(
+    swarm: SwarmConfig,
+    node_id: str,
+    saved: checkpoint.Checkpoint,
+    end: int,
+    until_round: int | None,
+    more_rounds: int | None,
+) -> bool:
+    """Whether a run of a node at checkpoint `saved` has nothing to run, score or log (a
+    scheduled run after the last round then ends without loading the model). A node that
+    kept only its final model could not be opened to train anyway: its optimizer state
+    is gone."""
+    if rounds_to_run(saved.next_round, end, until_round, more_rounds):
+        return False
+    return not saved.resumable or checkpoint.finished_rounds(swarm.workdir, node_id) >= end
+
+
 @flow(name="sapo-node", flow_run_name="{node_id}")
 def node_flow(
     node_id: str,
@@ -161,13 +178,7 @@ def node_flow(
         )
     saved = checkpoint.latest(swarm.workdir, node_id)
     end = until_round or swarm.rounds
-    if (
-        saved is not None
-        and not saved.resumable
-        and not rounds_to_run(saved.next_round, end, until_round, more_rounds)
-    ):
-        # A node that kept only its final model has nothing left to run or score (and
-        # could not be opened to train: its optimizer state is gone).
+    if saved is not None and nothing_left(swarm, node_id, saved, end, until_round, more_rounds):
         print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
         return {"node_id": node_id, "rounds": [], "metrics": []}
     progress = NodeProgress.for_process(node_id)
@@ -190,9 +201,13 @@ def node_flow(
                 quoted: Any = quote(node)
                 final_evaluation_task(quoted)
         # The model is logged when the node reaches its last round (or went past it), not
-        # after every scheduled run of a few rounds.
+        # after every scheduled run of a few rounds; and by a later run when the one that
+        # reached it did not (it stopped before, or the upload failed).
         reached = node.next_round >= swarm.rounds or until_round is None
-        node.finish(log_model=swarm.tracking.log_models and stop > start and reached)
+        wanted = swarm.tracking.log_models and reached
+        node.finish(log_model=wanted and (stop > start or node.final_model_missing()))
+        if node.next_round >= swarm.rounds and not node.final_model_missing():
+            checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
         return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
     finally:
         node.close()

@@ -20,7 +20,7 @@ from flows import checkpoint
 from flows.backlog import Backlog
 from flows.config import NodeSpec, SwarmConfig
 from flows.progress import NodeProgress
-from flows.tracking import Tracker, flatten, sharing_tags
+from flows.tracking import MODEL_PATH_TAG, Tracker, flatten, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
 from sapo_core.reputation import Reputation
@@ -98,16 +98,14 @@ class NodeRuntime:
             logged_at = None
             if self.run is not None and log_model:
                 # The policy in memory is the newest checkpoint's (saved after the last
-                # update); only the model goes, the optimizer state would triple it. Named
-                # by its last round: a swarm continued later logs beside it, and versions
-                # registered from the earlier one keep their files.
+                # update); only the model goes, the optimizer state would triple it.
                 policy = self.learner.policy
                 logged_at = self.run.tracker.log_model(
                     self.run.run_id,
                     policy.model,
                     policy.tokenizer,
                     scratch=saved.path.parent,
-                    path=f"model-round-{saved.next_round - 1}",
+                    path=model_path(saved.next_round),
                 )
             done = saved.next_round >= self.swarm.rounds
             if done and saved.resumable and self.swarm.checkpoint_keep == "final-model":
@@ -116,6 +114,18 @@ class NodeRuntime:
         if self.run is not None:
             self.run.tracker.finish(self.run.run_id)
 
+    def final_model_missing(self) -> bool:
+        """Whether the model of the node's newest checkpoint belongs in MLflow (tracking on,
+        models logged) and is not there: its run's model tag names another round or none,
+        or the tracking store did not answer."""
+        tracking = self.swarm.tracking
+        if not (tracking.enabled and tracking.log_models) or self.next_round == 0:
+            return False
+        if self.run is None:
+            return True
+        found = self.run.tracker.tag(self.run.run_id, MODEL_PATH_TAG)
+        return found != model_path(self.next_round)
+
     def close(self) -> None:
         try:
             self.checkpoint_written()  # a node stopped by an error still finishes its write
@@ -123,6 +133,13 @@ class NodeRuntime:
             log.warning("%s: its last checkpoint was not written: %s", self.node_id, exc)
         finally:
             self.ledger.close()
+
+
+def model_path(next_round: int) -> str:
+    """The artifact path of the model a checkpoint holds, named by its last round: a swarm
+    continued later logs beside it, and versions registered from the earlier one keep
+    their files."""
+    return f"model-round-{next_round - 1}"
 
 
 def node_config(spec: NodeSpec) -> dict[str, str]:

@@ -195,6 +195,11 @@ class Tracker:
             self.set_tags(run_id, {MODEL_PATH_TAG: path})
         return logged
 
+    def tag(self, run_id: str, key: str) -> str | None:
+        """A tag of the run (None: not set, or the store did not answer)."""
+        run = attempt(lambda: self.client.get_run(run_id), "read the run", self.retry)
+        return None if run is None else run.data.tags.get(key)
+
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)
 

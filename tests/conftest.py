@@ -24,6 +24,10 @@ apply_offline_defaults()
 # moto and botocore need a region; bucket creation fails with a location constraint if it is
 # passed as a client argument instead (see shared/ENVIRONMENT.md).
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+# A developer who exported a stack's variables (README, "Many machines") must not send the
+# tests' runs to it: tests that need a server name it themselves.
+for _name in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "SAPO_WORKDIR"):
+    os.environ.pop(_name, None)
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's request log
 
 

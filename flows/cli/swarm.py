@@ -287,6 +287,12 @@ def deploy(
                 "machine share it; give other machines a bucket (ledger.url=s3://...)",
                 err=True,
             )
+        if cfg.tracking.enabled and cfg.tracking_uri().startswith("sqlite:"):
+            typer.secho(
+                "note: MLflow is a local file here: each machine tracks in its own unless "
+                "its worker exports MLFLOW_TRACKING_URI (or set tracking.uri=http://...)",
+                err=True,
+            )
         return
     if pin:
         raise fail("--pin goes with --work-pool")

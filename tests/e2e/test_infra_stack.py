@@ -313,8 +313,10 @@ def _check_mlflow(started: stack_module.Stack, nodes: list[str]) -> None:
         assert run.info.artifact_uri.startswith("mlflow-artifacts:")
         model = run.data.tags["sapo.model_path"]
         files = fs.find(f"{bucket}/artifacts/{experiment.experiment_id}/{run.info.run_id}")
-        assert any(f.endswith(f"{model}/MLmodel") for f in files), files
+        assert model == "model-round-1" and any(f.endswith(f"{model}/MLmodel") for f in files)
         assert any(f.endswith(".safetensors") for f in files), files
+        # Only the run that ended the last round logged a model, not every scheduled run.
+        assert not [f for f in files if "/model-round-0/" in f]
 
 
 def _check_ledger(started: stack_module.Stack, nodes: list[str]) -> None:
@@ -351,10 +353,11 @@ def _check_compare(started: stack_module.Stack, env: dict[str, str]) -> None:
     )
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert compared.stdout.count("pool-swarm,node-") == 3
-    best = compared.stdout.splitlines()[2].split(",")[2]  # nodes are listed best first
+    first = compared.stdout.splitlines()[2].split(",")  # nodes are listed best first
+    best, best_run = first[2], first[-1]
     assert f"registered {best} of pool-swarm" in compared.stdout
     (version,) = MlflowClient(started.mlflow_url).search_model_versions("name = 'pool-policy'")
-    assert version.version == "1" and version.tags.get("sapo.node_id", best) == best
+    assert version.version == "1" and version.run_id == best_run
     assert version.source.startswith("mlflow-artifacts:") and "model-round-1" in version.source
 
 

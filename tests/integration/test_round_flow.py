@@ -76,20 +76,54 @@ def test_rounds_are_flows_of_the_papers_steps(tmp_path: Path, prefect_harness: N
 
 
 def test_a_scheduled_run_adds_its_rounds_up_to_the_swarms_last_in_the_workers_folder(
-    tmp_path: Path, prefect_harness: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    prefect_harness: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """What a deployment's runs do on a worker: the swarm comes as text naming the
-    deployer's folder, $SAPO_WORKDIR names the worker's; each run adds one round, and a run
-    after the swarm's last round runs none."""
+    """What a deployment's runs do on a worker: the swarm comes resolved as text naming the
+    deployer's folders, $SAPO_WORKDIR names the worker's; each run adds one round, the run
+    that ends the last round logs the model, and a run after it ends without loading the
+    model, unless the model is missing from MLflow: then it logs it."""
+    from mlflow.tracking import MlflowClient
+
     from flows import checkpoint
+    from flows.config import load_swarm, swarm_yaml
     from flows.round import node_flow
+    from flows.tracking import MODEL_PATH_TAG
 
     model = build_tiny_model(tmp_path / "model")
-    text = swarm_text(tmp_path / "deployer", model)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    resolved = load_swarm(
+        text=swarm_text(tmp_path / "deployer", model),
+        overrides=["tracking.enabled=true", f"tracking.uri={uri}"],
+    )
+    text = swarm_yaml(resolved)  # what `sapo deploy` sends
     machine = tmp_path / "machine" / "work"
     monkeypatch.setenv("SAPO_WORKDIR", str(machine))
-    ran = [node_flow("a", swarm_text=text, more_rounds=1, until_round=2)["rounds"] for _ in "123"]
-    assert ran == [[0], [1], []]
+
+    def run() -> list[int]:
+        rounds: list[int] = node_flow("a", swarm_text=text, more_rounds=1, until_round=2)["rounds"]
+        return rounds
+
+    def model_tag() -> str | None:
+        (found,) = MlflowClient(uri).search_runs(["1"], "tags.`sapo.node_id` = 'a'")
+        tag: str | None = found.data.tags.get(MODEL_PATH_TAG)
+        return tag
+
+    assert run() == [0] and model_tag() is None  # not after every run
+    assert run() == [1] and model_tag() == "model-round-1"  # the last round's run logs it
+    capsys.readouterr()
+    assert run() == []
+    assert "a has finished its 2 rounds" in capsys.readouterr().out  # without loading it
     saved = checkpoint.latest(machine, "a")
     assert saved is not None and saved.next_round == 2
-    assert not (tmp_path / "deployer").exists()
+    # The run that ended the last round stopped before its model was logged: the next one
+    # logs it.
+    (found,) = MlflowClient(uri).search_runs(["1"], "tags.`sapo.node_id` = 'a'")
+    MlflowClient(uri).delete_tag(found.info.run_id, MODEL_PATH_TAG)
+    (checkpoint.node_dir(machine, "a") / checkpoint.FINISHED).unlink()
+    assert run() == [] and model_tag() == "model-round-1"
+    assert checkpoint.finished_rounds(machine, "a") == 2
+    # The node's state is the worker's; the deployer's folder holds only the ledger it named.
+    assert [p.name for p in (tmp_path / "deployer" / "work").iterdir()] == ["ledger"]
