@@ -24,10 +24,19 @@ apply_offline_defaults()
 # moto and botocore need a region; bucket creation fails with a location constraint if it is
 # passed as a client argument instead (see shared/ENVIRONMENT.md).
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-# A developer who exported a stack's variables (README, "Many machines") must not send the
-# tests' runs to it: tests that need a server name it themselves.
-for _name in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "SAPO_WORKDIR"):
-    os.environ.pop(_name, None)
+STACK_VARIABLES = ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "SAPO_WORKDIR")
+"""Where nodes send their runs and state when a file does not say. A developer who exported
+a stack's variables (README, "Many machines") must not send the tests' runs to it, and
+`mlflow.set_tracking_uri` in one test sets MLFLOW_TRACKING_URI for the node processes of
+the next: every test starts without them (tests that need a server name it)."""
+
+
+@pytest.fixture(autouse=True)
+def _no_stack_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in STACK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's request log
 
 
