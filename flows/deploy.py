@@ -12,8 +12,10 @@ Two ways to run them:
   ephemeral mode creates no scheduled runs); without PREFECT_API_URL it starts one on
   127.0.0.1 for as long as it serves (`local_prefect_server`).
 
-Each scheduled run runs `rounds_per_run` rounds past the node's checkpoint, so a schedule
-advances the node step by step and a missed run loses nothing.
+Each scheduled run runs `rounds_per_run` rounds past the node's checkpoint, up to the
+swarm's rounds, so a schedule advances the node step by step and a missed run loses nothing;
+a run whose process dies is marked Crashed when its heartbeats stop
+(`ensure_crash_detection`), and the next one resumes the node.
 """
 
 from __future__ import annotations
@@ -117,8 +119,10 @@ def register_with_pool(
     unknown = sorted(set(queues or {}) - {spec.node_id for spec in config.nodes})
     if unknown:
         raise ValueError(f"pinned nodes not in the swarm: {', '.join(unknown)}")
-    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
-        client.create_work_pool(WorkPoolCreate(name=work_pool, type="process"))
+    with get_client(sync_client=True) as client:
+        with suppress(ObjectAlreadyExists):
+            client.create_work_pool(WorkPoolCreate(name=work_pool, type="process"))
+        ensure_crash_detection(client)
     made = per_node(config, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
     ids = []
     for kwargs in made:
@@ -129,10 +133,54 @@ def register_with_pool(
             work_pool_name=work_pool,
             work_queue_name=(queues or {}).get(node_id),
             entrypoint_type=EntrypointType.MODULE_PATH,
+            # Every run beats often enough for `ensure_crash_detection`, whatever the
+            # worker's own settings.
+            job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}},
             **kwargs,
         )
         ids.append(str(deployment.apply()))
     return ids
+
+
+HEARTBEAT_S = 30
+"""Seconds between a deployed node run's heartbeats (Prefect's minimum; its default is 180)."""
+MISSED_HEARTBEATS = 3
+CRASH_DETECTION = "sapo: crash node runs whose process is gone"
+
+
+def ensure_crash_detection(client: Any) -> None:
+    """The server's automation that marks a sapo run Crashed when its heartbeats stop (its
+    process or machine is gone), once per server. Without it such a run stays Running and
+    holds its node's one-run slot until Prefect's lease on the slot expires (5 minutes);
+    Crashed frees it at once, and the node's next scheduled run resumes from its checkpoint.
+    Only runs tagged `sapo` (every node deployment's) are watched: they beat every
+    HEARTBEAT_S seconds, other flows of the server at their own pace."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    if client.read_automations_by_name(CRASH_DETECTION):
+        return
+    ended = ("Completed", "Failed", "Cancelled", "Crashed")
+    trigger = EventTrigger(
+        posture=Posture.Proactive,
+        match={"prefect.resource.id": "prefect.flow-run.*"},
+        match_related={"prefect.resource.role": "tag", "prefect.resource.id": "prefect.tag.sapo"},
+        after={"prefect.flow-run.heartbeat"},
+        expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{e}" for e in ended)},
+        for_each={"prefect.resource.id"},
+        threshold=1,
+        within=timedelta(seconds=HEARTBEAT_S * MISSED_HEARTBEATS),
+    )
+    action = ChangeFlowRunState(
+        name="Crashed",
+        force=False,
+        state=StateType.CRASHED,
+        message=f"no heartbeat for {HEARTBEAT_S * MISSED_HEARTBEATS} s: its process is gone",
+    )
+    client.create_automation(
+        AutomationCore(name=CRASH_DETECTION, trigger=trigger, actions=[action])
+    )
 
 
 SERVER_START_S = 180.0

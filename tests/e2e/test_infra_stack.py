@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows import deploy
 from flows import stack as stack_module
 from tests.conftest import stop_process_group
 from tests.e2e.test_deploy import _wait
@@ -169,6 +170,7 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
         limit = d.get("concurrency_limit") or (d.get("global_concurrency_limit") or {}).get("limit")
         assert limit == 1
         assert d["schedules"][0]["schedule"]["interval"] == 3600
+        assert d["job_variables"]["env"] == {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
     pool = httpx.get(f"{api}/work_pools/machines", timeout=30).json()
     assert pool["type"] == "process"
     bad = _sapo("deploy", "-c", str(swarm), "--work-pool", "machines", "--interval", "60",
@@ -200,8 +202,16 @@ def test_two_workers_run_scheduled_rounds_of_three_nodes_sharing_only_the_servic
     assert registered.returncode == 0, registered.stderr[-2000:]
     workers = {machine: _start_worker(tmp_path / machine, machine, env) for machine in MACHINES}
     try:
+        # machine-b goes away in node-2's first round: its worker and the run, killed. The
+        # run's heartbeats stop, the server marks it Crashed, which frees the node's one-run
+        # slot, and once machine-b is back the node's next scheduled run does the round.
+        _wait(lambda: _running(started, "node-2-round-0"), 600, "node-2's first round")
+        _stop_processes_mentioning([str(tmp_path / "machine-b")], (signal.SIGKILL,))
+        workers["machine-b"].wait()
+        workers["machine-b"] = _start_worker(tmp_path / "machine-b", "machine-b", env)
         nodes = [node for pinned in MACHINES.values() for node in pinned]
         _wait(lambda: _models_logged(started, workers) == set(nodes), 900, "3 nodes' 2 rounds")
+        _check_crashed(started)
         _check_prefect(started, nodes)
         _check_mlflow(started, nodes)
         _check_ledger(started, nodes)
@@ -221,8 +231,8 @@ def test_two_workers_run_scheduled_rounds_of_three_nodes_sharing_only_the_servic
 def _start_worker(home: Path, machine: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`prefect worker start` as on a machine of its own: its own folder (the node's
     workdir, Prefect's home, the worker's log) and its own work queue."""
-    home.mkdir()
-    with open(home / "worker.log", "wb") as log:
+    home.mkdir(exist_ok=True)  # a machine that comes back keeps its folder
+    with open(home / "worker.log", "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL,
              "--work-queue", machine, "--name", machine],
@@ -251,6 +261,32 @@ def _models_logged(
         return set()
     runs = client.search_runs([experiment.experiment_id], "tags.`sapo.model_path` != ''")
     return {run.data.tags["sapo.node_id"] for run in runs}
+
+
+def _running(started: stack_module.Stack, name: str) -> bool:
+    found = httpx.post(
+        f"{started.prefect_api_url}/flow_runs/filter",
+        json={"flow_runs": {"name": {"any_": [name]}, "state": {"type": {"any_": ["RUNNING"]}}}},
+        timeout=30,
+    ).json()
+    return bool(found)
+
+
+def _check_crashed(started: stack_module.Stack) -> None:
+    """The killed run was marked Crashed by `sapo deploy`'s automation (its heartbeats
+    stopped), not left Running."""
+    api = started.prefect_api_url
+    deployment = httpx.get(f"{api}/deployments/name/sapo-node/pool-swarm-node-2", timeout=30).json()
+    crashed = httpx.post(
+        f"{api}/flow_runs/filter",
+        json={"flow_runs": {"deployment_id": {"any_": [deployment["id"]]},
+                            "state": {"type": {"any_": ["CRASHED", "RUNNING"]}}}},
+        timeout=30,
+    ).json()  # fmt: skip
+    assert [r["state_type"] for r in crashed] == ["CRASHED"], crashed
+    assert "no heartbeat" in crashed[0]["state"]["message"]
+    automations = httpx.post(f"{api}/automations/filter", json={}, timeout=30).json()
+    assert [a["name"] for a in automations] == [deploy.CRASH_DETECTION]  # one, however often
 
 
 def _check_prefect(started: stack_module.Stack, nodes: list[str]) -> None:
@@ -361,8 +397,10 @@ def _check_compare(started: stack_module.Stack, env: dict[str, str]) -> None:
     assert version.source.startswith("mlflow-artifacts:") and "model-round-1" in version.source
 
 
-def _stop_processes_mentioning(texts: list[str]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _stop_processes_mentioning(
+    texts: list[str], signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGKILL)
+) -> None:
+    for sig in signals:
         pids = [
             int(entry.name)
             for entry in Path("/proc").iterdir()
