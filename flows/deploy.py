@@ -135,7 +135,7 @@ def register_with_pool(
             entrypoint_type=EntrypointType.MODULE_PATH,
             # Every run beats often enough for `ensure_crash_detection`, whatever the
             # worker's own settings.
-            job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}},
+            job_variables={"env": HEARTBEAT_ENV},
             **kwargs,
         )
         ids.append(str(deployment.apply()))
@@ -144,6 +144,8 @@ def register_with_pool(
 
 HEARTBEAT_S = 30
 """Seconds between a deployed node run's heartbeats (Prefect's minimum; its default is 180)."""
+HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}
+"""What makes a node run beat that often: a work pool's job variable, a server's env."""
 MISSED_HEARTBEATS = 3
 CRASH_DETECTION = "sapo: crash node runs whose process is gone"
 

@@ -326,6 +326,9 @@ def serve_deployments(
     from flows import deploy as deploying
 
     made = deploying.deployments(cfg, cron=cron, interval_s=interval, rounds_per_run=rounds_per_run)
+    # The runs this process starts are tagged sapo like a work pool's: they must beat as
+    # often, or a server with `ensure_crash_detection` would crash them.
+    os.environ.update(deploying.HEARTBEAT_ENV)
     first = f"sapo-node/{cfg.swarm_id}-{cfg.nodes[0].node_id}"
     print(
         f"serving {len(made)} deployments of swarm {cfg.swarm_id}; Ctrl-C stops. A run now, "
