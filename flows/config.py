@@ -195,13 +195,17 @@ class SwarmConfig(Strict):
             or f"sqlite:///{self.workdir / 'mlflow.db'}"
         )
 
+    def tracks_on_server(self) -> bool:
+        """Whether runs go to a tracking server rather than a local store."""
+        return self.tracking_uri().startswith(("http://", "https://", "databricks"))
+
     def artifact_location(self) -> str | None:
         """Where a new experiment keeps its artifacts: as configured; for a local store,
         <workdir>/mlartifacts; for a tracking server, None (the server's own artifact
         root, which it may serve from a bucket)."""
         if self.tracking.artifact_location:
             return self.tracking.artifact_location
-        if self.tracking_uri().startswith(("http://", "https://", "databricks")):
+        if self.tracks_on_server():
             return None
         return (self.workdir / "mlartifacts").as_uri()
 

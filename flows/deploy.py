@@ -21,11 +21,8 @@ a run whose process dies is marked Crashed when its heartbeats stop
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
@@ -193,10 +190,10 @@ def local_prefect_server(home: Path) -> Iterator[str]:
     """A Prefect server on 127.0.0.1 (a free port, its database under ``home``), for as
     long as the block runs; yields its API URL. It stays in this process's group, so a
     Ctrl-C or a stop of the group stops it with the deployments it serves."""
+    from flows.stack import free_port, wait_for_http
+
     home.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api}
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
@@ -205,19 +202,10 @@ def local_prefect_server(home: Path) -> Iterator[str]:
             [*cmd, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
         )
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{api}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:  # refused, reset, timed out, HTTP errors: not up yet
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the local Prefect server did not start (see {home / 'server.log'})"
-                )
-            time.sleep(0.5)
+        if not wait_for_http(f"{api}/health", lambda: server.poll() is None, SERVER_START_S):
+            raise RuntimeError(
+                f"the local Prefect server did not start (see {home / 'server.log'})"
+            )
         yield api
     finally:
         server.terminate()

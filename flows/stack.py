@@ -30,6 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,19 +260,26 @@ def _spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str]) -> None
 
 
 def _wait_http(stack: Stack, name: str, url: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+    if not wait_for_http(url, lambda: _alive(stack.pids[name]), START_TIMEOUT_S):
+        log = Path(stack.home) / f"{name}.log"
+        raise StackError(f"{name} did not start at {url} (see {log})")
+
+
+def wait_for_http(url: str, alive: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``url`` answers 200 within ``timeout_s``, polled while the server starting
+    it is ``alive()``."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=2) as answer:
                 if answer.status == 200:
-                    return
+                    return True
         except OSError:  # refused, reset, timed out, HTTP errors: not up yet
             pass
-        if not _alive(stack.pids[name]):
-            break
+        if not alive():
+            return False
         time.sleep(0.5)
-    log = Path(stack.home) / f"{name}.log"
-    raise StackError(f"{name} did not start at {url} (see {log})")
+    return False
 
 
 # -- down and status ----------------------------------------------------------------------

@@ -491,6 +491,12 @@ class S3Store:
             con.execute(f"SET threads = {S3_READ_THREADS}")
 
 
+def is_local_url(url: str) -> bool:
+    """Whether ``url`` names a local directory: a path, ``file://`` or ``local://``."""
+    scheme = urlparse(url).scheme
+    return scheme in ("", "local", "file") or len(scheme) == 1  # 1 letter: Windows drive
+
+
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store:
     """The store for ``url``: a local path or ``file://`` URL, or ``s3://bucket/prefix``."""
     options = dict(storage_options or {})
@@ -499,7 +505,7 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
         return S3Store(url.replace("s3a://", "s3://", 1), S3Settings.resolve(options))
     if parsed.scheme == "file":
         return LocalStore(parsed.path)
-    if parsed.scheme in ("", "local") or len(parsed.scheme) == 1:  # 1 letter: Windows drive
+    if is_local_url(url):
         if options:
             raise ValueError(f"storage options {sorted(options)} make no sense for a local ledger")
         return LocalStore(url if parsed.scheme != "local" else parsed.path)

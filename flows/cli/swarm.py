@@ -127,11 +127,10 @@ def check_resume(
 
 def where(cfg: SwarmConfig) -> str:
     uri = cfg.tracking_uri()
-    server = uri.startswith(("http://", "https://"))
     return (
         f"ledger: {cfg.ledger.url}  (sapo ledger query {cfg.ledger.url} "
         f"--dashboard reward_per_node_round)\n"
-        f"MLflow: {uri if server else f'mlflow ui --backend-store-uri {uri}'}"
+        f"MLflow: {uri if cfg.tracks_on_server() else f'mlflow ui --backend-store-uri {uri}'}"
     )
 
 
@@ -256,6 +255,7 @@ def deploy(
     """One Prefect deployment per node, on a cron or interval schedule."""
     require("flows")
     from flows import deploy as deploying
+    from ledger.storage import is_local_url
 
     cfg = load(config, overrides, workdir=workdir)
     if (cron is None) == (interval is None):
@@ -281,13 +281,13 @@ def deploy(
             f"run a worker: SAPO_WORKDIR=<its folder> prefect worker start --pool {work_pool}"
             + (" --work-queue QUEUE" if queues else "")
         )
-        if "://" not in cfg.ledger.url or cfg.ledger.url.startswith("file://"):
+        if is_local_url(cfg.ledger.url):
             typer.secho(
                 f"note: the ledger is a local folder ({cfg.ledger.url}): only workers on this "
                 "machine share it; give other machines a bucket (ledger.url=s3://...)",
                 err=True,
             )
-        if cfg.tracking.enabled and cfg.tracking_uri().startswith("sqlite:"):
+        if cfg.tracking.enabled and not cfg.tracks_on_server():
             typer.secho(
                 "note: MLflow is a local file here: each machine tracks in its own unless "
                 "its worker exports MLFLOW_TRACKING_URI (or set tracking.uri=http://...)",
