@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import polars as pl
+
 from flows import checkpoint as checkpoints
 from flows.backlog import is_outage, log_writer
 from flows.runtime import NodeRuntime, node_config
@@ -26,7 +28,7 @@ from ledger import StorageError
 from sapo_core.assembly import TrainingSet
 from sapo_core.evaluation import overall_accuracy
 from sapo_core.learner import Generated, RoundReport, round_seed
-from sapo_core.rollouts import Group, Rollout, group_rollouts
+from sapo_core.rollouts import RECORD_FIELDS, Group, from_records, group_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class RoundState:
     evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
     ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
     peers_excluded: int = 0  # peers this node's reputation of them excludes from sampling
+    peer_rows_dropped: int = 0  # drawn peers' rows that could not be converted
     seconds: dict[str, float] = field(default_factory=dict)  # per step
 
 
@@ -221,9 +224,25 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
             state.ledger_down = True
             log.warning("ledger unreachable (%s): round %d trains with J = 0", exc, state.round)
             return []
-        rows = [Rollout.from_record(row) for row in frame.iter_rows(named=True)]
-        state.external = group_rollouts(rows, "external")
+        state.external = peer_groups(frame, state)
     return [g.group_id for g in state.external]
+
+
+def peer_groups(frame: pl.DataFrame, state: RoundState) -> list[Group]:
+    """The drawn rows as groups. Only the columns a rollout holds are converted (polars
+    panics on a timestamp beyond its calendar, a ``BaseException``); a row that still
+    cannot be converted is dropped and counted, so no row can stop a round."""
+    fields = [c for c in RECORD_FIELDS if c in frame.columns]
+    try:
+        records = frame.select(fields).iter_rows(named=True)
+        rows, state.peer_rows_dropped = from_records(records)
+    except Exception as exc:  # a frame polars cannot convert at all: train without it
+        log.warning("peers' rows could not be read (%s): J = 0 this round", exc)
+        state.peer_rows_dropped = frame.height
+        return []
+    if state.peer_rows_dropped:
+        log.warning("dropped %d peers' rows that could not be read", state.peer_rows_dropped)
+    return group_rollouts(rows, "external")
 
 
 def wait_for_peers(node: NodeRuntime, seed: int) -> None:
@@ -332,6 +351,7 @@ def round_metrics(
         "policy_version": float(node.learner.policy_version),
         "ledger_unreachable": float(state.ledger_down),
         "peers_excluded": float(state.peers_excluded),
+        "peer_rows_dropped": float(state.peer_rows_dropped),
         "backlog_files": float(len(node.backlog)),
     }
     if report.training_reward_local is not None:

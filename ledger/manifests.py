@@ -65,7 +65,7 @@ from pydantic import (
 )
 
 from ledger.keys import digest, node_prefix
-from ledger.schema import check_id
+from ledger.schema import EARLIEST_TIME, LATEST_TIME, MAX_SEED, check_id, in_time_window
 from ledger.storage import ObjectInfo, OversizedObject, StorageError, Store, in_threads
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class NodeManifest(BaseModel):
         description="The policy's parameters as a JSON object (text), kind excluded.",
     )
     model_id: str = Field(min_length=1, max_length=1024, description="Model id or path.")
-    seed: int = Field(ge=-(2**63), le=2**63 - 1, description="The node's seed.")
+    seed: int = Field(ge=-MAX_SEED, le=MAX_SEED, description="The node's seed.")
     written_at: datetime = Field(description="When the node first wrote this manifest (UTC).")
     schema_version: int = Field(
         default=MANIFEST_VERSION, ge=1, description="Writer's manifest version."
@@ -157,6 +157,10 @@ class NodeManifest(BaseModel):
     def _utc(cls, value: datetime) -> datetime:
         if value.tzinfo is None:
             raise ValueError("written_at needs a time zone")
+        if not in_time_window(value):
+            raise ValueError(
+                f"written_at {value.isoformat()} outside {EARLIEST_TIME.year}-{LATEST_TIME.year}"
+            )
         return value.astimezone(UTC)
 
     @classmethod
@@ -340,6 +344,8 @@ class ManifestIndex:
             return None
         except OversizedObject:  # grew since it was listed
             return key, Skipped(key, OVERSIZED, f"more than {MAX_MANIFEST_BYTES} bytes")
+        except PermissionError as exc:  # one object a reader may not read: skipped alone
+            return key, Skipped(key, UNREADABLE, f"not readable: {exc}"[:300])
         except OSError as exc:  # the ledger's retry policy owns storage failures
             raise StorageError(f"reading manifest {key} failed: {exc}") from exc
         try:

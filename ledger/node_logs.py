@@ -46,7 +46,7 @@ import duckdb
 
 from ledger.keys import digest, parse_key, partition_prefix
 from ledger.retrying import first_line
-from ledger.schema import check_id
+from ledger.schema import MAX_COUNTER, MAX_SEED, check_id, time_window_sql
 from ledger.sqltext import sql_list, sql_str
 
 MAX_TEXT_CHARS: Final = 1024
@@ -58,7 +58,6 @@ UNREADABLE: Final = "unreadable_node_log"
 OVERSIZED: Final = "oversized_node_log"
 INVALID_LINE: Final = "invalid_node_log_line"
 
-_INT64 = (-(2**63), 2**63 - 1)
 _HIVE_TYPES = "{'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'}"
 _TYPES = ("BIGINT", "DOUBLE", "VARCHAR", "BOOLEAN", "TIMESTAMPTZ")
 
@@ -83,6 +82,17 @@ class LogColumn:
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
             raise ValueError(f"{self.name}: unsupported log column type {self.type}")
+
+    @property
+    def bounds(self) -> tuple[float | None, float | None]:
+        """(low, high), inclusive. An integer is never unbounded: one that fits in 64 bits
+        can still overflow the first sum a report takes (schema.MAX_SEED)."""
+        if self.type == "BIGINT":
+            return (
+                -MAX_SEED if self.low is None else self.low,
+                MAX_SEED if self.high is None else self.high,
+            )
+        return self.low, self.high
 
 
 @dataclass(frozen=True)
@@ -273,8 +283,6 @@ def _checked(log: str, i: int, col: LogColumn, value: Any) -> Any:
     if col.type == "BIGINT":
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{where} must be an int, got {type(value).__name__}")
-        if not _INT64[0] <= value <= _INT64[1]:
-            raise ValueError(f"{where} {value} does not fit in 64 bits")
     elif col.type == "DOUBLE":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{where} must be a number, got {type(value).__name__}")
@@ -293,10 +301,11 @@ def _checked(log: str, i: int, col: LogColumn, value: Any) -> Any:
             raise ValueError(f"{where} must be one of {list(col.choices)}, got {value!r}")
         if col.node_id:
             check_id(col.name, value)
-    if col.low is not None and value < col.low:
-        raise ValueError(f"{where} must be >= {col.low}, got {value}")
-    if col.high is not None and value > col.high:
-        raise ValueError(f"{where} must be <= {col.high}, got {value}")
+    low, high = col.bounds
+    if low is not None and value < low:
+        raise ValueError(f"{where} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{where} must be <= {high}, got {value}")
     return value
 
 
@@ -317,7 +326,7 @@ def _typed_sql(col: LogColumn) -> tuple[str, str]:
     value = f"TRY_CAST({text} AS TIMESTAMPTZ)"  # TIMESTAMPTZ
     return (
         f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {MAX_TIMESTAMP_CHARS} "
-        f"AND isfinite({value}))",
+        f"AND {time_window_sql(value)})",
         value,
     )
 
@@ -325,10 +334,11 @@ def _typed_sql(col: LogColumn) -> tuple[str, str]:
 def _bounds_sql(col: LogColumn) -> str:
     """A predicate over the typed column (true when NULL): its bounds and choices."""
     rules = []
-    if col.low is not None:
-        rules.append(f"{col.name} >= {col.low!r}")
-    if col.high is not None:
-        rules.append(f"{col.name} <= {col.high!r}")
+    low, high = col.bounds
+    if low is not None:
+        rules.append(f"{col.name} >= {low!r}")
+    if high is not None:
+        rules.append(f"{col.name} <= {high!r}")
     if col.choices:
         rules.append(f"{col.name} IN ({', '.join(sql_str(v) for v in col.choices)})")
     return f"coalesce({' AND '.join(rules)}, true)" if rules else ""
@@ -341,7 +351,7 @@ SAMPLES: Final = NodeLog(
     prefix="_samples/",
     letter="s",
     columns=(
-        LogColumn("node_round", "BIGINT", required=True),
+        LogColumn("node_round", "BIGINT", required=True, low=0, high=MAX_COUNTER),
         LogColumn("group_id", "VARCHAR", required=True),
         LogColumn("peer_node_id", "VARCHAR"),
         LogColumn("policy", "VARCHAR"),
@@ -358,13 +368,13 @@ EVALUATIONS: Final = NodeLog(
     prefix="_evaluations/",
     letter="e",
     columns=(
-        LogColumn("node_round", "BIGINT", required=True, low=0),
+        LogColumn("node_round", "BIGINT", required=True, low=0, high=MAX_COUNTER),
         LogColumn("task", "VARCHAR", required=True),
-        LogColumn("questions", "BIGINT", low=0),
-        LogColumn("completions", "BIGINT", low=0),
-        LogColumn("correct", "DOUBLE", low=0),
+        LogColumn("questions", "BIGINT", low=0, high=MAX_COUNTER),
+        LogColumn("completions", "BIGINT", low=0, high=MAX_COUNTER),
+        LogColumn("correct", "DOUBLE", low=0, high=MAX_COUNTER),
         LogColumn("accuracy", "DOUBLE", low=0, high=1),
-        LogColumn("policy_version", "BIGINT", low=0),
+        LogColumn("policy_version", "BIGINT", low=0, high=MAX_COUNTER),
         LogColumn("eval_seed", "BIGINT"),
         LogColumn("evaluated_at", "TIMESTAMPTZ"),
     ),
@@ -381,12 +391,12 @@ TRAININGS: Final = NodeLog(
     prefix="_trainings/",
     letter="t",
     columns=(
-        LogColumn("node_round", "BIGINT", required=True, low=0),
+        LogColumn("node_round", "BIGINT", required=True, low=0, high=MAX_COUNTER),
         LogColumn("group_id", "VARCHAR", required=True),
         LogColumn("origin", "VARCHAR", choices=("local", "external")),
         LogColumn("peer_node_id", "VARCHAR", node_id=True),
         LogColumn("task", "VARCHAR"),
-        LogColumn("completions", "BIGINT", low=0),
+        LogColumn("completions", "BIGINT", low=0, high=MAX_COUNTER),
         LogColumn("reward_mean", "DOUBLE", low=0, high=1),
         LogColumn("informative", "BOOLEAN"),
         LogColumn("trained", "BOOLEAN"),

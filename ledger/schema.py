@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final
 
 import pyarrow as pa
@@ -52,6 +53,37 @@ COLUMNS: Final[tuple[Column, ...]] = (
 )
 
 COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
+
+# -- ranges: what a reader accepts of any number or time a peer wrote --------------------
+# A value may be of the right type and still break whoever converts or adds it: a timestamp
+# past year 9999 (or INT64_MAX, which DuckDB reads as infinity) has no Python datetime, and
+# a round of 2^63 - 1 overflows the first sum a report takes. Every object kind a reader
+# takes from peers (rollouts, node logs, manifests, markers) is held to these.
+
+MAX_COUNTER: Final = 2**31 - 1
+"""Largest round, policy version, question index or count a reader accepts: a million of
+them add up inside int64 and float64 exactly."""
+MAX_SEED: Final = 2**62
+"""Largest magnitude of a seed a reader accepts (seeds are never added up)."""
+EARLIEST_TIME: Final = datetime(2020, 1, 1, tzinfo=UTC)
+LATEST_TIME: Final = datetime(2200, 1, 1, tzinfo=UTC)
+"""Timestamps a reader accepts lie in [EARLIEST_TIME, LATEST_TIME): fixed, not relative to
+the reader's clock, so a judgement made once stays true (recency windows deal with stamps
+in the future)."""
+
+
+def time_window_sql(column: str) -> str:
+    """A predicate that holds when ``column`` (a TIMESTAMPTZ, not NULL) lies in the window;
+    false for infinities."""
+    return (
+        f"({column} >= TIMESTAMPTZ '{EARLIEST_TIME.isoformat()}' "
+        f"AND {column} < TIMESTAMPTZ '{LATEST_TIME.isoformat()}')"
+    )
+
+
+def in_time_window(when: datetime) -> bool:
+    return EARLIEST_TIME <= when < LATEST_TIME
+
 
 ID_PATTERN: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,127}$")
 """swarm and node ids become path segments and Hive values: they start with a letter so that

@@ -14,7 +14,15 @@ from typing import Final
 import pyarrow as pa
 
 from ledger.config import RowLimits
-from ledger.schema import COLUMNS, MIN_READABLE_VERSION, Column, required_columns
+from ledger.schema import (
+    COLUMNS,
+    MAX_COUNTER,
+    MAX_SEED,
+    MIN_READABLE_VERSION,
+    Column,
+    required_columns,
+    time_window_sql,
+)
 
 # File-level reasons.
 CORRUPT: Final = "corrupt"
@@ -35,6 +43,8 @@ FOREIGN_ID: Final = "foreign_id"
 OVERSIZED_TEXT: Final = "oversized_text"
 INVALID_VALUE: Final = "invalid_value"
 INVALID_REWARD: Final = "invalid_reward"
+INVALID_TIME: Final = "invalid_time"
+"""A timestamp outside ``schema.EARLIEST_TIME`` .. ``LATEST_TIME`` (infinities included)."""
 DUPLICATE_ID: Final = "duplicate_id"
 # Group-level reasons (counted per row of the group).
 OVERSIZED_GROUP: Final = "oversized_group"
@@ -197,7 +207,10 @@ def reject_reason_sql(limits: RowLimits, columns: tuple[Column, ...] = COLUMNS) 
             THEN '{FOREIGN_ID}'
         WHEN {oversized} THEN '{OVERSIZED_TEXT}'
         WHEN node_round < 0 OR policy_version < 0 OR task_index < 0 OR completion_tokens < 0
-            OR completion_tokens > {limits.max_completion_tokens} THEN '{INVALID_VALUE}'
+            OR completion_tokens > {limits.max_completion_tokens}
+            OR greatest(node_round, policy_version, task_index) > {MAX_COUNTER}
+            OR abs(task_seed::HUGEINT) > {MAX_SEED} THEN '{INVALID_VALUE}'
+        WHEN NOT {time_window_sql("published_at")} THEN '{INVALID_TIME}'
         WHEN reward IS NOT NULL AND (isnan(reward) OR reward < 0 OR reward > 1)
             THEN '{INVALID_REWARD}'
         ELSE NULL

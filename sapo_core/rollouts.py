@@ -6,7 +6,7 @@ the two packages without either importing the other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -79,6 +79,41 @@ class Rollout:
             completion_tokens=int(row["completion_tokens"]),
             reward=None if reward is None else float(reward),
         )
+
+
+RECORD_FIELDS: tuple[str, ...] = (
+    "rollout_id",
+    "group_id",
+    "node_id",
+    "model_id",
+    "node_round",
+    "policy_version",
+    "task",
+    "task_config",
+    "task_seed",
+    "task_index",
+    "question",
+    "answer",
+    "metadata",
+    "completion",
+    "completion_tokens",
+    "reward",
+)
+"""The columns ``from_record`` reads: a caller converts these alone, so that no other value
+of a peer's row (a timestamp out of any calendar's range, say) is ever converted."""
+
+
+def from_records(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Rollout], int]:
+    """Peers' rows as rollouts, and how many could not be converted (dropped, never a
+    crash: the ledger range-checks rows, this is the last line)."""
+    kept: list[Rollout] = []
+    dropped = 0
+    for row in rows:
+        try:
+            kept.append(Rollout.from_record(row))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            dropped += 1
+    return kept, dropped
 
 
 @dataclass(frozen=True)

@@ -156,3 +156,27 @@ def _write_raw(store: Any, key: str, data: bytes) -> None:
         path.write_bytes(data)
     else:
         store.fs.pipe_file(f"{store.bucket}/{store.prefix}/{key}", data)
+
+
+# -- issue 27: values of the right type but out of any sane range ------------------------
+
+YEAR_10000_US = 253_402_300_800_000_000
+"""0001-01-01 + this many microseconds is 10000-01-01: no Python datetime holds it."""
+INT64_MAX = 2**63 - 1
+"""As microseconds, DuckDB reads it as the timestamp 'infinity'."""
+
+
+def stamped_at(micros: int) -> bytes:
+    """The attacker's round with ``published_at`` = ``micros`` microseconds since 1970."""
+    table = attacker_table()
+    stamps = pa.array([micros] * table.num_rows, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    return parquet_bytes(with_column(table, "published_at", stamps))
+
+
+def endless_round() -> bytes:
+    """A group whose ``node_round`` is INT64_MAX (its ids name that round)."""
+    table = attacker_table()
+    gid = f"sw.{ATTACKER}.r{INT64_MAX}.g0"
+    table = with_column(table, "node_round", pa.array([INT64_MAX] * 2, pa.int64()))
+    table = with_column(table, "group_id", pa.array([gid, gid]))
+    return parquet_bytes(with_column(table, "rollout_id", pa.array([f"{gid}.c0", f"{gid}.c1"])))
