@@ -128,6 +128,16 @@ class SwarmConfig(Strict):
         description="When fewer than J peer groups exist yet, wait up to this long for them "
         "before training without (0: never wait; no node ever waits for a particular peer).",
     )
+    stall_timeout_s: float | None = Field(
+        1800.0,
+        ge=1.0,
+        le=7 * 86400.0,
+        description="End a node run that makes no progress for this long (no step begun, "
+        "no completion generated, no round ended; opening the node counts as a step, and "
+        "the sample step may add peer_wait_s): its Prefect run is marked Crashed naming the "
+        "step, its process exits with status 75, and the node's next run resumes from its "
+        "checkpoint (flows/watchdog.py). null: never.",
+    )
     ledger: LedgerConfig = Field(
         default_factory=LedgerConfig,  # type: ignore[arg-type]
         description="Where the ledger lives; url defaults to <workdir>/ledger.",

@@ -15,7 +15,8 @@ Two ways to run them:
 Each scheduled run runs `rounds_per_run` rounds past the node's checkpoint, up to the
 swarm's rounds, so a schedule advances the node step by step and a missed run loses nothing;
 a run whose process dies is marked Crashed when its heartbeats stop
-(`ensure_crash_detection`), and the next one resumes the node.
+(`ensure_crash_detection`), one that hangs while it beats is ended by its watchdog
+(flows/watchdog.py), and the next one resumes the node.
 """
 
 from __future__ import annotations

@@ -130,6 +130,7 @@ class NodeProgress:
         self.node_id = node_id
         self._sink = sink
         self._display = display
+        self._watchers: list[Callable[[Event], None]] = []
 
     @classmethod
     def for_process(cls, node_id: str) -> NodeProgress:
@@ -146,9 +147,17 @@ class NodeProgress:
         if self._display is not None:
             self._display.progress.stop()
 
+    def watch(self, watcher: Callable[[Event], None]) -> None:
+        """Also hand every event to `watcher`, however the node runs (the run's
+        watchdog, flows/watchdog.py, takes each one as progress)."""
+        self._watchers.append(watcher)
+
     def emit(self, event: str, **fields: Any) -> None:
+        message = {"node": self.node_id, "event": event, **fields}
         if self._sink is not None:
-            self._sink({"node": self.node_id, "event": event, **fields})
+            self._sink(message)
+        for watcher in self._watchers:
+            watcher(message)
 
     def generation(self, done: int, total: int) -> None:
         self.emit("generate", done=done, total=total)

@@ -30,6 +30,7 @@ from flows.env import apply_offline_defaults
 from flows.progress import NodeProgress
 from flows.runtime import NodeRuntime, open_node
 from flows.steps import RoundState
+from flows.watchdog import watching
 
 # The node a node flow runs, for its round flows (set only inside `running`).
 _RUNNING: ContextVar[NodeRuntime] = ContextVar("sapo_running_node")
@@ -182,33 +183,39 @@ def node_flow(
         print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
         return {"node_id": node_id, "rounds": [], "metrics": []}
     progress = NodeProgress.for_process(node_id)
-    node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
-    try:
-        rounds = rounds_to_run(node.next_round, end, until_round, more_rounds)
-        start, stop = rounds.start, rounds.stop
-        history = []
-        with running(node):
-            for round_ in rounds:
-                progress.emit("round", round=round_, stop=stop)
-                last = round_ == stop - 1
-                metrics = round_flow(node_id, round_, last, started_at=time.perf_counter())
-                progress.emit("done", round=round_)
-                print(steps.describe(metrics, node_id, round_), flush=True)
-                history.append(metrics)
-            if node.next_round >= swarm.rounds and not steps.evaluated(node, swarm.rounds):
-                # After the last checkpoint, so the score is that checkpoint's; a node killed
-                # before it is scored by the next run, whose loop is then empty.
-                quoted: Any = quote(node)
-                final_evaluation_task(quoted)
-        # The model is logged when the node reaches its last round (or went past it), not
-        # after every scheduled run of a few rounds; and by a later run when the one that
-        # reached it did not (it stopped before, or the upload failed).
-        reached = node.next_round >= swarm.rounds or until_round is None
-        wanted = swarm.tracking.log_models and reached
-        node.finish(log_model=wanted and (stop > start or node.final_model_missing()))
-        if node.next_round >= swarm.rounds and not node.final_model_missing():
-            checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
-        return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
-    finally:
-        node.close()
-        progress.close()
+    # A run that stops making progress while its process lives (and beats) is ended, so
+    # that the node's next run can go (flows/watchdog.py).
+    with watching(swarm.stall_timeout_s, grace={"sample": swarm.peer_wait_s}) as dog:
+        progress.watch(dog.saw)
+        node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
+        try:
+            rounds = rounds_to_run(node.next_round, end, until_round, more_rounds)
+            start, stop = rounds.start, rounds.stop
+            history = []
+            with running(node):
+                for round_ in rounds:
+                    progress.emit("round", round=round_, stop=stop)
+                    last = round_ == stop - 1
+                    metrics = round_flow(node_id, round_, last, started_at=time.perf_counter())
+                    progress.emit("done", round=round_)
+                    print(steps.describe(metrics, node_id, round_), flush=True)
+                    history.append(metrics)
+                dog.entering("the final evaluation")
+                if node.next_round >= swarm.rounds and not steps.evaluated(node, swarm.rounds):
+                    # After the last checkpoint, so the score is that checkpoint's; a node
+                    # killed before it is scored by the next run, whose loop is then empty.
+                    quoted: Any = quote(node)
+                    final_evaluation_task(quoted)
+            # The model is logged when the node reaches its last round (or went past it),
+            # not after every scheduled run of a few rounds; and by a later run when the one
+            # that reached it did not (it stopped before, or the upload failed).
+            dog.entering("closing the node's run (logging its model)")
+            reached = node.next_round >= swarm.rounds or until_round is None
+            wanted = swarm.tracking.log_models and reached
+            node.finish(log_model=wanted and (stop > start or node.final_model_missing()))
+            if node.next_round >= swarm.rounds and not node.final_model_missing():
+                checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
+            return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
+        finally:
+            node.close()
+            progress.close()
