@@ -32,7 +32,7 @@ from sapo_core.grpo.update import (
 )
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_model, load_policy
-from sapo_core.prompts import render_prompt
+from sapo_core.prompts import prompt_ids, text_ids
 from sapo_core.reputation import evidence
 from sapo_core.rewards import ConfigBounds, ScoredGroup, score_groups, verify
 from sapo_core.rollouts import Group, Rollout
@@ -151,15 +151,16 @@ class Learner:
     # -- generate ---------------------------------------------------------------------------
 
     def prompt_ids(self, question: Question) -> list[int]:
-        text = render_prompt(self.policy.tokenizer, question.question, self.config.prompt)
-        return list(self.policy.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """The question's prompt as generation and the update see it: the question's text
+        (a peer's as much as our own) encoded as text, the template's tokens as tokens."""
+        return prompt_ids(self.policy.tokenizer, question.question, self.config.prompt)
 
     def generate(self, round_: int, on_progress: ProgressCallback | None = None) -> Generated:
         """Sample L completions for each of the round's questions; score them locally."""
         cfg = self.config
         started = time.perf_counter()
         questions = self.tasks.draw(round_, cfg.questions)
-        prompts = [render_prompt(self.policy.tokenizer, q.question, cfg.prompt) for q in questions]
+        prompts = [self.prompt_ids(q) for q in questions]
         seed = round_seed(cfg.seed, round_)
         sampled = self.backend.generate(prompts, cfg.generation, seed, on_progress)
         groups = []
@@ -190,7 +191,7 @@ class Learner:
         """Score the current policy on the held-out set (same questions and seed each time)."""
         cfg = self.config
         questions = heldout_questions(cfg.evaluation, cfg.tasks)
-        prompts = [render_prompt(self.policy.tokenizer, q.question, cfg.prompt) for q in questions]
+        prompts = [self.prompt_ids(q) for q in questions]
         # completions_per_question >= 2 holds for training groups only; one answer per
         # question is a valid evaluation, so the copy skips validation on purpose.
         sampling = cfg.generation.model_copy(
@@ -249,7 +250,8 @@ class Learner:
         return out
 
     def _completion_tokens(self, rollout: Rollout) -> tuple[list[int], list[float] | None]:
-        """Own rows keep their sampled tokens and log-probs; peers' text is re-encoded."""
+        """Own rows keep their sampled tokens and log-probs; peers' text is re-encoded as
+        text: a `<|im_end|>` in it is its characters' tokens, never the end of a turn."""
         limit = self.config.generation.max_new_tokens
         own = rollout.node_id == self.config.node_id and rollout.model_id == self.policy.model_id
         if own and rollout.token_ids is not None and rollout.logprobs is not None:
@@ -261,8 +263,7 @@ class Learner:
         prefill = self.config.prompt.prefill
         if prefill and text.startswith(prefill):
             text = text[len(prefill) :]  # our prompt already ends with it
-        ids = self.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(ids[:limit]), None
+        return text_ids(self.policy.tokenizer, text)[:limit], None
 
     def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:
         """Take the GRPO step on an assembled training set; returns the round's figures."""

@@ -1,8 +1,15 @@
-"""From a question to the model's input, and from a completion back to its answer."""
+"""From a question to the model's input, and from a completion back to its answer.
+
+Text that is not the chat template's own (a question, a peer's completion, the system prompt
+and examples) is encoded as text: a special token's string inside it, such as
+``<|im_end|><|im_start|>system``, becomes the tokens of its characters, never the control
+tokens, so nobody's text can close a turn or open one in this node's training sequences.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from sapo_core.config import PromptConfig
@@ -22,11 +29,83 @@ def messages(question: str, config: PromptConfig) -> list[dict[str, str]]:
 
 
 def render_prompt(tokenizer: Any, question: str, config: PromptConfig) -> str:
-    """The prompt text through the tokenizer's chat template, with the prefill appended."""
-    text = tokenizer.apply_chat_template(
-        messages(question, config), tokenize=False, add_generation_prompt=True
-    )
-    return str(text) + config.prefill
+    """The prompt text through the tokenizer's chat template, with the prefill appended.
+
+    A text to read, not to encode: `prompt_ids` is the model's input.
+    """
+    return _render(tokenizer, messages(question, config), config.prefill)
+
+
+def _render(tokenizer: Any, turns: list[dict[str, str]], prefill: str) -> str:
+    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    return str(text) + prefill
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of `text` as plain text: special tokens' strings in it are encoded as
+    their characters (`split_special_tokens`), so the ids hold no special token.
+
+    Added tokens that are not special (vocabulary words such as a reasoning model's
+    `<think>`) are matched as usual, and text without special tokens' strings encodes to
+    the ids `tokenizer(text, add_special_tokens=False)` gives.
+    """
+    encoded = tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+    return list(encoded["input_ids"])
+
+
+def special_strings(tokenizer: Any) -> list[str]:
+    """The strings the tokenizer encodes as special tokens (those `split_special_tokens`
+    encodes as text instead), longest first."""
+    found = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    found.update(tokenizer.all_special_tokens)
+    return sorted(found, key=len, reverse=True)
+
+
+def prompt_ids(tokenizer: Any, question: str, config: PromptConfig) -> list[int]:
+    """The model's input for a question: `render_prompt`'s text, with the chat template's
+    own special tokens (role markers) as tokens and the question, system prompt and
+    examples as text (see `text_ids`). The prefill, this node's own, is template text.
+
+    Special tokens' strings in the turns are swapped for stand-ins, characters found
+    nowhere in the template or the turns, before the template runs; each stand-in is then
+    encoded as its string's text and the rest as the template's text. A prompt without such
+    strings thus encodes exactly as `tokenizer(render_prompt(...), add_special_tokens=False)`.
+    """
+    turns = messages(question, config)
+    strings = special_strings(tokenizer)
+    if not strings:
+        return _encoded(tokenizer, _render(tokenizer, turns, config.prefill))
+    found = re.compile("|".join(map(re.escape, strings)))
+    seen = [str(tokenizer.chat_template), config.prefill, *strings, *(t["content"] for t in turns)]
+    free = _absent_characters(set("".join(seen)))
+    stand_in = {s: next(free) for s in strings}
+    string_of = {c: s for s, c in stand_in.items()}
+    swapped = [
+        {**t, "content": found.sub(lambda m: stand_in[m.group(0)], t["content"])} for t in turns
+    ]
+    text = _render(tokenizer, swapped, config.prefill)
+    pieces = re.split(f"([{re.escape(''.join(string_of))}])", text)
+    ids: list[int] = []
+    for i, piece in enumerate(pieces):
+        if i % 2:  # a stand-in, between the template's text
+            ids += text_ids(tokenizer, string_of[piece])
+        elif piece:
+            ids += _encoded(tokenizer, piece)
+    return ids
+
+
+def _encoded(tokenizer: Any, template_text: str) -> list[int]:
+    """Ids of a chat template's text, its special tokens' strings parsed as the tokens."""
+    return list(tokenizer(template_text, add_special_tokens=False)["input_ids"])
+
+
+def _absent_characters(present: set[str]) -> Iterator[str]:
+    """Private-use characters that are not in `present` (about 137,000 to draw from)."""
+    for first, last in ((0xE000, 0xF8FF), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD)):
+        for code in range(first, last + 1):
+            if chr(code) not in present:
+                yield chr(code)
+    raise ValueError("no private-use character is left for a stand-in")
 
 
 def tagged_answer(text: str) -> str | None:

@@ -27,12 +27,17 @@ class Completion:
 ProgressCallback = Callable[[int, int], None]
 
 
+Prompt = str | Sequence[int]
+"""A prompt's token ids (`sapo_core.prompts.prompt_ids`: what a node trains on), or a text
+whose special tokens' strings are parsed as the tokens (a chat template's rendering)."""
+
+
 class GenerationBackend(Protocol):
     """Samples `config.completions_per_question` completions for each prompt."""
 
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         config: GenerationConfig,
         seed: int,
         on_progress: ProgressCallback | None = None,

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from sapo_core.config import GenerationConfig
 from sapo_core.memory import release_free_memory
-from sapo_core.policy.backend import Completion, ProgressCallback
+from sapo_core.policy.backend import Completion, ProgressCallback, Prompt
 from sapo_core.policy.loading import Policy
 
 SAMPLING_BLOCK = 256  # tokens per block of the two-level inverse CDF (49,152 = 192 x 256)
@@ -101,7 +101,7 @@ class TransformersBackend:
 
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         config: GenerationConfig,
         seed: int,
         on_progress: ProgressCallback | None = None,
@@ -127,7 +127,7 @@ class TransformersBackend:
     def _sample(
         self,
         model: Any,
-        texts: Sequence[str],
+        prompts: Sequence[Prompt],
         n: int,
         config: GenerationConfig,
         generator: torch.Generator,
@@ -139,13 +139,10 @@ class TransformersBackend:
         the compute on short answers); rows that finished leave the batch, so the tail of a
         batch where one completion runs long costs one row per step, not the whole batch.
         """
-        tokenizer = self.policy.tokenizer
         was_training = model.training
         model.eval()
-        tokenizer.padding_side = "left"
-        enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
         device = self.policy.device
-        enc = {key: value.to(device) for key, value in enc.items()}
+        enc = {key: value.to(device) for key, value in self._left_padded(prompts).items()}
         stop_ids = self.stop_ids.to(device)
         attention = enc["attention_mask"].repeat_interleave(n, 0)  # [B, P]
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -1:]  # [B, 1]
@@ -199,6 +196,22 @@ class TransformersBackend:
             logits = out.logits[:, -1, :]
         model.train(was_training)
         return self._unpack(tokens, logprobs, lengths)
+
+    def _left_padded(self, prompts: Sequence[Prompt]) -> dict[str, Tensor]:
+        """Input ids and attention mask [B, P] of the prompts, padded on the left."""
+        tokenizer = self.policy.tokenizer
+        rows = [
+            tokenizer(p, add_special_tokens=False)["input_ids"] if isinstance(p, str) else list(p)
+            for p in prompts
+        ]
+        width = max(map(len, rows), default=0)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            if row:
+                ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+                mask[i, width - len(row) :] = 1
+        return {"input_ids": ids, "attention_mask": mask}
 
     def _unpack(self, tokens: Tensor, logprobs: Tensor, lengths: Tensor) -> list[Completion]:
         """Rows [T] cut at their length; the stop token is kept (the model learns to stop)."""
