@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 from ledger import identity, manifests, node_logs
 from ledger import validation as v
@@ -31,7 +32,7 @@ from ledger.config import RowLimits
 from ledger.copies import LocalCopies
 from ledger.keys import parse_key
 from ledger.retrying import first_line
-from ledger.schema import COLUMN_NAMES
+from ledger.schema import COLUMN_NAMES, COLUMNS
 from ledger.sqltext import (
     PUBLIC_COLUMNS_SQL,
     TYPED_EMPTY_NUMBERED,
@@ -83,6 +84,17 @@ CONTENT_SQL = (
     + ")), 0) FROM parquet_metadata({files}) GROUP BY file_name"
 )
 """Per file, from its footer: row groups, rows, and bytes its public columns unpack to."""
+
+TEXT_COLUMNS = tuple(c.name for c in COLUMNS if pa.types.is_string(c.type))
+TEXT_BYTES_SQL = (
+    "SELECT filename, coalesce(sum("
+    + " + ".join(f"coalesce(strlen({c}), 0)" for c in TEXT_COLUMNS)
+    + "), 0) FROM ({scan}) GROUP BY filename"
+)
+"""Per file, the bytes its text columns decode to, every value counted where it occurs. A
+scan of lengths alone: DuckDB keeps dictionary-encoded values as a dictionary vector, so
+this costs rows, not the text's bytes (0.2 s for 11 GB of one repeated string)."""
+PARQUET_MAGIC = b"PAR1"
 
 
 def _changed(state: FileState, listed: ObjectInfo) -> bool:
@@ -382,6 +394,9 @@ class Catalog:
             started = time.perf_counter()
             in_threads(self._take_copy, [s for s in states if s.status == OK])
             stats.read_seconds = time.perf_counter() - started
+        for state in states:
+            if state.status == OK:
+                self._check_footer_size(state)
         pending = [s for s in states if s.status == OK]
         chunks = [pending[i : i + EXAMINE_CHUNK] for i in range(0, len(pending), EXAMINE_CHUNK)]
         in_threads(self._check_schemas, chunks)
@@ -488,6 +503,35 @@ class Catalog:
             state.detail = f"{state.size} bytes > {self.limits.max_file_bytes}"
         return state
 
+    def _check_footer_size(self, state: FileState) -> None:
+        """Refuse a file whose footer is longer than ``max_footer_bytes``, by the length in
+        its last 8 bytes, before anything parses it. Only where the file is on local disk
+        (a local ledger, or a local copy: on by default for S3); elsewhere DuckDB's parse
+        is bounded by ``max_row_groups`` and the schema's size alone."""
+        if self.copies is None and not is_local(self.store):
+            return
+        try:
+            with open(state.path, "rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                if size < 12:
+                    state.status, state.detail = v.CORRUPT, f"{size} bytes: not Parquet"
+                    return
+                f.seek(size - 8)
+                tail = f.read(8)
+        except FileNotFoundError:
+            state.status = VANISHED
+            return
+        except OSError as exc:
+            state.status, state.detail = v.CORRUPT, f"unreadable: {exc}"
+            return
+        footer = int.from_bytes(tail[:4], "little")
+        if tail[4:] != PARQUET_MAGIC or footer + 12 > size:
+            state.status, state.detail = v.CORRUPT, "no Parquet footer"
+        elif footer > self.limits.max_footer_bytes:
+            state.status = v.OVERSIZED_CONTENT
+            state.detail = f"{footer} footer bytes > {self.limits.max_footer_bytes}"
+
     def _check_schemas(self, chunk: list[FileState]) -> None:
         """Judge the chunk's footers: schema (``parquet_schema``), then size of content
         (``parquet_metadata``) for those whose schema passed; file by file if one of them is
@@ -507,6 +551,13 @@ class Catalog:
                         cursor, CONTENT_SQL, list(passed.values())
                     ):
                         self._judge_content(passed[path], row_groups, rows, unpacked)
+                    sized = [s for s in passed.values() if s.status == OK]
+                    if sized:
+                        scan = scan_sql(sql_list([s.path for s in sized]))
+                        for path, text in cursor.execute(
+                            TEXT_BYTES_SQL.format(scan=scan)
+                        ).fetchall():
+                            self._judge_text(passed[path], int(text))
             except duckdb.Error:
                 if len(chunk) > 1:
                     for state in chunk:
@@ -546,6 +597,14 @@ class Catalog:
             if n > most:
                 state.status, state.detail = v.OVERSIZED_CONTENT, f"{n} {what} > {most}"
                 return
+
+    def _judge_text(self, state: FileState, text: int) -> None:
+        # What a file costs to read is what it decodes to: compaction sizes its merged
+        # files by the larger of the two measures.
+        state.unpacked = max(state.unpacked, text)
+        if text > self.limits.max_text_bytes:
+            state.status = v.OVERSIZED_CONTENT
+            state.detail = f"{text} text bytes decoded > {self.limits.max_text_bytes}"
 
     def _ingest(self, batch: list[FileState]) -> None:
         """Judge the rows of ``batch`` and add one summary row per valid group."""

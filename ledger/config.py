@@ -46,6 +46,20 @@ class RowLimits(_Strict):
         description="Most bytes the public columns of one Parquet object decompress to (by its "
         "footer): a small file may expand a thousandfold.",
     )
+    max_text_bytes: int = Field(
+        512 * 2**20,
+        ge=1024,
+        description="Most bytes the text columns of one Parquet object decode to, a "
+        "dictionary-encoded value counted every time it occurs (the footer counts a "
+        "dictionary once: one long string repeated a million times looks small there).",
+    )
+    max_footer_bytes: int = Field(
+        2**20,
+        ge=1024,
+        description="Largest Parquet footer read (its length is in the file's last 8 bytes, "
+        "checked before it is parsed): thousands of row groups of many columns make a "
+        "footer of 100 MB whose every parse costs seconds. Honest files' are a few KB.",
+    )
 
 
 class ChangeLogConfig(_Strict):

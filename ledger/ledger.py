@@ -141,6 +141,10 @@ class Ledger:
             signatures=self.config.signatures,
             copies=self._local_copies(),
         )
+        if self.catalog.copies is not None:
+            # Copies are written once and never change under their name: each footer is
+            # parsed once, not at every sample that reads the file.
+            self.con.execute("SET parquet_metadata_cache = true")
         self.signer = signer
         """The node this ledger publishes as: its files are signed, and it publishes and
         compacts for that node only. None: an unsigned writer (open swarms, analysis)."""

@@ -180,3 +180,26 @@ def endless_round() -> bytes:
     table = with_column(table, "node_round", pa.array([INT64_MAX] * 2, pa.int64()))
     table = with_column(table, "group_id", pa.array([gid, gid]))
     return parquet_bytes(with_column(table, "rollout_id", pa.array([f"{gid}.c0", f"{gid}.c1"])))
+
+
+def repeated_text(rows: int, chars: int) -> bytes:
+    """``rows`` completions of one ``chars``-long string, dictionary-encoded: the footer counts
+    the string once (a few KB), decoding materialises it ``rows`` times."""
+    ids = [f"sw.{ATTACKER}.r0.g{i // 2}" for i in range(rows)]
+    base = round_rows(ATTACKER, 0, [[1, 0]])[0]
+    columns = {name: [value] * rows for name, value in base.items()}
+    columns["group_id"] = ids
+    columns["rollout_id"] = [f"{g}.c{i}" for i, g in enumerate(ids)]
+    columns["reward"] = [float(i % 2) for i in range(rows)]
+    table = to_table(pa.table(columns))
+    table = with_column(table, "completion", pa.array(["a" * chars] * rows, pa.string()))
+    return parquet_bytes(table, compression="zstd", use_dictionary=True)
+
+
+def many_row_groups(groups: int, extra_columns: int) -> bytes:
+    """One row per row group, ``extra_columns`` flat columns beside the public ones: every
+    limit on rows, row groups and schema holds, and the footer is tens of MB."""
+    table = attacker_table([[1, 0]] * (groups // 2 or 1))
+    for i in range(extra_columns):
+        table = table.append_column(f"x{i}", pa.array([i] * table.num_rows, pa.int64()))
+    return parquet_bytes(table, row_group_size=1)

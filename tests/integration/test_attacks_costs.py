@@ -1,0 +1,63 @@
+"""Issue 27, costs bounded before they are paid: a file within every limit its footer
+declares can still cost what decoding it costs, or what parsing its footer costs.
+
+Both failed on main at 2825c99: the repeated string was served (11.6 GB of text decoded from
+a 0.4 MB file), the 4 MB footer was parsed at every read.
+"""
+
+from __future__ import annotations
+
+from ledger import RowLimits
+from ledger import validation as v
+from tests import hostile
+from tests.integration.test_attacks import assert_serves_the_honest_data
+
+plant = hostile.plant
+
+
+def bad_files(reader) -> dict[str, tuple[str, str]]:
+    return {key: (status, detail) for key, status, detail in reader.validate().bad_files}
+
+
+def test_text_is_counted_as_decoded_not_as_the_footer_declares(site):
+    honest = hostile.seed_honest(site.open())
+    data = hostile.repeated_text(2000, 32_000)  # 64 MB of text in a file of a few KB
+    assert len(data) < 2**20
+    key = plant(honest, "r0-repeated.parquet", data)
+    # Within the footer's measure (what main checked), beyond the decoded one.
+    reader = site.open(limits=RowLimits(max_uncompressed_bytes=8 * 2**20, max_text_bytes=2**24))
+    assert_serves_the_honest_data(reader)
+    status, detail = bad_files(reader)[key]
+    assert status == v.OVERSIZED_CONTENT and "text bytes decoded" in detail
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 0
+
+
+def test_honest_text_is_measured_and_kept(site):
+    honest = hostile.seed_honest(site.open())
+    plant(honest, "r0-repeated.parquet", hostile.repeated_text(20, 1000))
+    reader = site.open(limits=RowLimits(max_text_bytes=2**20))
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 20
+    # What compaction sizes its merged files by: at least the decoded text.
+    (state,) = [s for s in reader.catalog.files.values() if "repeated" in s.key]
+    assert state.unpacked >= 20 * 1000
+
+
+def test_a_footer_of_megabytes_is_refused_before_it_is_parsed(site):
+    honest = hostile.seed_honest(site.open())
+    data = hostile.many_row_groups(600, 40)
+    footer = int.from_bytes(data[-8:-4], "little")
+    assert footer > 3 * 2**20  # ~3.7 MB: 600 row groups x 59 columns
+    key = plant(honest, "r0-rowgroups.parquet", data)
+    reader = site.open()
+    assert_serves_the_honest_data(reader)
+    status, detail = bad_files(reader)[key]
+    assert status == v.OVERSIZED_CONTENT and f"{footer} footer bytes" in detail
+
+
+def test_honest_footers_are_far_below_the_bound(site):
+    led = site.open()
+    led.publish(hostile.to_table(hostile.round_rows("n1", 0, [[1, 0]] * 200)))
+    reader = site.open()
+    (state,) = reader.catalog.files.values() if reader.validate() else ()
+    data = reader.store.read(state.key)
+    assert int.from_bytes(data[-8:-4], "little") < RowLimits().max_footer_bytes // 100
