@@ -162,6 +162,8 @@ class Catalog:
         """'swarm' (check where the swarm's rules require it), 'required' or 'off'."""
         self.registry = identity.Registry()
         self.identity_objects: dict[str, bytes | None] = {}
+        self._identity_stats: dict[str, tuple[int, str | None]] = {}
+        """Local stores: (size, mtime) of each identity object when last read."""
         """The key and rules objects read, as read (None: unreadable): a saved index
         (ledger/reader_index.py) learns them again without reading the store."""
         self.files: dict[str, FileState] = {}
@@ -223,7 +225,8 @@ class Catalog:
         for node_log in node_logs.ALL:
             self._refresh_node_log(node_log, [o for o in listed if node_log.is_key(o.key)], gone)
         self.manifests.refresh(listed, gone)
-        self._refresh_registry(listed)
+        for key in self._refresh_registry(listed):
+            current.pop(key)  # listed again until it can be read
         # Objects are written once, but a peer may overwrite its own: a known key is
         # examined again when the listing shows a new size or version (S3's ETag). A local
         # listing has neither; fetch_groups re-checks the files it reads instead.
@@ -314,20 +317,43 @@ class Catalog:
         self._drop_files(self._forget(keys))
         self._views_stale = True
 
-    def _refresh_registry(self, listed: list[ObjectInfo]) -> None:
-        """Read key and rules objects not seen before (small, written once)."""
-        new = self.registry.unseen(
-            [
-                o.key
-                for o in listed
-                if o.key.startswith((identity.KEYS_PREFIX, identity.SWARMS_PREFIX))
-            ]
-        )
-        for key in new:
-            self.learn_identity(key, self._read_small(key, identity.MAX_OBJECT_BYTES))
+    def _refresh_registry(self, listed: list[ObjectInfo]) -> list[str]:
+        """Read key and rules objects new to the listing, or changed in it (small; a rewrite
+        is refused by the registry, which pins the first reading). An object named by a
+        listing or marker but missing from the store is not judged: it is read when it
+        appears. Returns those keys."""
+        missing: list[str] = []
+        wanted = [
+            o for o in listed if o.key.startswith((identity.KEYS_PREFIX, identity.SWARMS_PREFIX))
+        ]
+        if is_local(self.store):
+            # A local listing carries no version: a rewrite in place shows in a stat only
+            # (one per known object, microseconds each).
+            named = {o.key for o in wanted}
+            wanted += [ObjectInfo(k, None) for k in self._identity_stats if k not in named]
+        for obj in wanted:
+            if is_local(self.store):
+                try:
+                    seen = self.store.stat(obj.key)
+                except (FileNotFoundError, NotRegularFile):
+                    seen = None
+                if seen is not None and self._identity_stats.get(obj.key) == seen:
+                    continue
+                if seen is not None:
+                    self._identity_stats[obj.key] = seen
+            try:
+                data: bytes | None = self.store.read(obj.key, identity.MAX_OBJECT_BYTES)
+            except FileNotFoundError:
+                missing.append(obj.key)
+                continue
+            except (NotRegularFile, PermissionError, OversizedObject):
+                data = None  # a peer's unreadable object is skipped, never a reader's crash
+            self.learn_identity(obj.key, data)
+        return missing
 
     def learn_identity(self, key: str, data: bytes | None) -> None:
-        self.identity_objects[key] = data
+        if self.identity_objects.get(key) is None:  # the first usable reading is kept
+            self.identity_objects[key] = data
         self.registry.learn(key, data)
 
     def mark_views_stale(self) -> None:

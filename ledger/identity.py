@@ -64,6 +64,8 @@ SignatureMode = Literal["required", "open"]
 UNSIGNED: Final = "unsigned"
 BAD_SIGNATURE: Final = "bad_signature"
 UNKNOWN_SIGNER: Final = "unknown_signer"
+REWRITTEN: Final = "identity_rewritten"
+"""A key or rules object rewritten after a reader first read it (refused; validate lists it)."""
 
 
 class IdentityError(ValueError):
@@ -232,30 +234,46 @@ class Registry:
         self.rules: dict[str, SignatureMode | IdentityError] = {}
         self.pinned: set[str] = set()
         """Swarms this reader requires signatures of, whatever their rules object says."""
-        self._seen: set[str] = set()
+        self.changed: dict[str, str] = {}
+        """Key and rules objects found rewritten after this reader first read them, by key:
+        refused (the first reading stays), and reported by ``Ledger.validate``."""
 
     def learn(self, key: str, data: bytes | None) -> None:
-        """Take in one object of ``KEYS_PREFIX`` or ``SWARMS_PREFIX`` (None: unreadable)."""
-        self._seen.add(key)
+        """Take in one object of ``KEYS_PREFIX`` or ``SWARMS_PREFIX`` (None: unreadable).
+
+        The first usable reading of an object is pinned: a rewrite (shared credentials let a
+        peer overwrite another node's key, or reopen a swarm) is refused and recorded in
+        ``changed``, never adopted. An unusable reading (unreadable, malformed) is no
+        verdict for good: a later usable one replaces it."""
         parts = _place(key)
         if parts is None:
             return
         swarm_id, node_id = parts
+        learned: Ed25519PublicKey | SignatureMode | IdentityError
         try:
             if data is None:
                 raise IdentityError("unreadable")
-            if node_id is None:
-                self.rules[swarm_id] = parse_rules(data)
-            else:
-                self.keys[(swarm_id, node_id)] = parse_public_key(data, swarm_id, node_id)
+            learned = (
+                parse_rules(data) if node_id is None else parse_public_key(data, swarm_id, node_id)
+            )
         except IdentityError as exc:
-            if node_id is None:
-                self.rules[swarm_id] = exc
-            else:
-                self.keys[(swarm_id, node_id)] = exc
+            learned = exc
+        if node_id is None:
+            self._pin(key, self.rules, swarm_id, learned)  # type: ignore[arg-type]
+        else:
+            self._pin(key, self.keys, (swarm_id, node_id), learned)  # type: ignore[arg-type]
 
-    def unseen(self, keys: list[str]) -> list[str]:
-        return [k for k in keys if k not in self._seen and _place(k) is not None]
+    def _pin(self, key: str, known: dict[object, object], slot: object, learned: object) -> None:
+        before = known.get(slot)
+        if before is None or isinstance(before, IdentityError):
+            known[slot] = learned
+        elif isinstance(learned, IdentityError) or not _same(before, learned):
+            self.changed[key] = f"rewritten after it was first read ({learned}); kept the first"
+
+    def pin_key(self, swarm_id: str, node_id: str, public: Ed25519PublicKey) -> None:
+        """Hold ``public`` as (swarm, node)'s key whatever the store says: what a node does
+        for itself, since it knows its own key."""
+        self.keys[(swarm_id, node_id)] = public
 
     def pin_required(self, swarm_id: str) -> None:
         self.pinned.add(swarm_id)
@@ -270,6 +288,12 @@ class Registry:
             return True
         rules = self.rules.get(swarm_id, "open")
         return rules != "open"
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, Ed25519PublicKey) and isinstance(b, Ed25519PublicKey):
+        return a.public_bytes_raw() == b.public_bytes_raw()
+    return a == b
 
 
 def _place(key: str) -> tuple[str, str | None] | None:

@@ -278,11 +278,31 @@ class Ledger:
             raise identity.IdentityError(f"{where} is unusable: {exc}") from exc
         mine = key.private.public_key()
         if registered.public_bytes_raw() != mine.public_bytes_raw():
+            if self._pinned_as_mine(where, key):
+                # This reader read the object as this node's key before (its index): the
+                # object was rewritten since, by a writer with the same credentials.
+                log.error(
+                    "%s was rewritten with another key after %s/%s registered: readers that "
+                    "read it before keep this node's key, fresh readers take the forgery",
+                    where, key.swarm_id, key.node_id,
+                )  # fmt: skip
+                self.catalog.registry.pin_key(key.swarm_id, key.node_id, mine)
+                return
             raise identity.IdentityError(
                 f"{key.swarm_id}/{key.node_id} is registered with another key ({where}): "
                 "readers would drop everything this node publishes; pick another node id "
                 "or use the key it was registered with"
             )
+
+    def _pinned_as_mine(self, where: str, key: NodeKey) -> bool:
+        first = self.catalog.identity_objects.get(where)
+        if first is None:
+            return False
+        try:
+            pinned = identity.parse_public_key(first, key.swarm_id, key.node_id)
+        except identity.IdentityError:
+            return False
+        return pinned.public_bytes_raw() == key.private.public_key().public_bytes_raw()
 
     @_serialized
     def declare_swarm(self, swarm_id: str, signatures: identity.SignatureMode) -> str:
@@ -674,6 +694,9 @@ class Ledger:
             else:
                 report.bad_files.append((state.key, state.status, state.detail))
         report.skipped = self.catalog.rejection_counts()
+        for key, detail in sorted(self.catalog.registry.changed.items()):
+            report.bad_files.append((key, identity.REWRITTEN, detail))
+            report.skipped[identity.REWRITTEN] += 1
         for key in sorted(self.store.unsafe_keys):
             report.bad_files.append((key, validation.UNSAFE_KEY, "key refused unread"))
             report.skipped[validation.UNSAFE_KEY] += 1
