@@ -24,6 +24,7 @@ from ledger import identity
 from ledger.catalog import Catalog
 from ledger.keys import compacted_key, parse_key
 from ledger.sqltext import PUBLIC_COLUMNS_SQL, scan_sql, sql_list
+from ledger.storage import OversizedObject, Store
 
 log = logging.getLogger(__name__)
 
@@ -177,13 +178,30 @@ def run_job(catalog: Catalog, job: CompactionJob, signer: identity.NodeKey | Non
                 identity.signature_key(job.output, identity.sha256_of(data)),
                 signer.signature_object(job.output, data),
             )
+        # A write-once put that finds the key taken was either an identical earlier run
+        # (the same bytes: fine) or a peer squatting the name, and then deleting the inputs
+        # would lose their rows: the output is read back before anything goes.
         store.put_new(job.output, data)
-    # Inputs go only after the merged object is durable and visible.
+        _confirm_output(store, job, data)
+    # Inputs go only after the merged object is durable, visible and the bytes written.
     inputs = [k for k in job.inputs if k != job.output]
     store.delete(inputs)
     store.delete([identity.signature_key(k, digests[k]) for k in inputs])
     log.info("compacted %d files of %s into %s", len(job.inputs), job.partition, job.output)
     return int(written[0])
+
+
+def _confirm_output(store: Store, job: CompactionJob, data: bytes) -> None:
+    """UnverifiedInput unless ``job.output`` in the store is exactly ``data``."""
+    try:
+        stored = store.read(job.output, len(data))
+    except (FileNotFoundError, OversizedObject, OSError) as exc:
+        raise UnverifiedInput(f"{job.output} is not what compaction wrote: {exc}") from exc
+    if stored != data:
+        raise UnverifiedInput(
+            f"{job.output} holds other bytes than compaction wrote (a squatted name?): "
+            f"its {len(job.inputs)} inputs are kept"
+        )
 
 
 def compact(

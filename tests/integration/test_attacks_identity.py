@@ -11,10 +11,12 @@ to restart; the future key unreadable for good).
 from __future__ import annotations
 
 import time
+from datetime import date
 
 from ledger import NodeKey
 from ledger import identity as ident
 from ledger.changes import marker_key
+from ledger.keys import compacted_key
 from ledger.records import to_table
 from tests import hostile
 from tests.factories import round_rows
@@ -97,3 +99,20 @@ def test_a_marker_naming_a_key_before_it_exists_is_no_verdict(s3_site, tmp_path)
     for later in (s3_site.open(reader_index=index), running):
         assert later.query("SELECT count(*) FROM rollouts WHERE node_id = 'good1'").item() == 2
         assert later.validate().skipped[ident.UNKNOWN_SIGNER] == 0
+
+
+def test_a_squatted_compaction_output_keeps_the_inputs(site):
+    """With shared credentials a peer writes the key the victim's next compaction will write
+    (a digest of its inputs' keys, which anyone can list): the inputs stay."""
+    victim = site.open()
+    for node_round in range(3):
+        victim.publish(round_rows("good1", node_round, [[1, 0], [0, 1]]))
+    inputs = sorted(k for k in victim.catalog.files) if victim.refresh() else []
+    partition = inputs[0].rsplit("/", 1)[0]
+    squat = compacted_key(partition, inputs)
+    hostile.put_raw(victim, squat, b"not parquet")  # judged corrupt: not an input itself
+    report = victim.compact(["good1"], before=date(2100, 1, 1))
+    assert report.skipped_partitions == [partition] and report.jobs == 0
+    reader = site.open()
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'good1'").item() == 12
+    assert all(reader.store.exists(k) for k in inputs)
