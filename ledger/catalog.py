@@ -396,6 +396,10 @@ class Catalog:
                     known[key] = None
                     self._log_problem(key, node_logs.Problem(v.NOT_REGULAR, str(exc)))
                     continue
+                except PermissionError as exc:
+                    known[key] = None
+                    self._log_problem(key, node_logs.Problem(node_logs.UNREADABLE, str(exc)))
+                    continue
             known[key] = size
             if size > node_log.max_bytes:
                 detail = f"{size} bytes > {node_log.max_bytes}"
@@ -523,6 +527,9 @@ class Catalog:
                 return state
             except NotRegularFile as exc:
                 state.status, state.detail = v.NOT_REGULAR, str(exc)
+                return state
+            except PermissionError as exc:
+                state.status, state.detail = v.CORRUPT, f"unreadable: {exc}"
                 return state
         if state.size > self.limits.max_file_bytes:
             state.status = v.OVERSIZED_FILE
@@ -909,7 +916,7 @@ class Catalog:
     def _moved(self, state: FileState) -> bool:
         try:
             now = self.store.stat(state.key)
-        except (FileNotFoundError, NotRegularFile):
+        except (FileNotFoundError, NotRegularFile, PermissionError):
             return True
         return now != (state.size, state.version)
 

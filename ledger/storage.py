@@ -47,6 +47,15 @@ class StoreUnusable(StorageError):
     are refused. Never retried, never read as an empty ledger."""
 
 
+class ObjectForbidden(StorageError, PermissionError):
+    """The store refused to serve one object (S3: 403 on its GET or HEAD): readers skip it
+    with a reason, as they skip a corrupt one."""
+
+
+OBJECT_READS = frozenset({"get", "head"})
+"""Requests about one object. A refusal of a listing or a write means the credentials."""
+
+
 class NotRegularFile(OSError):
     """A local ledger entry that is a link, FIFO, socket or device: never opened (a FIFO
     would block its reader forever, a link could point anywhere)."""
@@ -339,6 +348,10 @@ class S3Store:
         try:
             return fn(*args, **kwargs)
         except PermissionError as exc:
+            if what in OBJECT_READS:
+                # One object refused while the store lists: that object is unreadable (a
+                # peer may write one no reader may read), not the store unusable.
+                raise ObjectForbidden(f"{what} of an object on {self.url} refused: {exc}") from exc
             raise StoreUnusable(
                 f"{what} on {self.url} was refused ({exc}): check the credentials"
             ) from exc

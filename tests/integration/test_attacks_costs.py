@@ -7,10 +7,14 @@ a 0.4 MB file), the 4 MB footer was parsed at every read.
 
 from __future__ import annotations
 
+import pytest
+
 from ledger import RowLimits
 from ledger import validation as v
 from tests import hostile
+from tests.conftest import LedgerSite
 from tests.integration.test_attacks import assert_serves_the_honest_data
+from tests.netproxy import ForbiddingProxy
 
 plant = hostile.plant
 
@@ -61,3 +65,21 @@ def test_honest_footers_are_far_below_the_bound(site):
     (state,) = reader.catalog.files.values() if reader.validate() else ()
     data = reader.store.read(state.key)
     assert int.from_bytes(data[-8:-4], "little") < RowLimits().max_footer_bytes // 100
+
+
+@pytest.mark.s3
+def test_an_object_the_reader_may_not_read_is_skipped_alone(s3_server, s3_site):
+    """A peer's object that the store refuses to serve (403: a bucket policy, an object
+    owned by another account) is one bad object; the rest of the ledger is read."""
+    honest = hostile.seed_honest(s3_site.open())
+    plant(honest, "r0-forbidden.parquet", hostile.parquet_bytes(hostile.attacker_table()))
+    proxy = ForbiddingProxy(s3_server.endpoint_url, "forbidden")
+    try:
+        options = {**s3_site.storage_options, "endpoint_url": proxy.url}
+        reader = LedgerSite(s3_site.url, options, "s3").open()
+        assert_serves_the_honest_data(reader)  # was StoreUnusable on every read
+        status, detail = bad_files(reader)[f"{hostile.PREFIX}/r0-forbidden.parquet"]
+        assert status == v.CORRUPT and "refused" in detail
+        assert proxy.refused >= 1
+    finally:
+        proxy.close()
