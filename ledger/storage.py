@@ -115,9 +115,13 @@ class Store(Protocol):
     prints. A local store counts its directory scans as list requests."""
 
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
-    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
-        """Every key under ``prefix`` that sorts after ``start_after``, in key order, whatever
-        its suffix (the change log's markers are not ledger objects)."""
+    def list_after(
+        self, prefix: str, start_after: str, stop_after: str | None = None
+    ) -> builtins.list[str]:
+        """Every key under ``prefix`` that sorts after ``start_after`` (and not after
+        ``stop_after``), in key order, whatever its suffix (the change log's markers are not
+        ledger objects). A store stops listing past ``stop_after``: what lies beyond costs
+        no request."""
         ...
 
     def size(self, key: str) -> int: ...
@@ -231,7 +235,9 @@ class LocalStore:
         if len(self.unsafe_keys) < MAX_UNSAFE_KEYS:
             self.unsafe_keys.add(repr(key.replace(os.sep, "/")))
 
-    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
+    def list_after(
+        self, prefix: str, start_after: str, stop_after: str | None = None
+    ) -> builtins.list[str]:
         """A walk of ``prefix`` (uncached: the change log is an S3 device; a local ledger
         lists cheaply by directory mtimes, and this serves its tests)."""
         base = self._path(prefix.rstrip("/"))
@@ -243,7 +249,7 @@ class LocalStore:
                 key = os.path.join(directory, name)[cut:].replace(os.sep, "/")
                 if not name.startswith(".") and key > start_after and is_safe_key(key):
                     keys.append(key)
-        return sorted(keys)
+        return sorted(k for k in keys if stop_after is None or k <= stop_after)
 
     def size(self, key: str) -> int:
         return self.stat(key)[0]
@@ -406,11 +412,15 @@ class S3Store:
             self._check_bucket()
         return sorted(out, key=lambda o: o.key)
 
-    def list_after(self, prefix: str, start_after: str) -> builtins.list[str]:
-        keys = [
-            item["Key"] for page in self._pages(_check_key(prefix), start_after) for item in page
-        ]
-        return [key for key in keys if is_safe_key(key)]
+    def list_after(
+        self, prefix: str, start_after: str, stop_after: str | None = None
+    ) -> builtins.list[str]:
+        keys: builtins.list[str] = []
+        for page in self._pages(_check_key(prefix), start_after):
+            keys += [item["Key"] for item in page]
+            if stop_after is not None and page and page[-1]["Key"] > stop_after:
+                break  # keys come in order: the rest of the listing lies beyond
+        return [k for k in keys if is_safe_key(k) and (stop_after is None or k <= stop_after)]
 
     def check_exists(self) -> None:
         self._check_bucket()

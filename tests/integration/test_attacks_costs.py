@@ -7,12 +7,16 @@ a 0.4 MB file), the 4 MB footer was parsed at every read.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ledger import RowLimits
 from ledger import validation as v
+from ledger.changes import marker_key
 from tests import hostile
 from tests.conftest import LedgerSite
+from tests.factories import round_rows
 from tests.integration.test_attacks import assert_serves_the_honest_data
 from tests.netproxy import ForbiddingProxy
 
@@ -83,3 +87,28 @@ def test_an_object_the_reader_may_not_read_is_skipped_alone(s3_server, s3_site):
         assert proxy.refused >= 1
     finally:
         proxy.close()
+
+
+@pytest.mark.s3
+def test_markers_stamped_far_ahead_cost_a_poll_nothing(s3_site):
+    """A flood of change-log markers dated next year (any peer may write markers): a poll
+    stops listing at its horizon instead of paging through them at every refresh."""
+    honest = hostile.seed_honest(s3_site.open())
+    inner = honest.store.inner
+    future_ms = int((time.time() + 365 * 86400) * 1000)
+    root = f"{inner.bucket}/{inner.prefix}"
+    inner.fs.pipe(
+        {
+            f"{root}/{marker_key(f'{hostile.PREFIX}/r{i}-x.parquet', True, future_ms + i)}": b""
+            for i in range(2500)
+        }
+    )
+    reader = s3_site.open()
+    reader.refresh()  # the first refresh lists the store fully
+    reader.store._listed_fully_at = time.time()  # as if it had just done so: the next polls
+    for _ in range(3):
+        honest.publish(round_rows("good1", 1, [[0, 1]]))
+        reader.refresh()
+        assert reader.store.feed.last["list"] == 1  # was 3 (1,000 markers a page)
+    # The honest rows and good1's new round (published once: retries write nothing).
+    assert reader.query("SELECT count(*) FROM rollouts").item() == 9 + 2
