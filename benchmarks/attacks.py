@@ -218,6 +218,48 @@ def overwrite(site: Site) -> str:
     return "SELECT count(*) FROM rollouts WHERE reward > 1"
 
 
+# -- issue 27: values out of range, costs that explode -------------------------------------
+
+
+def stamped(micros: int) -> Callable[[Site], str]:
+    def attack(site: Site) -> str:
+        plant(site, "r0-time.parquet", hostile.stamped_at(micros))
+        return "CONVERT"  # every served row converted to Python, as the node and CLI do
+
+    return attack
+
+
+def endless_round(site: Site) -> str:
+    plant(site, "r1-endless.parquet", hostile.endless_round())
+    return EVIL_ROWS
+
+
+def repeated_text(site: Site) -> str:
+    plant(site, "r0-repeated.parquet", hostile.repeated_text(200_000, 32_000))  # 6.4 GB
+    return EVIL_ROWS
+
+
+def many_row_groups(site: Site) -> str:
+    plant(site, "r0-rowgroups.parquet", hostile.many_row_groups(4000, 200))  # 95 MB footer
+    return EVIL_ROWS
+
+
+def future_markers(site: Site) -> str:
+    """10,000 change-log markers stamped a year ahead (S3; a local ledger has none)."""
+    from ledger.changes import ChangeLogStore, marker_key
+
+    store = site.open().store
+    if isinstance(store, ChangeLogStore):
+        inner = store.inner
+        ahead = int((time.time() + 365 * 86400) * 1000)
+        root = f"{inner.bucket}/{inner.prefix}"  # type: ignore[attr-defined]
+        names = [
+            marker_key(f"{hostile.PREFIX}/r{i}-x.parquet", True, ahead + i) for i in range(10_000)
+        ]
+        inner.fs.pipe({f"{root}/{n}": b"" for n in names})  # type: ignore[attr-defined]
+    return "POLLS"
+
+
 ATTACKS: dict[str, Callable[[Site], str]] = {
     "nul-in-id": nul_id,
     "nested-50": nested(50),
@@ -235,7 +277,16 @@ ATTACKS: dict[str, Callable[[Site], str]] = {
     "sybil-300": flood(1200, sybils=300),
     "future-date": future_date,
     "same-size-overwrite": overwrite,
+    "time-year-10000": stamped(hostile.YEAR_10000_US),
+    "time-infinity": stamped(hostile.INT64_MAX),
+    "round-int64-max": endless_round,
+    "repeated-text-6gb": repeated_text,
+    "row-groups-95mb-footer": many_row_groups,
+    "future-markers-10k": future_markers,
 }
+NEW_IN_ISSUE_27 = [*list(ATTACKS)[-6:], "control-tokens", "verifier-bomb"]
+"""Rows added by issue 27 (the last two are the node's, not the reader's: benchmarks/
+text_attacks.py and benchmarks/node_attacks.py measure them in their own processes)."""
 
 
 # -- the reader, in its own process --------------------------------------------------------
@@ -266,6 +317,21 @@ def read(site: Site, wrong_sql: str) -> dict[str, Any]:
         extra = (
             f"attackers' share of J: {evil}/{len(drawn)} (knowing no peer: {naive}/{len(blind)})"
         )
+    elif wrong_sql == "CONVERT":
+        every = led.query("SELECT * FROM rollouts")
+        every.rows()  # converts every value, as `sapo ledger query` prints them
+        frame = led.sample("me", 8, "paper", seed=0, swarm_id="sw")
+        frame.rows()
+        wrong = every.filter(every["node_id"] == "evil").height
+        extra = ""
+    elif wrong_sql == "POLLS":
+        polls = []
+        for _ in range(5):
+            led.refresh()
+            feed = getattr(led.store, "feed", None)
+            polls.append(feed.last["list"] if feed is not None else 0)
+        wrong = 0
+        extra = f"LIST requests per poll: {polls}"
     elif wrong_sql == "RECENCY":
         later = datetime.now(UTC) + timedelta(hours=2)
         policy = RewardFilteredPolicy(max_age_s=3600)
@@ -475,7 +541,14 @@ def main() -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     logging.getLogger("ledger").setLevel(logging.ERROR)
-    names = args.only or [*ATTACKS, "threads", "silent-endpoint", "missing-bucket"]
+    names = args.only or [
+        *ATTACKS,
+        "threads",
+        "silent-endpoint",
+        "missing-bucket",
+        "control-tokens",
+        "verifier-bomb",
+    ]
     server = _Moto() if "s3" in args.backends else None
     rows = []
     try:
@@ -491,6 +564,10 @@ def main() -> None:
                         result = silent_endpoint(args.timeout)
                     elif name == "missing-bucket":
                         result = missing_bucket(site.options)
+                    elif name in ("control-tokens", "verifier-bomb"):
+                        if kind != "local":
+                            continue
+                        result = _node_attack(name)
                     else:
                         seed_honest(site, signed=name in SIGNED_SWARM)
                         wrong_sql = ATTACKS[name](site)
@@ -508,6 +585,29 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---|---|---|")
     for name, kind, r in rows:
         print(_line(name, kind, r))
+
+
+def _node_attack(name: str) -> dict[str, Any]:
+    """The node-side rows, each measured by its own script in a fresh process."""
+    module, function = {
+        "control-tokens": ("text_attacks", "control_tokens"),
+        "verifier-bomb": ("node_attacks", "verifier_bomb"),
+    }[name]
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"from {module} import {function}; print(json.dumps({function}()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return {"crash": True, "hang": False, "seconds": 0.0, "error": last[:160]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def _line(name: str, kind: str, r: dict[str, Any]) -> str:
