@@ -326,13 +326,14 @@ class Catalog:
         wanted = [
             o for o in listed if o.key.startswith((identity.KEYS_PREFIX, identity.SWARMS_PREFIX))
         ]
-        if is_local(self.store):
+        local = is_local(self.store)
+        if local:
             # A local listing carries no version: a rewrite in place shows in a stat only
             # (one per known object, microseconds each).
             named = {o.key for o in wanted}
             wanted += [ObjectInfo(k, None) for k in self._identity_stats if k not in named]
         for obj in wanted:
-            if is_local(self.store):
+            if local:
                 try:
                     seen = self.store.stat(obj.key)
                 except (FileNotFoundError, NotRegularFile):

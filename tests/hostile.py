@@ -68,17 +68,23 @@ def nul_in_group_id() -> pa.Table:
     return with_column(table, "group_id", pa.array(bad))
 
 
-def decompression_bomb(rows: int, chars: int, dictionary: bool = False) -> bytes:
-    """``rows`` completions of ``chars`` identical characters: tiny compressed, huge unpacked
-    (plain encoding, so the footer's uncompressed size tells; with a dictionary it would not,
-    and the reader's streaming scans are what bound it)."""
+def paired_groups(rows: int) -> pa.Table:
+    """``rows`` of the attacker's round 0 in groups of two (rewards 0 and 1), built column by
+    column: fast at millions of rows."""
     ids = [f"sw.{ATTACKER}.r0.g{i // 2}" for i in range(rows)]
     base = round_rows(ATTACKER, 0, [[1, 0]])[0]
     columns = {name: [value] * rows for name, value in base.items()}
     columns["group_id"] = ids
     columns["rollout_id"] = [f"{g}.c{i}" for i, g in enumerate(ids)]
     columns["reward"] = [float(i % 2) for i in range(rows)]
-    table = to_table(pa.table(columns)) if rows else attacker_table()
+    return to_table(pa.table(columns))
+
+
+def decompression_bomb(rows: int, chars: int, dictionary: bool = False) -> bytes:
+    """``rows`` completions of ``chars`` identical characters: tiny compressed, huge unpacked
+    (plain encoding, so the footer's uncompressed size tells; with a dictionary it would not,
+    and the reader's streaming scans are what bound it)."""
+    table = paired_groups(rows) if rows else attacker_table()
     table = with_column(table, "completion", pa.array(["a" * chars] * rows, pa.string()))
     return parquet_bytes(
         table, compression="zstd", row_group_size=max(1, rows), use_dictionary=dictionary
@@ -185,13 +191,7 @@ def endless_round() -> bytes:
 def repeated_text(rows: int, chars: int) -> bytes:
     """``rows`` completions of one ``chars``-long string, dictionary-encoded: the footer counts
     the string once (a few KB), decoding materialises it ``rows`` times."""
-    ids = [f"sw.{ATTACKER}.r0.g{i // 2}" for i in range(rows)]
-    base = round_rows(ATTACKER, 0, [[1, 0]])[0]
-    columns = {name: [value] * rows for name, value in base.items()}
-    columns["group_id"] = ids
-    columns["rollout_id"] = [f"{g}.c{i}" for i, g in enumerate(ids)]
-    columns["reward"] = [float(i % 2) for i in range(rows)]
-    table = to_table(pa.table(columns))
+    table = paired_groups(rows)
     # Built as a dictionary, so that making the file costs no more than reading it should.
     one = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), ["a" * chars])
     table = with_column(table, "completion", one)
