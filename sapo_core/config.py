@@ -130,6 +130,22 @@ class RewardConfig(Strict):
         description="Seconds the verifier may spend on one round's groups; groups left when "
         "it is spent are flagged, not trained on.",
     )
+    rebuild_timeout_s: float = Field(
+        2.0,
+        gt=0.0,
+        le=600.0,
+        description="Seconds one peer question may take to rebuild and score (in a worker "
+        "process, killed past it; the group is flagged). An honest rebuild takes about a "
+        "millisecond (benchmarks/node_attacks.py); a legal config can take longer than any "
+        "round.",
+    )
+    rebuild_memory_mb: int = Field(
+        1024,
+        ge=64,
+        le=65_536,
+        description="Memory (MB of address space) one peer question's rebuild may add to the "
+        "worker process; past it the rebuild fails and the group is flagged.",
+    )
 
 
 class GenerationConfig(Strict):

@@ -213,8 +213,9 @@ class Learner:
         # Whatever a caller labelled them, peers' groups are external here, and their task
         # configs are built only within this node's bounds.
         peers = [Group(g.group_id, "external", g.rollouts) for g in external]
-        own_configs = {spec.name: [spec.config] for spec in cfg.tasks.specs}
-        bounds = ConfigBounds.of(own_configs, cfg.reward.max_config_number)
+        bounds = ConfigBounds.for_node(
+            cfg.tasks, cfg.evaluation.tasks, cfg.reward.max_config_number
+        )
         considered = peers[: cfg.external_groups]
         scored_ext, flagged_ext = score_groups(considered, cfg.reward, bounds)
         chosen = assemble(

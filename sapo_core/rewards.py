@@ -3,6 +3,11 @@
 Ground truth is re-derived from the row's task fields; a row whose shipped question or
 answer differs from the re-derived one is flagged and never trained on. Publishers' claimed
 rewards are ignored.
+
+The node's own questions (and held-out ones) are rebuilt in this process: their configs are
+its own, and generating them cost the same. A peer's are rebuilt only for tasks the node runs,
+within per-field bounds (`ConfigBounds`), and in a worker process under a hard time and memory
+budget (`sapo_core.rebuild`): what a legal config costs to build is not bounded by its numbers.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sapo_core.config import RewardConfig
+from sapo_core import rebuild
+from sapo_core.config import RewardConfig, TaskConfig
 from sapo_core.prompts import extract_answer, is_well_formed
+from sapo_core.rebuild import Rebuilder, score_answer
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskError, canonical_config, dataset, entry
 
@@ -59,14 +66,19 @@ would otherwise refuse any other setting."""
 
 @dataclass(frozen=True)
 class ConfigBounds:
-    """Which task configs this node builds for a peer: its own, or any whose numbers stay
-    within per-field bounds. A field the node sets in its own config of the task may be up to
-    10x its own largest value (at least ``FIELD_FLOOR``); any other field, and every field
-    of a task the node has no config of, up to ``default`` (``RewardConfig.max_config_number``).
+    """Which task configs this node builds for a peer: only of tasks it trains or is evaluated
+    on, its own configs, or any whose numbers stay within per-field bounds. A field the node
+    sets in its own config of the task may be up to 10x its own largest value (at least
+    ``FIELD_FLOOR``); any other field up to ``default`` (``RewardConfig.max_config_number``).
+
+    A task outside those is refused whatever its config: the node has no use for its rows,
+    and its generator is code the node has never run. (What a config costs is bounded by
+    the rebuild worker, not here: see `sapo_core.rebuild`.)
     """
 
     own: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    """Per task, the canonical JSON of the node's own configs (always accepted)."""
+    """Per task the node trains or is evaluated on, the canonical JSON of its own configs
+    (always accepted)."""
     largest: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """Per task and field path, the largest number the node's own configs hold there."""
     default: float = 1000.0
@@ -82,13 +94,26 @@ class ConfigBounds:
                     fields[path] = max(fields.get(path, 0.0), abs(number))
         return cls(texts, largest, default)
 
+    @classmethod
+    def for_node(
+        cls, tasks: TaskConfig, evaluated: TaskConfig | None, default: float
+    ) -> ConfigBounds:
+        """A node's bounds: the tasks it trains on and those it is evaluated on (a specialist
+        learns the tasks it does not practise from peers' groups of them)."""
+        own: dict[str, list[Mapping[str, Any]]] = {}
+        for spec in (*tasks.specs, *(evaluated.specs if evaluated else ())):
+            own.setdefault(spec.name, []).append(spec.config)
+        return cls.of(own, default)
+
     def bound(self, task: str, path: str) -> float:
         own = self.largest.get(task, {}).get(path)
         return self.default if own is None else max(10 * own, FIELD_FLOOR)
 
     def problem(self, task: str, task_config: str) -> str | None:
         """Why this node refuses to build ``task`` with ``task_config``, or None."""
-        if task_config in self.own.get(task, ()):
+        if task not in self.own:
+            return f"task {task} is not one this node trains or is evaluated on"
+        if task_config in self.own[task]:
             return None
         try:
             config = json.loads(task_config)
@@ -146,15 +171,16 @@ def _depth(value: Any) -> int:
 
 
 def verify(rollout: Rollout, config: RewardConfig, bounds: ConfigBounds | None = None) -> Verdict:
-    """Score one row with this node's verifier against ground truth it re-derived itself."""
+    """Score one row with this node's verifier against ground truth it re-derived itself, in
+    this process (a peer's rows go through `score_group`, which bounds the rebuild)."""
     return verify_answer(rollout.question, rollout.completion, config, bounds)
 
 
 def regenerated_truth(
     q: Question, bounds: ConfigBounds | None = None
 ) -> tuple[dict[str, Any], Any] | Verdict:
-    """(ground-truth entry, dataset) of ``q`` rebuilt from its four task fields, or the
-    Verdict that flags it: a config outside ``bounds``, or unverifiable."""
+    """(ground-truth entry, dataset) of ``q`` rebuilt in this process from its four task
+    fields, or the Verdict that flags it: a config outside ``bounds``, or unverifiable."""
     if bounds is not None:
         problem = bounds.problem(q.task, q.task_config)
         if problem:
@@ -174,9 +200,9 @@ def verify_answer(
     bounds: ConfigBounds | None = None,
     truth: tuple[dict[str, Any], Any] | Verdict | None = None,
 ) -> Verdict:
-    """Score a completion of question ``q``; the question is re-derived from its four task
-    fields (or given as ``truth``, from ``regenerated_truth``), and the question text and
-    answer ``q`` claims must match the rebuilt ones."""
+    """Score a completion of question ``q``; the question is re-derived in this process from
+    its four task fields (or given as ``truth``, from ``regenerated_truth``), and the
+    question text and answer ``q`` claims must match the rebuilt ones."""
     rebuilt = truth if truth is not None else regenerated_truth(q, bounds)
     if isinstance(rebuilt, Verdict):
         return rebuilt
@@ -186,13 +212,12 @@ def verify_answer(
     gold = truth_entry.get("answer")
     if (None if gold is None else str(gold)) != q.answer:
         return Verdict(None, "answer differs from the regenerated ground truth")
-    answer = extract_answer(completion, config.extraction)
-    try:
-        correct = float(data.score_answer(answer, truth_entry))
-    except Exception as exc:  # a verifier crashing on odd text scores it wrong, not the node
-        log.debug("verifier of %s raised on %r: %s", q.task, answer, exc)
-        correct = 0.0
-    correct = min(max(correct, 0.0), 1.0)
+    correct = score_answer(data, truth_entry, extract_answer(completion, config.extraction))
+    return _reward(correct, completion, config)
+
+
+def _reward(correct: float, completion: str, config: RewardConfig) -> Verdict:
+    """The row's reward from its answer's correctness and, if weighted, its format."""
     if config.format_weight == 0.0:
         return Verdict(correct)
     formatted = config.format_weight * float(is_well_formed(completion))
@@ -200,19 +225,29 @@ def verify_answer(
 
 
 def score_group(
-    group: Group, config: RewardConfig, bounds: ConfigBounds | None = None
+    group: Group,
+    config: RewardConfig,
+    bounds: ConfigBounds | None = None,
+    rebuilder: Rebuilder | None = None,
+    time_left_s: float | None = None,
 ) -> tuple[ScoredGroup | None, list[str]]:
     """Verify every row, rebuilding each question once; drop flagged rows, and the group if
-    fewer than two remain."""
+    fewer than two remain.
+
+    With ``bounds`` the group is a peer's: its config must pass them, its rows must all
+    answer the group's one question, and that question is rebuilt and its answers scored
+    by ``rebuilder`` (the process's shared one by default) within
+    ``config.rebuild_timeout_s``, or ``time_left_s`` if less. Without, in this process.
+    """
+    if bounds is not None:
+        worker = rebuilder or rebuild.shared(config.rebuild_timeout_s, config.rebuild_memory_mb)
+        verdicts = _peer_verdicts(group, config, bounds, worker, time_left_s)
+    else:
+        verdicts = _own_verdicts(group, config)
     kept: list[Rollout] = []
     rewards: list[float] = []
     problems: list[str] = []
-    truths: dict[tuple[str, str, int, int], tuple[dict[str, Any], Any] | Verdict] = {}
-    for rollout in group.rollouts:
-        q = rollout.question
-        if q.key not in truths:
-            truths[q.key] = regenerated_truth(q, bounds)
-        verdict = verify_answer(q, rollout.completion, config, truth=truths[q.key])
+    for rollout, verdict in zip(group.rollouts, verdicts, strict=True):
         if verdict.reward is None:
             problems.append(f"{rollout.rollout_id}: {verdict.problem}")
         else:
@@ -223,25 +258,75 @@ def score_group(
     return ScoredGroup(group, tuple(kept), tuple(rewards)), problems
 
 
+def _own_verdicts(group: Group, config: RewardConfig) -> list[Verdict]:
+    """Each row's verdict, its question rebuilt in this process (once per question)."""
+    truths: dict[tuple[str, str, int, int], tuple[dict[str, Any], Any] | Verdict] = {}
+    verdicts = []
+    for rollout in group.rollouts:
+        q = rollout.question
+        if q.key not in truths:
+            truths[q.key] = regenerated_truth(q)
+        verdicts.append(verify_answer(q, rollout.completion, config, truth=truths[q.key]))
+    return verdicts
+
+
+def _peer_verdicts(
+    group: Group,
+    config: RewardConfig,
+    bounds: ConfigBounds,
+    rebuilder: Rebuilder,
+    time_left_s: float | None,
+) -> list[Verdict]:
+    """Each row's verdict, the group's one question rebuilt and every distinct answer scored
+    in one call of the bounded worker; rows of another question are refused, so a group
+    costs at most one rebuild."""
+    if not group.rollouts:
+        return []
+    q = group.question
+    problem = bounds.problem(q.task, q.task_config)
+    if problem:
+        return [Verdict(None, f"refused: {problem}")] * len(group.rollouts)
+    answers = [extract_answer(r.completion, config.extraction) for r in group.rollouts]
+    distinct = list(dict.fromkeys(answers))
+    rebuilt = rebuilder.check(q, distinct, time_left_s)
+    if isinstance(rebuilt, str):
+        return [Verdict(None, rebuilt)] * len(group.rollouts)
+    score = dict(zip(distinct, rebuilt.scores, strict=True))
+    verdicts = []
+    for rollout, answer in zip(group.rollouts, answers, strict=True):
+        if rollout.question.key != q.key:
+            verdicts.append(Verdict(None, "refused: row's question is not its group's"))
+        elif mismatch := rebuilt.problem(rollout.question):
+            verdicts.append(Verdict(None, mismatch))
+        else:
+            verdicts.append(_reward(score[answer], rollout.completion, config))
+    return verdicts
+
+
 def score_groups(
     groups: Sequence[Group],
     config: RewardConfig,
     bounds: ConfigBounds | None = None,
     clock: Any = time.monotonic,
+    rebuilder: Rebuilder | None = None,
 ) -> tuple[list[ScoredGroup], list[str]]:
     """Score many groups within ``config.verify_budget_s``; returns the usable ones and every
-    flagged row's reason (groups left when the budget is spent are flagged whole)."""
+    flagged row's reason (groups left when the budget is spent are flagged whole).
+
+    With ``bounds`` (peers' groups) each group's rebuild is also stopped at what is left of
+    the budget, so no group overruns it by more than a worker's restart."""
     scored: list[ScoredGroup] = []
     problems: list[str] = []
     deadline = clock() + config.verify_budget_s
     for group in groups:
-        if clock() > deadline:
+        now = clock()
+        if now > deadline:
             problems.extend(
                 f"{r.rollout_id}: verification budget of {config.verify_budget_s:g} s spent"
                 for r in group.rollouts
             )
             continue
-        result, found = score_group(group, config, bounds)
+        result, found = score_group(group, config, bounds, rebuilder, deadline - now)
         problems.extend(found)
         if result is not None:
             scored.append(result)

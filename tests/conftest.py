@@ -37,6 +37,16 @@ def _no_stack_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _rebuild_workers_stopped() -> Iterator[None]:
+    """Stop the rebuild workers that nodes run in this process (sapo_core.rebuild) before
+    the leftover-process check; they would otherwise live until the interpreter exits."""
+    yield
+    rebuild = sys.modules.get("sapo_core.rebuild")
+    if rebuild is not None:
+        rebuild.close_shared()
+
+
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's request log
 
 
