@@ -16,6 +16,7 @@ live in the same connection:
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -192,7 +193,7 @@ class Catalog:
         )
         for node_log in node_logs.ALL:
             con.execute(f"CREATE TABLE {node_log.name} ({node_log.table_columns})")
-        self.manifests = manifests.ManifestIndex(store, con)
+        self.manifests = manifests.ManifestIndex(store, con, vouch=self.vouch)
         self._views_stale = True
         self.ensure_views()
 
@@ -222,11 +223,19 @@ class Catalog:
         last = self._listed
         listed = [o for o in listing if (seen := last.get(o.key)) is not o and seen != o]
         gone = (last.keys() if last else self._known_keys()) - current.keys()
-        for node_log in node_logs.ALL:
-            self._refresh_node_log(node_log, [o for o in listed if node_log.is_key(o.key)], gone)
-        self.manifests.refresh(listed, gone)
+        # Keys and rules first: they decide which node logs, manifests and files must be
+        # signed, and by whom. Node logs and manifests a node's new key or its swarm's new
+        # rules now require signed are judged again.
+        signing = self._signing()
         for key in self._refresh_registry(listed):
             current.pop(key)  # listed again until it can be read
+        again = self._judge_again(listing, self._signing() - signing)
+        listed_again = listed + [o for o in again if o.key not in {x.key for x in listed}]
+        again_keys = {o.key for o in again}
+        for node_log in node_logs.ALL:
+            mine = [o for o in listed_again if node_log.is_key(o.key)]
+            self._refresh_node_log(node_log, mine, gone, again_keys)
+        self.manifests.refresh(listed_again, gone, again_keys)
         # Objects are written once, but a peer may overwrite its own: a known key is
         # examined again when the listing shows a new size or version (S3's ETag). A local
         # listing has neither; fetch_groups re-checks the files it reads instead.
@@ -276,6 +285,33 @@ class Catalog:
         # A file that vanished is looked at again if it is listed again.
         self._listed = {k: o for k, o in current.items() if k not in vanished}
         return stats
+
+    def _signing(self) -> set[tuple[str, str | None]]:
+        """Who must sign now: (swarm, node) of each node with a usable key, and (swarm, None)
+        of each swarm whose rules (or this reader) require signatures."""
+        nodes = {
+            place
+            for place, key in self.registry.keys.items()
+            if isinstance(key, identity.Ed25519PublicKey)
+        }
+        swarms = {s for s in self.registry.rules if self.registry.requires_signatures(s, "swarm")}
+        swarms |= self.registry.pinned
+        return {*nodes, *((s, None) for s in swarms)}
+
+    def _judge_again(
+        self, listing: list[ObjectInfo], became: set[tuple[str, str | None]]
+    ) -> list[ObjectInfo]:
+        """The node logs and manifests in ``listing`` of nodes, or swarms, that ``became``
+        bound to sign: what they were found to be no longer holds."""
+        if not became or self.signatures == "off":
+            return []
+        reports = (manifests.PREFIX, *node_logs.PREFIXES)
+        places = {o.key: identity.object_place(o.key) for o in listing if o.key.startswith(reports)}
+        return [
+            o
+            for o in listing
+            if (place := places.get(o.key)) and (place in became or (place[0], None) in became)
+        ]
 
     def _known_keys(self) -> set[str]:
         """Every key the catalog holds something for (what a first listing may drop)."""
@@ -369,13 +405,18 @@ class Catalog:
             return None  # a peer's unreadable object is skipped, never a reader's crash
 
     def _refresh_node_log(
-        self, node_log: node_logs.NodeLog, listed: list[ObjectInfo], gone_keys: set[str]
+        self,
+        node_log: node_logs.NodeLog,
+        listed: list[ObjectInfo],
+        gone_keys: set[str],
+        again: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> None:
         """Keep ``node_log``'s table = the sound lines of its files now in the store, given
-        its files new to the listing and the keys gone from it."""
+        its files new to the listing, the keys gone from it, and keys to read afresh (their
+        node's signing rule changed)."""
         known = self.log_files[node_log.name]
         current = {o.key: o.size for o in listed}
-        gone = [k for k in gone_keys if k in known]
+        gone = [k for k in gone_keys | again if k in known]
         if gone:
             gone_paths = sql_list([self.store.reader_path(k) for k in gone])
             self.con.execute(
@@ -385,6 +426,7 @@ class Catalog:
                 known.pop(key, None)
                 self.log_problems.pop(key, None)
         readable: dict[str, str] = {}  # path -> key
+        signed: list[str] = []  # keys whose node must sign them
         for key, size in current.items():
             if key in known:
                 continue
@@ -402,9 +444,12 @@ class Catalog:
                     self._log_problem(key, node_logs.Problem(node_logs.UNREADABLE, str(exc)))
                     continue
             known[key] = size
+            place = identity.object_place(key)
             if size > node_log.max_bytes:
                 detail = f"{size} bytes > {node_log.max_bytes}"
                 self._log_problem(key, node_logs.Problem(node_logs.OVERSIZED, detail))
+            elif place is not None and self.registry.must_sign(*place, self.signatures):
+                signed.append(key)
             else:
                 readable[self.store.reader_path(key)] = key
         paths = list(readable)
@@ -412,6 +457,58 @@ class Catalog:
             problems = node_log.ingest(self.con, paths[start : start + INGEST_BATCH_FILES])
             for path, problem in problems.items():
                 self._log_problem(readable.get(path, path), problem)
+        if signed:
+            self._ingest_signed(node_log, signed)
+
+    def _ingest_signed(self, node_log: node_logs.NodeLog, keys: list[str]) -> None:
+        """Read each file once, check its signature over those bytes, and ingest exactly
+        those bytes (from a private copy in the node log's layout, so the partitions still
+        name the node); rows keep the store's path as ``source_file``."""
+        with tempfile.TemporaryDirectory(prefix="sapo-node-logs-") as tmp:
+            copies: dict[str, str] = {}  # copy path -> key
+            for first in range(0, len(keys), EXAMINE_CHUNK):  # a chunk's bytes in memory
+                chunk = keys[first : first + EXAMINE_CHUNK]
+                read = in_threads(lambda key: self._read_vouched(key, node_log.max_bytes), chunk)
+                for key, outcome in zip(chunk, read, strict=True):
+                    if outcome is None:
+                        self.log_files[node_log.name].pop(key, None)  # vanished: seen again
+                    elif isinstance(outcome, node_logs.Problem):
+                        self._log_problem(key, outcome)
+                    else:
+                        copy = Path(tmp, key)
+                        copy.parent.mkdir(parents=True, exist_ok=True)
+                        copy.write_bytes(outcome)
+                        copies[str(copy)] = key
+            paths = list(copies)
+            for start in range(0, len(paths), INGEST_BATCH_FILES):
+                batch = paths[start : start + INGEST_BATCH_FILES]
+                for path, problem in node_log.ingest(self.con, batch).items():
+                    self._log_problem(copies.get(path, path), problem)
+                renamed = pa.table(
+                    {
+                        "copy": batch,
+                        "stored": [self.store.reader_path(copies[c]) for c in batch],
+                    }
+                )
+                self.con.register("_renamed", renamed)
+                try:
+                    self.con.execute(
+                        f"UPDATE {node_log.name} SET source_file = _renamed.stored "
+                        f"FROM _renamed WHERE {node_log.name}.source_file = _renamed.copy"
+                    )
+                finally:
+                    self.con.unregister("_renamed")
+
+    def _read_vouched(self, key: str, most: int) -> bytes | node_logs.Problem | None:
+        """The bytes of a node's object if its node signed them; why not; None if gone."""
+        try:
+            data = self.store.read(key, most)
+        except FileNotFoundError:
+            return None
+        except (NotRegularFile, PermissionError, OversizedObject) as exc:
+            return node_logs.Problem(node_logs.UNREADABLE, str(exc))
+        refused = self.vouch(key, data)
+        return data if refused is None else node_logs.Problem(*refused)
 
     def _log_problem(self, key: str, problem: node_logs.Problem) -> None:
         self.log_problems[key] = problem
@@ -437,9 +534,18 @@ class Catalog:
 
     def _needs_signature(self, state: FileState) -> bool:
         parts = parse_key(state.key)
-        return parts is not None and self.registry.requires_signatures(
-            parts.swarm_id, self.signatures
+        return parts is not None and self.registry.must_sign(
+            parts.swarm_id, parts.node_id, self.signatures
         )
+
+    def vouch(self, key: str, data: bytes) -> tuple[str, str] | None:
+        """Why a node log or manifest's ``data`` at ``key`` cannot be taken as its node's
+        (status, detail), or None: its node need not sign, or signed exactly these bytes."""
+        place = identity.object_place(key)
+        if place is None or not self.registry.must_sign(*place, self.signatures):
+            return None
+        where = identity.signature_key(key, identity.sha256_of(data))
+        return self.registry.vouch(key, data, self._read_small(where, identity.MAX_OBJECT_BYTES))
 
     def _check_signature(self, state: FileState) -> None:
         """The file's bytes must be signed by its node's registered key (ledger/identity.py)."""

@@ -232,10 +232,13 @@ def compact(
             parts.swarm_id,
             parts.node_id,
         )
-        if catalog.registry.requires_signatures(parts.swarm_id, catalog.signatures) and not own:
+        if (
+            catalog.registry.must_sign(parts.swarm_id, parts.node_id, catalog.signatures)
+            and not own
+        ):
             log.warning(
-                "skipping %s: its swarm requires signatures, and only its node can "
-                "sign the merged file",
+                "skipping %s: its node's files must be signed (its swarm's rules, or its "
+                "registered key), and only that node can sign the merged file",
                 job.partition,
             )
             report.unsigned_partitions.append(job.partition)

@@ -30,7 +30,12 @@ registered one, or signed for other bytes (``LedgerConfig.signatures`` can also 
 them everywhere, or turn the check off). A swarm with no rules object is open: ledgers
 written by hand, the synthetic demo, older versions.
 
-Node logs and manifests are a node's reports about itself and are not signed (yet).
+**Every object a node writes under its own prefix is signed**: rollout files, node logs
+(``_samples/``, ``_evaluations/``, ``_trainings/``) and manifests, each with a signature
+object named by the digest of its bytes. A reader requires the signature where the swarm's
+rules do, and for any node that has a registered key whatever the rules say
+(``Registry.must_sign``), so a peer that shares the bucket's credentials cannot write a
+node's reports for it, nor open its files by rewriting the rules object.
 """
 
 from __future__ import annotations
@@ -288,6 +293,53 @@ class Registry:
             return True
         rules = self.rules.get(swarm_id, "open")
         return rules != "open"
+
+    def must_sign(self, swarm_id: str, node_id: str, mode: str) -> bool:
+        """Whether what ``node_id`` writes (rollout files, node logs, manifests) must be
+        signed: where its swarm requires it, and, whatever the rules say, once the node has
+        a registered key (every ``sapo`` node registers one and signs). A rules object
+        rewritten to ``open`` then opens nothing of a node with a key."""
+        if mode == "off":
+            return False
+        if self.requires_signatures(swarm_id, mode):
+            return True
+        return isinstance(self.keys.get((swarm_id, node_id)), Ed25519PublicKey)
+
+    def vouch(self, key: str, data: bytes, signature: bytes | None) -> tuple[str, str] | None:
+        """Why ``data`` at ``key`` is not vouched for by its node's registered key per
+        ``signature`` (the signature object's bytes, None: absent): (status, detail), or
+        None when it is."""
+        place = object_place(key)
+        if place is None:
+            return BAD_SIGNATURE, "not under swarm_id=/node_id="
+        public = self.keys.get(place)
+        if not isinstance(public, Ed25519PublicKey):
+            return UNKNOWN_SIGNER, f"no usable key registered for {place[1]}: {public or 'none'}"
+        if signature is None:
+            return UNSIGNED, "no signature for these bytes"
+        problem = verify(public, key, signature, data)
+        return (BAD_SIGNATURE, problem) if problem else None
+
+
+def object_place(key: str) -> tuple[str, str] | None:
+    """(swarm, node) of an object a node writes under its own prefix: a rollout file
+    (``swarm_id=S/node_id=N/...``) or an object under a top-level prefix of node objects
+    (``_manifests/swarm_id=S/node_id=N/...``, node logs); None for any other key."""
+    parts = key.split("/")
+    if parts and parts[0].startswith("_"):
+        parts = parts[1:]
+    if (
+        len(parts) < 3
+        or not parts[0].startswith("swarm_id=")
+        or not parts[1].startswith("node_id=")
+    ):
+        return None
+    try:
+        swarm = check_id("swarm_id", parts[0].removeprefix("swarm_id="))
+        node = check_id("node_id", parts[1].removeprefix("node_id="))
+    except ValueError:
+        return None
+    return swarm, node
 
 
 def _same(a: object, b: object) -> bool:

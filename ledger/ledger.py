@@ -251,10 +251,7 @@ class Ledger:
             buffer = io.BytesIO()
             pq.write_table(part, buffer, compression="zstd")
             data = buffer.getvalue()
-            if signer is not None:  # the signature first: a reader never sees it missing
-                sha = identity.sha256_of(data)
-                self._put_new(identity.signature_key(key, sha), signer.signature_object(key, data))
-            if self._put_new(key, data):
+            if self._put_signed(key, data):
                 log.debug("published %d rows to %s", part.num_rows, key)
             else:
                 log.info("%s already holds these rows: nothing written", key)
@@ -344,7 +341,7 @@ class Ledger:
             log.warning("%s", exc)
             listed = []
         others = [o.key for o in listed if o.key != key]
-        if self._put_new(key, manifests.encode(manifest)):
+        if self._put_signed(key, manifests.encode(manifest)):
             log.debug("wrote manifest %s", key)
         else:
             log.info("%s already holds this manifest: nothing written", key)
@@ -433,7 +430,7 @@ class Ledger:
         if earlier:
             log.info("%s already holds this round: nothing written", earlier[0])
             return earlier[0]
-        if self._put_new(key, node_log.lines(checked, when)):
+        if self._put_signed(key, node_log.lines(checked, when)):
             log.debug("wrote %d %s rows to %s", len(checked), node_log.name, key)
         else:
             log.info("%s already holds this round: nothing written", key)
@@ -521,7 +518,7 @@ class Ledger:
             lines = samples.sample_log_lines(
                 picks, node_round=record_round, policy=chosen.kind, seed=int(seed), when=when
             )
-            self._put_new(samples.sample_log_key(swarm_id, node_id, record_round, when), lines)
+            self._put_signed(samples.sample_log_key(swarm_id, node_id, record_round, when), lines)
         return frame
 
     @_serialized
@@ -659,6 +656,19 @@ class Ledger:
     def _put_new(self, key: str, data: bytes) -> bool:
         """``store.put_new`` under the retry policy: write-once, so a retry is a no-op."""
         return self._store_call(f"writing {key}", self.store.put_new, key, data)
+
+    def _put_signed(self, key: str, data: bytes) -> bool:
+        """``_put_new`` of an object under this ledger's node's prefix, its signature first
+        (a reader never sees it missing); unsigned without a signer."""
+        signer = self.signer
+        if signer is not None:
+            if identity.object_place(key) != (signer.swarm_id, signer.node_id):
+                raise RecordError(
+                    f"this ledger writes as {signer.swarm_id}/{signer.node_id}, not at {key}"
+                )
+            sha = identity.sha256_of(data)
+            self._put_new(identity.signature_key(key, sha), signer.signature_object(key, data))
+        return self._put_new(key, data)
 
     def _store_call(self, what: str, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)``, a single store request, under the retry policy; then a one-line

@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -297,21 +297,33 @@ class ManifestIndex:
     Manifests are immutable: each key is read and judged once per reader.
     """
 
-    def __init__(self, store: Store, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(
+        self,
+        store: Store,
+        con: duckdb.DuckDBPyConnection,
+        vouch: Callable[[str, bytes], tuple[str, str] | None] | None = None,
+    ) -> None:
         self.store = store
         self.con = con
+        self.vouch = vouch
+        """Why a manifest's bytes are not its node's (unsigned, badly signed), or None:
+        the catalog's signature check (ledger/identity.py); None: none."""
         self.valid: dict[str, NodeManifest] = {}
         self.skipped: dict[str, Skipped] = {}
         columns = ", ".join(f"{name} {sql}" for name, _, sql in TABLE_COLUMNS)
         con.execute(f"CREATE TABLE node_manifests ({columns})")
         con.execute(VIEW_SQL)
 
-    def refresh(self, listed: list[ObjectInfo], gone_keys: Iterable[str]) -> None:
-        """Judge manifests among ``listed`` (objects new to the listing) not judged yet;
-        forget those among ``gone_keys`` (keys no longer listed)."""
-        known = self.valid.keys() | self.skipped.keys()
+    def refresh(
+        self, listed: list[ObjectInfo], gone_keys: Iterable[str], again: Iterable[str] = ()
+    ) -> None:
+        """Judge manifests among ``listed`` (objects new to the listing) not judged yet, and
+        those among ``again`` afresh (their node's signing rule changed); forget those among
+        ``gone_keys`` (keys no longer listed)."""
+        again = set(again)
+        known = (self.valid.keys() | self.skipped.keys()) - again
         new = [o for o in listed if o.key.startswith(PREFIX) and o.key not in known]
-        gone = [k for k in gone_keys if k in known]
+        gone = [k for k in set(gone_keys) | again if k in self.valid or k in self.skipped]
         for key in gone:
             self.valid.pop(key, None)
             self.skipped.pop(key, None)
@@ -349,7 +361,9 @@ class ManifestIndex:
         except OSError as exc:  # the ledger's retry policy owns storage failures
             raise StorageError(f"reading manifest {key} failed: {exc}") from exc
         try:
-            return key, parse(key, data)
+            manifest = parse(key, data)
+            problem = self.vouch(key, data) if self.vouch is not None else None
+            return key, manifest if problem is None else Skipped(key, *problem)
         except ManifestError as exc:
             return key, Skipped(key, exc.reason, exc.detail)
         except Exception as exc:  # whatever else a peer's bytes provoke: skip, never crash

@@ -163,17 +163,21 @@ def test_a_node_never_signs_a_merge_of_files_it_did_not_sign(site, swarm):
 
 def test_a_node_that_declared_signatures_required_keeps_requiring_them(site, swarm):
     # A member with bucket access rewrites the swarm's rules to 'open' and publishes unsigned
-    # rows as b. A plain reader now follows the rules object; a node whose own configuration
-    # says 'required' does not.
+    # rows as b, and as c, a node with no key. A plain reader now follows the rules object
+    # for c, but b has a registered key: its files must be signed whatever the rules say. A
+    # node whose own configuration says 'required' refuses both.
     writer = site.open()
     writer.store.delete([ident.swarm_rules_key("sw")])
     writer.store.put_new(ident.swarm_rules_key("sw"), ident.rules_object("open"))
     writer.publish(round_rows("b", 4, [[1, 0]]))
-    assert site.open().query("SELECT count(*) FROM rollouts WHERE node_round = 4").item() == 2
+    writer.publish(round_rows("c", 5, [[1, 0]]))
+    plain = site.open()
+    assert plain.query("SELECT count(*) FROM rollouts WHERE node_round = 4").item() == 0
+    assert plain.query("SELECT count(*) FROM rollouts WHERE node_round = 5").item() == 2
     node = site.open(signer=swarm["a"])
     assert node.declare_swarm("sw", "required") == "open"
-    assert node.query("SELECT count(*) FROM rollouts WHERE node_round = 4").item() == 0
-    assert list(statuses(node).values()) == [ident.UNSIGNED]
+    assert node.query("SELECT count(*) FROM rollouts WHERE node_round >= 4").item() == 0
+    assert sorted(statuses(node).values()) == [ident.UNKNOWN_SIGNER, ident.UNSIGNED]
 
 
 def test_open_swarms_serve_unsigned_files_unless_the_reader_requires_signatures(site):
