@@ -148,9 +148,24 @@ class SwarmConfig(Strict):
         "files not signed by their node's registered key) or 'open' (anyone may write as "
         "any node). Each node's key is kept at <workdir>/keys/<swarm_id>/<node_id>.pem.",
     )
+    membership: Literal["closed", "open"] | None = Field(
+        None,
+        description="closed: the swarm's rules list its nodes, and readers skip whatever any "
+        "other node writes in it (rollouts, logs, a manifest that would join it); open: any "
+        "node may join at any time. Default: closed for a swarm of `sapo experiment` (its "
+        "sweep is fixed before it runs, and a stranger's manifest would change its report), "
+        "open otherwise. Declared by the swarm's first node, like `signatures`.",
+    )
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # type: ignore[arg-type]
     prefect: PrefectConfig = Field(default_factory=PrefectConfig)
     nodes: list[NodeSpec] = Field(min_length=1, max_length=256)
+
+    def members(self) -> list[str] | None:
+        """The node ids the swarm's rules list (closed), or None (open to any node)."""
+        closed = self.membership == "closed" or (
+            self.membership is None and self.experiment is not None
+        )
+        return [spec.node_id for spec in self.nodes] if closed else None
 
     @model_validator(mode="before")
     @classmethod

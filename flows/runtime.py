@@ -196,7 +196,7 @@ def open_node(
     try:
         # The swarm's rule (first node wins) and this node's key (first key wins), then
         # the manifest: a restart with the same config writes nothing.
-        ledger.declare_swarm(swarm.swarm_id, swarm.signatures)
+        ledger.declare_swarm(swarm.swarm_id, swarm.signatures, swarm.members())
         ledger.register_key(key)
         ledger.write_manifest(manifest(swarm, spec))
         learner, saved = restore_learner(swarm, spec)

@@ -171,6 +171,9 @@ class Catalog:
         self._listed: dict[str, ObjectInfo] = {}
         """The last listing read through, by key: what the next refresh compares with."""
         self._by_path: dict[str, FileState] = {}
+        self._rules_seen: frozenset[tuple[str, ...]] | None = None
+        """The identity rules as the last refresh left them (``_rules``): a rule that is
+        stricter since (a key, a pin) has what it governs judged again."""
         self.log_files: dict[str, dict[str, int | None]] = {log.name: {} for log in node_logs.ALL}
         """Per node log (by name): key -> size of every file of it seen (read or skipped)."""
         self.sample_files = self.log_files[node_logs.SAMPLES.name]
@@ -226,10 +229,13 @@ class Catalog:
         # Keys and rules first: they decide which node logs, manifests and files must be
         # signed, and by whom. Node logs and manifests a node's new key or its swarm's new
         # rules now require signed are judged again.
-        signing = self._signing()
+        before = self._rules_seen if self._rules_seen is not None else self._rules()
         for key in self._refresh_registry(listed):
             current.pop(key)  # listed again until it can be read
-        again = self._judge_again(listing, self._signing() - signing)
+        self._rules_seen = self._rules()
+        became = self._rules_seen - before
+        self._close_swarms({fact[1] for fact in became if fact[0] == "closed"})
+        again = self._judge_again(listing, became)
         listed_again = listed + [o for o in again if o.key not in {x.key for x in listed}]
         again_keys = {o.key for o in again}
         for node_log in node_logs.ALL:
@@ -286,32 +292,63 @@ class Catalog:
         self._listed = {k: o for k, o in current.items() if k not in vanished}
         return stats
 
-    def _signing(self) -> set[tuple[str, str | None]]:
-        """Who must sign now: (swarm, node) of each node with a usable key, and (swarm, None)
-        of each swarm whose rules (or this reader) require signatures."""
-        nodes = {
-            place
+    def _rules(self) -> frozenset[tuple[str, ...]]:
+        """The identity rules in force, as facts: ("key", swarm, node) for each node with a
+        usable key, ("signed", swarm) for each swarm whose rules (or this reader) require
+        signatures, ("closed", swarm, members) for each closed swarm."""
+        facts: set[tuple[str, ...]] = {
+            ("key", *place)
             for place, key in self.registry.keys.items()
             if isinstance(key, identity.Ed25519PublicKey)
         }
-        swarms = {s for s in self.registry.rules if self.registry.requires_signatures(s, "swarm")}
-        swarms |= self.registry.pinned
-        return {*nodes, *((s, None) for s in swarms)}
+        swarms = set(self.registry.rules) | self.registry.pinned | set(self.registry.pinned_members)
+        for swarm in swarms:
+            if self.registry.requires_signatures(swarm, "swarm"):
+                facts.add(("signed", swarm))
+            members = self.registry.members(swarm)
+            if members is not None:
+                facts.add(("closed", swarm, ",".join(sorted(members))))
+        return frozenset(facts)
+
+    def settle_rules(self) -> None:
+        """Take the identity rules as they are now as what everything held was judged by (a
+        loaded index): a rule made stricter before the next refresh is applied by it."""
+        self._rules_seen = self._rules()
 
     def _judge_again(
-        self, listing: list[ObjectInfo], became: set[tuple[str, str | None]]
+        self, listing: list[ObjectInfo], became: frozenset[tuple[str, ...]]
     ) -> list[ObjectInfo]:
-        """The node logs and manifests in ``listing`` of nodes, or swarms, that ``became``
-        bound to sign: what they were found to be no longer holds."""
-        if not became or self.signatures == "off":
+        """The node logs and manifests in ``listing`` of nodes, or swarms, whose rules
+        ``became`` stricter (a new key, signatures required, the swarm closed): what they
+        were found to be no longer holds."""
+        nodes = {(f[1], f[2]) for f in became if f[0] == "key"}
+        swarms = {f[1] for f in became if f[0] != "key"}
+        if not nodes and not swarms:
             return []
         reports = (manifests.PREFIX, *node_logs.PREFIXES)
         places = {o.key: identity.object_place(o.key) for o in listing if o.key.startswith(reports)}
         return [
             o
             for o in listing
-            if (place := places.get(o.key)) and (place in became or (place[0], None) in became)
+            if (place := places.get(o.key)) and (place in nodes or place[0] in swarms)
         ]
+
+    def _close_swarms(self, swarms: set[str]) -> None:
+        """Stop serving files that nodes outside a newly closed swarm's members wrote in it
+        (read before its rules were: a peer that published before the swarm started)."""
+        if not swarms:
+            return
+        outsiders = []
+        for state in self.files.values():
+            place = identity.object_place(state.key)
+            refused = self.registry.not_a_member(state.key)
+            if state.status == OK and place is not None and place[0] in swarms and refused:
+                log.warning("skipping %s from now on: %s", state.key, refused[1])
+                state.status, state.detail = refused
+                outsiders.append(state.path)
+        if outsiders:
+            self._drop_files(outsiders)
+            self._views_stale = True
 
     def _known_keys(self) -> set[str]:
         """Every key the catalog holds something for (what a first listing may drop)."""
@@ -448,6 +485,8 @@ class Catalog:
             if size > node_log.max_bytes:
                 detail = f"{size} bytes > {node_log.max_bytes}"
                 self._log_problem(key, node_logs.Problem(node_logs.OVERSIZED, detail))
+            elif refused := self.registry.not_a_member(key):
+                self._log_problem(key, node_logs.Problem(*refused))
             elif place is not None and self.registry.must_sign(*place, self.signatures):
                 signed.append(key)
             else:
@@ -518,6 +557,9 @@ class Catalog:
     def _examine_all(self, objects: list[ObjectInfo], stats: RefreshStats) -> list[FileState]:
         """Judge new files by their place, size and Parquet footer, chunks in parallel."""
         states = [self._place_and_size(o) for o in objects]
+        for state in states:
+            if state.status == OK and (refused := self.registry.not_a_member(state.key)):
+                state.status, state.detail = refused
         if self.copies is not None:
             started = time.perf_counter()
             in_threads(self._take_copy, [s for s in states if s.status == OK])
@@ -540,7 +582,11 @@ class Catalog:
 
     def vouch(self, key: str, data: bytes) -> tuple[str, str] | None:
         """Why a node log or manifest's ``data`` at ``key`` cannot be taken as its node's
-        (status, detail), or None: its node need not sign, or signed exactly these bytes."""
+        (status, detail), or None: its node is a member of its swarm (if closed) and need
+        not sign, or signed exactly these bytes."""
+        refused = self.registry.not_a_member(key)
+        if refused is not None:
+            return refused
         place = identity.object_place(key)
         if place is None or not self.registry.must_sign(*place, self.signatures):
             return None

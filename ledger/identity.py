@@ -30,6 +30,13 @@ registered one, or signed for other bytes (``LedgerConfig.signatures`` can also 
 them everywhere, or turn the check off). A swarm with no rules object is open: ledgers
 written by hand, the synthetic demo, older versions.
 
+**Which nodes belong to a swarm.** Anyone, unless its rules object lists ``members`` (a
+closed swarm: every swarm of ``sapo experiment``, whose sweep is fixed before it runs).
+Readers then skip whatever another node writes in it (``NOT_A_MEMBER``): its files, its node
+logs, a manifest that would change the swarm's configuration. Keys still make the members'
+identities; the list only says which ids count. A node holds to the list in its own
+configuration (``Registry.pin_members``) whatever the object says.
+
 **Every object a node writes under its own prefix is signed**: rollout files, node logs
 (``_samples/``, ``_evaluations/``, ``_trainings/``) and manifests, each with a signature
 object named by the digest of its bytes. A reader requires the signature where the swarm's
@@ -44,6 +51,7 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,7 +68,10 @@ SIGNATURES_PREFIX: Final = "_signatures/"
 SWARMS_PREFIX: Final = "_swarms/"
 PREFIXES: Final = (KEYS_PREFIX, SIGNATURES_PREFIX, SWARMS_PREFIX)
 MAX_OBJECT_BYTES: Final = 4096
-"""Largest key, signature or rules object a reader reads."""
+"""Largest key or signature object a reader reads."""
+MAX_RULES_BYTES: Final = 65_536
+"""Largest rules object a reader reads (a closed swarm's lists up to 256 node ids)."""
+MAX_MEMBERS: Final = 1024
 DOMAIN: Final = b"sapo-signature-v1"
 
 SignatureMode = Literal["required", "open"]
@@ -69,6 +80,9 @@ SignatureMode = Literal["required", "open"]
 UNSIGNED: Final = "unsigned"
 BAD_SIGNATURE: Final = "bad_signature"
 UNKNOWN_SIGNER: Final = "unknown_signer"
+NOT_A_MEMBER: Final = "not_a_member"
+"""Written in a closed swarm by a node its rules do not list (rollout files, node logs,
+manifests alike)."""
 REWRITTEN: Final = "identity_rewritten"
 """A key or rules object rewritten after a reader first read it (refused; validate lists it)."""
 
@@ -172,9 +186,9 @@ class NodeKey:
         return (json.dumps(record) + "\n").encode()
 
 
-def _json_object(data: bytes, what: str) -> dict[str, object]:
-    if len(data) > MAX_OBJECT_BYTES:
-        raise IdentityError(f"{what}: {len(data)} bytes > {MAX_OBJECT_BYTES}")
+def _json_object(data: bytes, what: str, most: int = MAX_OBJECT_BYTES) -> dict[str, object]:
+    if len(data) > most:
+        raise IdentityError(f"{what}: {len(data)} bytes > {most}")
     try:
         record = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -198,16 +212,40 @@ def parse_public_key(data: bytes, swarm_id: str, node_id: str) -> Ed25519PublicK
         raise IdentityError(f"key object: bad public key ({exc})") from exc
 
 
-def parse_rules(data: bytes) -> SignatureMode:
-    record = _json_object(data, "swarm rules")
+@dataclass(frozen=True)
+class SwarmRules:
+    """A swarm's rules: whether its files must be signed, and, for a closed swarm, the only
+    nodes that belong to it (None: anyone may join)."""
+
+    signatures: SignatureMode
+    members: frozenset[str] | None = None
+
+
+def parse_rules(data: bytes) -> SwarmRules:
+    record = _json_object(data, "swarm rules", MAX_RULES_BYTES)
     mode = record.get("signatures")
     if mode not in ("required", "open"):
         raise IdentityError(f"swarm rules: signatures must be 'required' or 'open', not {mode!r}")
-    return "required" if mode == "required" else "open"
+    listed = record.get("members")
+    if listed is None:
+        return SwarmRules("required" if mode == "required" else "open")
+    if not isinstance(listed, list) or not 0 < len(listed) <= MAX_MEMBERS:
+        raise IdentityError(f"swarm rules: members must be a list of 1 to {MAX_MEMBERS} ids")
+    try:
+        members = frozenset(check_id("node_id", m) for m in listed)
+    except ValueError as exc:
+        raise IdentityError(f"swarm rules: {exc}") from None
+    return SwarmRules("required" if mode == "required" else "open", members)
 
 
-def rules_object(mode: SignatureMode, now: datetime | None = None) -> bytes:
-    record = {"signatures": mode, "declared_at": (now or datetime.now(UTC)).isoformat()}
+def rules_object(
+    mode: SignatureMode, now: datetime | None = None, members: Iterable[str] | None = None
+) -> bytes:
+    """A swarm's rules object; ``members``: the nodes of a closed swarm (None: open to all)."""
+    record: dict[str, object] = {"signatures": mode}
+    if members is not None:
+        record["members"] = sorted(check_id("node_id", m) for m in members)
+    record["declared_at"] = (now or datetime.now(UTC)).isoformat()
     return (json.dumps(record) + "\n").encode()
 
 
@@ -236,9 +274,12 @@ class Registry:
 
     def __init__(self) -> None:
         self.keys: dict[tuple[str, str], Ed25519PublicKey | IdentityError] = {}
-        self.rules: dict[str, SignatureMode | IdentityError] = {}
+        self.rules: dict[str, SwarmRules | IdentityError] = {}
         self.pinned: set[str] = set()
         """Swarms this reader requires signatures of, whatever their rules object says."""
+        self.pinned_members: dict[str, frozenset[str]] = {}
+        """Closed swarms' members as this reader was configured with them (a node's own
+        swarm file), whatever the rules object says."""
         self.changed: dict[str, str] = {}
         """Key and rules objects found rewritten after this reader first read them, by key:
         refused (the first reading stays), and reported by ``Ledger.validate``."""
@@ -254,7 +295,7 @@ class Registry:
         if parts is None:
             return
         swarm_id, node_id = parts
-        learned: Ed25519PublicKey | SignatureMode | IdentityError
+        learned: Ed25519PublicKey | SwarmRules | IdentityError
         try:
             if data is None:
                 raise IdentityError("unreadable")
@@ -291,8 +332,31 @@ class Registry:
             return mode == "required"
         if swarm_id in self.pinned:
             return True
-        rules = self.rules.get(swarm_id, "open")
-        return rules != "open"
+        rules = self.rules.get(swarm_id)
+        return rules is not None and (
+            isinstance(rules, IdentityError) or rules.signatures != "open"
+        )
+
+    def pin_members(self, swarm_id: str, members: Iterable[str]) -> None:
+        self.pinned_members[swarm_id] = frozenset(members)
+
+    def members(self, swarm_id: str) -> frozenset[str] | None:
+        """The nodes of a closed swarm (this reader's own list first), None if it is open."""
+        if swarm_id in self.pinned_members:
+            return self.pinned_members[swarm_id]
+        rules = self.rules.get(swarm_id)
+        return rules.members if isinstance(rules, SwarmRules) else None
+
+    def not_a_member(self, key: str) -> tuple[str, str] | None:
+        """(NOT_A_MEMBER, why) if ``key`` is a node's object in a closed swarm that does not
+        list that node; else None."""
+        place = object_place(key)
+        if place is None:
+            return None
+        members = self.members(place[0])
+        if members is None or place[1] in members:
+            return None
+        return NOT_A_MEMBER, f"{place[1]} is not a member of closed swarm {place[0]}"
 
     def must_sign(self, swarm_id: str, node_id: str, mode: str) -> bool:
         """Whether what ``node_id`` writes (rollout files, node logs, manifests) must be

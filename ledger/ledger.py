@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -302,28 +302,45 @@ class Ledger:
         return pinned.public_bytes_raw() == key.private.public_key().public_bytes_raw()
 
     @_serialized
-    def declare_swarm(self, swarm_id: str, signatures: identity.SignatureMode) -> str:
-        """Write ``swarm_id``'s rules unless written already; return the rules in force
-        (the first written). A ledger that declares ``required`` requires signatures of that
-        swarm's files from then on, whatever the rules object says or comes to say: a node
-        trusts its own configuration over an object in the bucket."""
+    def declare_swarm(
+        self,
+        swarm_id: str,
+        signatures: identity.SignatureMode,
+        members: Iterable[str] | None = None,
+    ) -> str:
+        """Write ``swarm_id``'s rules unless written already; return the signature rule in
+        force (the first written). ``members``: the only nodes of a closed swarm (None: open
+        to anyone). A ledger that declares ``required``, or members, holds to them from then
+        on, whatever the rules object says or comes to say: a node trusts its own
+        configuration over an object in the bucket."""
         if signatures == "required":
             self.catalog.registry.pin_required(swarm_id)
+        if members is not None:
+            members = sorted(set(members))
+            self.catalog.registry.pin_members(swarm_id, members)
+            self.catalog.mark_views_stale()
         where = identity.swarm_rules_key(swarm_id)
-        if self._put_new(where, identity.rules_object(signatures)):
+        if self._put_new(where, identity.rules_object(signatures, members=members)):
             return signatures
         data = self._store_call(
-            f"reading {where}", self.store.read, where, identity.MAX_OBJECT_BYTES
+            f"reading {where}", self.store.read, where, identity.MAX_RULES_BYTES
         )
         try:
-            mode = identity.parse_rules(data)
+            rules = identity.parse_rules(data)
         except identity.IdentityError as exc:
             raise identity.IdentityError(f"{where} is unusable: {exc}") from exc
-        if mode != signatures:
+        if rules.signatures != signatures:
             log.warning(
-                "swarm %s was declared with signatures %s, not %s", swarm_id, mode, signatures
-            )
-        return mode
+                "swarm %s was declared with signatures %s, not %s",
+                swarm_id, rules.signatures, signatures,
+            )  # fmt: skip
+        declared = None if rules.members is None else sorted(rules.members)
+        if declared != members:
+            log.warning(
+                "swarm %s was declared with members %s, not %s: this node holds to its own",
+                swarm_id, declared or "anyone", members or "anyone",
+            )  # fmt: skip
+        return rules.signatures
 
     @_serialized
     def write_manifest(self, manifest: NodeManifest) -> str:

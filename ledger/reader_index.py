@@ -175,6 +175,7 @@ def _restore(catalog: Catalog, files: list[tuple[Any, ...]], state: dict[str, An
     manifests.rebuild()
     if isinstance(catalog.store, ChangeLogStore) and "change_log" in state:
         catalog.store.restore(state["change_log"])
+    catalog.settle_rules()
     catalog.mark_views_stale()
 
 

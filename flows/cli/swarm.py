@@ -50,7 +50,7 @@ def check_ledger(swarm: SwarmConfig) -> None:
     try:
         with Ledger.from_config(swarm.ledger) as ledger:
             ledger.refresh()
-            ledger.declare_swarm(swarm.swarm_id, swarm.signatures)
+            ledger.declare_swarm(swarm.swarm_id, swarm.signatures, swarm.members())
     except (StorageError, OSError, IdentityError) as exc:
         raise fail(f"cannot use the ledger at {swarm.ledger.url}: {first_line(exc)}") from exc
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from ledger import NodeKey, NodeManifest, node_logs, parse_policy
 from ledger import identity as ident
 from ledger import manifests as mf
@@ -130,3 +132,87 @@ def test_a_signed_ledger_writes_reports_only_under_its_own_prefix(local_site):
         assert "writes as sw/good1" in str(exc)
     else:
         raise AssertionError("wrote under another node's prefix")
+
+
+# -- a manifest that joins another swarm ------------------------------------------------------
+
+
+def _sweep_node(site, swarm: str, node: str, j: int, rewards: list[list[float]]) -> None:
+    """A sweep's node: declares its closed swarm (nodes a and b), registers, writes its
+    manifest (experiment exp, I = 4 - j) and publishes one round."""
+    key = NodeKey.generate(swarm, node)
+    led = site.open(signer=key)
+    led.declare_swarm(swarm, "required", members=["a", "b"])
+    led.register_key(key)
+    manifest = _manifest(
+        swarm_id=swarm, node_id=node, local_groups=4 - j, external_groups=j, written_at=T0
+    )
+    led.write_manifest(manifest)
+    led.publish(round_rows(node, 0, rewards, swarm_id=swarm))
+
+
+def _summary(reader) -> dict[str, tuple]:
+    from dashboards.report import report_tables
+
+    tables = report_tables(reader.query)
+    return {
+        r["swarm_id"]: (
+            r["local_groups"],
+            r["external_groups"],
+            r["nodes"],
+            r["cumulative_claimed_reward"],
+            r["gain_over_baseline"],
+        )
+        for r in tables.summary.to_dicts()
+    }
+
+
+def _intrude(site, swarm: str) -> None:
+    """evil registers its own key in ``swarm`` (trust on first use lets it), writes a signed
+    manifest claiming J = 2 and publishes a perfect round, all under its own prefix."""
+    evil = NodeKey.generate(swarm, "evil")
+    led = site.open(signer=evil)
+    led.register_key(evil)
+    led.write_manifest(_manifest(swarm_id=swarm, node_id="evil", written_at=T0))
+    led.publish(round_rows("evil", 0, [[1, 1], [1, 1]], swarm_id=swarm))
+
+
+def test_a_stranger_cannot_join_a_closed_swarm_or_change_its_sweep(site):
+    _sweep_node(site, "exp-4x0", "a", 0, [[1, 0], [0, 0]])
+    _sweep_node(site, "exp-4x0", "b", 0, [[1, 0], [1, 0]])
+    _sweep_node(site, "exp-2x2", "a", 2, [[1, 1], [1, 0]])
+    _sweep_node(site, "exp-2x2", "b", 2, [[1, 0], [1, 0]])
+    honest = _summary(site.open())
+    assert honest["exp-4x0"][:3] == (4, 0, 2) and honest["exp-2x2"][4] == pytest.approx(
+        1.25 / 0.75 - 1
+    )
+    _intrude(site, "exp-4x0")
+    reader = site.open()
+    assert _summary(reader) == honest  # was: exp-4x0's J unknown, no baseline, 3 nodes
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 0
+    assert reader.validate().skipped[ident.NOT_A_MEMBER] == 2  # its manifest and its file
+
+
+def test_a_node_holds_to_its_own_members_when_a_stranger_declared_the_swarm_first(site):
+    # With shared credentials a stranger writes the rules first (open to anyone); the
+    # sweep's nodes list their members in their own configuration and hold to it.
+    site.open().declare_swarm("exp-4x0", "open")
+    _sweep_node(site, "exp-4x0", "a", 0, [[1, 0], [0, 0]])
+    _intrude(site, "exp-4x0")
+    node = site.open(signer=NodeKey.generate("exp-4x0", "b"))
+    node.declare_swarm("exp-4x0", "required", members=["a", "b"])
+    assert node.query("SELECT DISTINCT node_id FROM rollouts").rows() == [("a",)]
+
+
+def test_a_swarm_closed_after_a_stranger_published_stops_serving_it(local_site, tmp_path):
+    # A reader (with its index) served a stranger's files before the swarm's rules closed
+    # it; a node restarted from that index with its own members list stops serving them.
+    _intrude(local_site, "exp-4x0")
+    index = tmp_path / "reader.duckdb"
+    before = local_site.open(reader_index=index)
+    assert before.query("SELECT count(*) FROM rollouts").item() == 4
+    before.close()
+    node = local_site.open(reader_index=index, signer=NodeKey.generate("exp-4x0", "a"))
+    node.declare_swarm("exp-4x0", "required", members=["a", "b"])
+    assert node.query("SELECT count(*) FROM rollouts").item() == 0
+    assert node.query("SELECT count(*) FROM manifests").item() == 0
