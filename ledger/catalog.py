@@ -416,7 +416,12 @@ class Catalog:
                 if seen is not None:
                     self._identity_stats[obj.key] = seen
             try:
-                data: bytes | None = self.store.read(obj.key, identity.MAX_OBJECT_BYTES)
+                most = (
+                    identity.MAX_RULES_BYTES
+                    if obj.key.startswith(identity.SWARMS_PREFIX)
+                    else identity.MAX_OBJECT_BYTES
+                )
+                data: bytes | None = self.store.read(obj.key, most)
             except FileNotFoundError:
                 missing.append(obj.key)
                 continue

@@ -216,3 +216,11 @@ def test_a_swarm_closed_after_a_stranger_published_stops_serving_it(local_site, 
     node.declare_swarm("exp-4x0", "required", members=["a", "b"])
     assert node.query("SELECT count(*) FROM rollouts").item() == 0
     assert node.query("SELECT count(*) FROM manifests").item() == 0
+
+
+def test_a_closed_swarm_of_256_nodes_declares_and_reads_its_members(local_site):
+    members = [f"node-{i:03d}-" + "x" * 110 for i in range(256)]  # ids up to 128 characters
+    local_site.open().declare_swarm("big", "required", members=members)  # ~30 KB of rules
+    reader = local_site.open()
+    reader.refresh()
+    assert reader.catalog.registry.members("big") == frozenset(members)
