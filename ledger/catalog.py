@@ -217,7 +217,9 @@ class Catalog:
 
     def _refresh_once(self) -> RefreshStats:
         started = time.perf_counter()
-        listing = self.store.list()
+        # Signatures are read by key, never listed: a ledger holds one per file, and a peer
+        # can add folders of them by the hundred thousand.
+        listing = self.store.list(skip=identity.SIGNATURES_PREFIX)
         listed_in = time.perf_counter() - started
         current = {o.key: o for o in listing}
         # What differs from the last listing read through: a refresh costs what is new,

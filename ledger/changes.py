@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledger.config import ChangeLogConfig
+from ledger.identity import SIGNATURES_PREFIX
 from ledger.keys import is_safe_key
 from ledger.storage import LEDGER_SUFFIXES, NotRegularFile, ObjectInfo, Store, in_threads
 
@@ -104,7 +105,9 @@ class ChangeLogStore:
 
     # -- listing -----------------------------------------------------------------------
 
-    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+    def list(self, prefix: str = "", skip: str = "") -> builtins.list[ObjectInfo]:
+        if prefix.startswith(SIGNATURES_PREFIX):  # never in the held listing: ask the store
+            return self.inner.list(prefix)
         before = Counter(self.inner.requests)
         now = self.clock()
         if now - self._listed_fully_at >= self.config.full_listing_every_s:
@@ -113,13 +116,22 @@ class ChangeLogStore:
             self.poll(now)
         self.feed.last = Counter(self.inner.requests) - before
         # In no particular order, as the inner stores' listings: sorting 20k keys on every
-        # refresh cost more than the poll.
-        return [o for key, o in self._listing.items() if key.startswith(prefix)]
+        # refresh cost more than the poll. Signatures are left out of the held listing
+        # (readers fetch them by key; a peer can write them by the hundred thousand), and
+        # so are keys under ``skip``.
+        return [
+            o
+            for key, o in self._listing.items()
+            if key.startswith(prefix)
+            and not key.startswith(SIGNATURES_PREFIX)
+            and not (skip and key.startswith(skip))
+        ]
 
     def list_fully(self, now: float) -> None:
-        """Replace the listing with the store's own; markers from ``grace_s`` before it
-        started are read by the next poll (they may name what the listing missed)."""
-        self._listing = {o.key: o for o in self.inner.list()}
+        """Replace the listing with the store's own (signatures left out); markers from
+        ``grace_s`` before it started are read by the next poll (they may name what the
+        listing missed)."""
+        self._listing = {o.key: o for o in self.inner.list(skip=SIGNATURES_PREFIX)}
         self._listed_fully_at = now
         self._advance(int(now * 1000))
         self.feed.full_listings += 1

@@ -520,6 +520,11 @@ class Ledger:
         """
         if record_round is not None and swarm_id is None:
             raise ValueError("recording a sample needs the swarm_id it was drawn for")
+        if record_round is not None and n_groups > node_logs.MAX_RECORDED_GROUPS:
+            raise ValueError(
+                f"a recorded sample draws at most {node_logs.MAX_RECORDED_GROUPS} groups, "
+                f"not {n_groups}"
+            )
         when = now or datetime.now(UTC)
         chosen, draw = self._draw(
             node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes

@@ -359,9 +359,13 @@ SAMPLES: Final = NodeLog(
         LogColumn("sampled_at", "TIMESTAMPTZ"),
     ),
     stamp="sampled_at",
-    max_bytes=64 * 2**20,  # up to MAX_GROUPS_PER_SAMPLE lines of a few hundred bytes
+    # Up to MAX_RECORDED_GROUPS lines of at most ~700 bytes (ids of 128 characters): a
+    # bigger file is no node's, and is skipped unread.
+    max_bytes=2**20,
 )
 """Which peer groups a node drew, one line per group (ledger/samples.py)."""
+MAX_RECORDED_GROUPS: Final = 1024
+"""Most groups one sample log records (a node's J is at most 1024)."""
 
 EVALUATIONS: Final = NodeLog(
     name="evaluations",

@@ -114,7 +114,12 @@ class Store(Protocol):
     """Requests made, by kind (list pages, get, head, put, delete): what the swarm simulator
     prints. A local store counts its directory scans as list requests."""
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def list(self, prefix: str = "", skip: str = "") -> list[ObjectInfo]:
+        """Every visible object under ``prefix``, except those under ``skip`` (a top-level
+        prefix ending in '/', e.g. signatures, which readers fetch by key: not walked or
+        paged through at all)."""
+        ...
+
     def list_after(
         self, prefix: str, start_after: str, stop_after: str | None = None
     ) -> builtins.list[str]:
@@ -177,8 +182,8 @@ class LocalStore:
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """Every visible object under ``prefix``, in no particular order.
+    def list(self, prefix: str = "", skip: str = "") -> list[ObjectInfo]:
+        """Every visible object under ``prefix`` (not under ``skip``), in no particular order.
 
         This runs on every read of a ledger that may hold tens of thousands of files, so a
         directory is re-scanned only when its mtime moved: adding or removing an entry
@@ -189,12 +194,15 @@ class LocalStore:
         devices), and only under safe keys (others are remembered in ``unsafe_keys``).
         """
         base = str(self._path(prefix) if prefix else self.root)
+        skipped = str(self._path(skip.rstrip("/"))) if skip else None
         cut = len(self._root) + 1
         now = time.time_ns()
         found: list[ObjectInfo] = []
         stack = [base]
         while stack:
             directory = stack.pop()
+            if directory == skipped:
+                continue
             try:
                 mtime = os.stat(directory).st_mtime_ns
             except FileNotFoundError:
@@ -344,6 +352,8 @@ class S3Store:
         self.fs = s3fs.S3FileSystem(**settings.s3fs_kwargs())
         self.fs.retries = settings.s3fs_retries
         self.unsafe_keys: set[str] = set()
+        self.page_keys = 1000
+        """Keys per listing page (S3's largest; tests lower it to page through few keys)."""
         self.requests: Counter[str] = Counter()
 
     def _path(self, key: str) -> str:
@@ -374,7 +384,11 @@ class S3Store:
         """ListObjectsV2 pages (up to 1,000 keys each, in key order) of keys below the
         ledger root starting with ``prefix``; keys are returned relative to the root."""
         root = f"{self.prefix}/" if self.prefix else ""
-        request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix}
+        request: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Prefix": root + prefix,
+            "MaxKeys": self.page_keys,
+        }
         if start_after:
             request["StartAfter"] = root + start_after
         while True:
@@ -393,10 +407,10 @@ class S3Store:
                 return
             request["ContinuationToken"] = token
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list(self, prefix: str = "", skip: str = "") -> list[ObjectInfo]:
         out = []
         listed = 0
-        for page in self._pages(_check_key(prefix) if prefix else ""):
+        for page in self._skipping(_check_key(prefix) if prefix else "", skip):
             listed += len(page)
             for item in page:
                 key = item["Key"]
@@ -411,6 +425,21 @@ class S3Store:
         if not listed:
             self._check_bucket()
         return sorted(out, key=lambda o: o.key)
+
+    def _skipping(self, prefix: str, skip: str) -> Iterator[builtins.list[dict[str, Any]]]:
+        """``_pages`` of ``prefix`` without the keys under ``skip``: paging stops where they
+        begin and starts again after them (keys come in order), so they cost no request."""
+        if not skip or not skip.startswith(prefix) or not skip.endswith("/"):
+            yield from self._pages(prefix)
+            return
+        for page in self._pages(prefix):
+            before = [item for item in page if item["Key"] < skip]
+            yield before
+            if len(before) < len(page):
+                break
+        # '0' follows '/': every key under ``skip`` sorts before ``skip[:-1] + "0"`` (which
+        # is outside the ledger's layout, so not listing it loses nothing).
+        yield from self._pages(prefix, skip[:-1] + "0")
 
     def list_after(
         self, prefix: str, start_after: str, stop_after: str | None = None

@@ -102,3 +102,17 @@ def test_group_problem_flags_oversized_and_inconsistent_groups():
     assert problems == {"sw.n.r0.g0": v.OVERSIZED_GROUP, "sw.n.r0.g1": None}
     sql = f"SELECT group_id, {v.group_problem_sql(RowLimits())} FROM judged GROUP BY 1"
     assert dict(con.execute(sql).fetchall())["sw.n.r0.g0"] == v.INCONSISTENT_GROUP
+
+
+def test_the_longest_sample_log_a_node_writes_fits_the_readers_bound() -> None:
+    # J is at most 1024 and ids at most 128 characters (RowLimits.max_id_chars): the
+    # biggest honest sample log stays under the bound readers skip larger logs by.
+    from datetime import UTC, datetime
+
+    from ledger import node_logs, samples
+
+    picks = [("g" * 128, "n" * 128)] * node_logs.MAX_RECORDED_GROUPS
+    lines = samples.sample_log_lines(
+        picks, node_round=2**31 - 1, policy="p" * 64, seed=-(2**62), when=datetime.now(UTC)
+    )
+    assert len(lines) <= node_logs.SAMPLES.max_bytes
