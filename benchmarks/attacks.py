@@ -260,6 +260,105 @@ def future_markers(site: Site) -> str:
     return "POLLS"
 
 
+# -- issue 27, second pass: reports under another's prefix, sweeps, floods ----------------
+
+
+def forged_reports(site: Site) -> str:
+    """With shared credentials, an unsigned evaluation (accuracy 1.0) and a manifest (J = 0,
+    another experiment) under good1's prefix; good1 has a key (signed swarm) and wrote none."""
+    from datetime import UTC, datetime
+
+    from ledger import NodeManifest, node_logs, parse_policy
+    from ledger import manifests as mf
+
+    early = datetime(2026, 1, 1, tzinfo=UTC)
+    row = {"task": "chain_sum", "questions": 8, "completions": 8, "correct": 8.0,
+           "accuracy": 1.0, "policy_version": 0, "eval_seed": 1}  # fmt: skip
+    lines = node_logs.EVALUATIONS.lines(node_logs.EVALUATIONS.validate([row], 0), early)
+    manifest = NodeManifest.for_node(
+        swarm_id="sw", node_id="good1", experiment="other", local_groups=4, external_groups=0,
+        policy=parse_policy({"kind": "paper"}), model_id="m", seed=0, written_at=early,
+    )  # fmt: skip
+    site.put_raw(node_logs.EVALUATIONS.key("sw", "good1", 0, early), lines)
+    site.put_raw(mf.manifest_key(manifest), mf.encode(manifest))
+    return (
+        "SELECT (SELECT count(*) FROM evaluations WHERE node_id = 'good1') "
+        "+ (SELECT count(*) FROM manifests WHERE node_id = 'good1')"
+    )
+
+
+def reopened_rules(site: Site) -> str:
+    """With shared credentials, the signed swarm's rules rewritten to open, then an unsigned
+    file as good1 (a node with a key)."""
+    site.put_raw(ident.swarm_rules_key("sw"), ident.rules_object("open"))
+    data = hostile.parquet_bytes(to_table(round_rows("good1", 7, [[1, 1]])))
+    site.put_raw("swarm_id=sw/node_id=good1/day=2026-03-01/r00000007-open.parquet", data)
+    return "SELECT count(*) FROM rollouts WHERE node_round = 7"
+
+
+def sweep_intruder(site: Site) -> str:
+    """A stranger joins a closed swarm: its own key, a signed manifest claiming J = 2 in the
+    sweep's experiment, and 100 signed groups, all under its own prefix."""
+    from ledger import NodeManifest, parse_policy
+
+    evil = NodeKey.generate("sw", "evil")
+    led = site.open(signer=evil)
+    led.register_key(evil)
+    led.write_manifest(
+        NodeManifest.for_node(
+            swarm_id="sw",
+            node_id="evil",
+            experiment="exp",
+            local_groups=2,
+            external_groups=2,
+            policy=parse_policy({"kind": "paper"}),
+            model_id="m",
+            seed=0,
+        )
+    )
+    led.publish(round_rows("evil", 0, [[1, 0]] * 100))
+    return (
+        "SELECT (SELECT count(*) FROM rollouts WHERE node_id = 'evil') "
+        "+ (SELECT count(*) FROM manifests WHERE node_id = 'evil')"
+    )
+
+
+def sample_logs(files: int, mb: int) -> Callable[[Site], str]:
+    def attack(site: Site) -> str:
+        line = b'{"node_round": 0, "group_id": "' + b"g" * 200 + b'", "peer_node_id": "good1"}\n'
+        data = line * (mb * 2**20 // len(line))
+        for i in range(files):
+            key = f"_samples/swarm_id=sw/node_id=evil/day=2026-03-01/s{i:08d}-{i:020x}.jsonl"
+            site.put_raw(key, data)
+        return "SELECT count(*) FROM samples WHERE node_id = 'evil'"
+
+    return attack
+
+
+def signature_folders(local: int, s3: int) -> Callable[[Site], str]:
+    """Signature objects each in a folder of its own (the layout's), by the ten thousand."""
+
+    def attack(site: Site) -> str:
+        count = local if site.kind == "local" else s3
+        keys = [
+            ident.signature_key(f"swarm_id=sw/node_id=evil/day=2026-03-01/r{i:08d}-x", f"{i:064x}")
+            for i in range(count)
+        ]
+        store = site.open().store
+        inner = getattr(store, "inner", store)
+        if site.kind == "local":
+            for key in keys:
+                path = Path(inner.root, key)  # type: ignore[attr-defined]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(b"{}")
+        else:
+            root = f"{inner.bucket}/{inner.prefix}"  # type: ignore[attr-defined]
+            inner.fs.pipe({f"{root}/{k}": b"{}" for k in keys})  # type: ignore[attr-defined]
+        return "REFRESH"
+
+    return attack
+
+
 ATTACKS: dict[str, Callable[[Site], str]] = {
     "nul-in-id": nul_id,
     "nested-50": nested(50),
@@ -283,8 +382,13 @@ ATTACKS: dict[str, Callable[[Site], str]] = {
     "repeated-text-6gb": repeated_text,
     "row-groups-95mb-footer": many_row_groups,
     "future-markers-10k": future_markers,
+    "forged-reports": forged_reports,
+    "reopened-rules": reopened_rules,
+    "sweep-intruder": sweep_intruder,
+    "sample-logs-10x40mb": sample_logs(10, 40),
+    "signature-folders-100k": signature_folders(100_000, 20_000),
 }
-NEW_IN_ISSUE_27 = [*list(ATTACKS)[-6:], "control-tokens", "verifier-bomb"]
+NEW_IN_ISSUE_27 = [*list(ATTACKS)[-11:], "control-tokens", "verifier-bomb"]
 """Rows added by issue 27 (the last two are the node's, not the reader's: benchmarks/
 text_attacks.py and benchmarks/node_attacks.py measure them in their own processes)."""
 
@@ -332,6 +436,14 @@ def read(site: Site, wrong_sql: str) -> dict[str, Any]:
             polls.append(feed.last["list"] if feed is not None else 0)
         wrong = 0
         extra = f"LIST requests per poll: {polls}"
+    elif wrong_sql == "REFRESH":  # what every later refresh costs, nothing having changed
+        refreshes = []
+        for _ in range(5):
+            begun = time.perf_counter()
+            led.refresh()
+            refreshes.append(time.perf_counter() - begun)
+        wrong = 0
+        extra = "seconds per later refresh: " + ", ".join(f"{r:.3f}" for r in refreshes)
     elif wrong_sql == "RECENCY":
         later = datetime.now(UTC) + timedelta(hours=2)
         policy = RewardFilteredPolicy(max_age_s=3600)
@@ -491,12 +603,14 @@ def new_site(kind: str, root: Path, server: Any) -> Site:
     )
 
 
-def seed_honest(site: Site, signed: bool) -> None:
-    """The honest peers' rounds: signed in a swarm that requires signatures, or unsigned in
-    an open one (where the reader's own checks are all that stands)."""
+def seed_honest(site: Site, signed: bool, closed: bool = False) -> None:
+    """The honest peers' rounds: signed in a swarm that requires signatures (``closed``: its
+    rules list them as its members), or unsigned in an open one (where the reader's own
+    checks are all that stands)."""
     setup = site.open()
     if signed:
-        setup.declare_swarm("sw", "required")
+        members = list(hostile.HONEST_ROUNDS) if closed else None
+        setup.declare_swarm("sw", "required", members=members)
     for node, groups in hostile.HONEST_ROUNDS.items():
         key = NodeKey.generate("sw", node)
         if signed:
@@ -504,8 +618,10 @@ def seed_honest(site: Site, signed: bool) -> None:
         site.open(signer=key if signed else None).publish(round_rows(node, 0, groups))
 
 
-SIGNED_SWARM = {"impersonation"}
+SIGNED_SWARM = {"impersonation", "forged-reports", "reopened-rules", "sweep-intruder"}
 """Attacks run in a swarm that requires signatures; the rest in an open swarm, the worst case."""
+CLOSED_SWARM = {"sweep-intruder"}
+"""Attacks run in a closed swarm (its rules list the honest nodes)."""
 
 
 class _Moto:
@@ -569,7 +685,7 @@ def main() -> None:
                             continue
                         result = _node_attack(name)
                     else:
-                        seed_honest(site, signed=name in SIGNED_SWARM)
+                        seed_honest(site, signed=name in SIGNED_SWARM, closed=name in CLOSED_SWARM)
                         wrong_sql = ATTACKS[name](site)
                         result = run_reader(site, wrong_sql, args.timeout)
                     rows.append((name, kind, result))
