@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 CHANGES_PREFIX = "_changes/"
 ADDED = ".added"
 REMOVED = ".removed"
+UNMARKED = (CHANGES_PREFIX, SIGNATURES_PREFIX)
+"""Objects no marker announces: markers, and signatures (readers fetch them by key)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def parse_marker(name: str) -> Marker | None:
         return None
     for suffix, added in ((ADDED, True), (REMOVED, False)):
         key = rest.removesuffix(suffix)
-        listable = key.endswith(LEDGER_SUFFIXES) and not key.startswith(CHANGES_PREFIX)
+        listable = key.endswith(LEDGER_SUFFIXES) and not key.startswith(UNMARKED)
         if key != rest and listable and is_safe_key(key):
             return Marker(int(stamp), key, added)
     return None
@@ -230,7 +232,27 @@ class ChangeLogStore:
             self._listing.pop(key, None)
 
     def _mark(self, key: str, *, added: bool) -> None:
-        self.inner.put_new(marker_key(key, added, int(self.clock() * 1000)), b"")
+        if not key.startswith(UNMARKED):
+            self.inner.put_new(marker_key(key, added, int(self.clock() * 1000)), b"")
+
+    def collect(self, before_ms: int, prefixes: Sequence[str] | None = None) -> int:
+        """Delete the markers stamped before ``before_ms`` that announce keys under
+        ``prefixes`` (a node's own, which its credentials may delete; None: every marker,
+        for an operator); how many. Readers lose nothing: one that has not polled since
+        falls back to a full listing (``full_listing_every_s``), and a cursor never stands
+        further back than that."""
+        stop = f"{CHANGES_PREFIX}{max(before_ms - 1, 0):013d}~"
+        names = self.inner.list_after(CHANGES_PREFIX, CHANGES_PREFIX, stop)
+        doomed = []
+        for name in names:
+            marker = parse_marker(name)
+            stamp = name.removeprefix(CHANGES_PREFIX)[:13]
+            old = marker.at_ms < before_ms if marker else stamp.isdigit() and int(stamp) < before_ms
+            if old and (prefixes is None or (marker and marker.key.startswith(tuple(prefixes)))):
+                doomed.append(name)
+        for start in range(0, len(doomed), 1000):
+            self.inner.delete(doomed[start : start + 1000])
+        return len(doomed)
 
     # -- the rest is the inner store's, and a missing object leaves the listing ----------
 

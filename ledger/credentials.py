@@ -34,7 +34,8 @@ def node_write_prefixes(swarm_id: str, node_id: str) -> list[str]:
 
 def node_policy(bucket: str, root: str, swarm_id: str, node_id: str) -> dict[str, Any]:
     """The IAM policy of one node: list and read everything under ``root``; write its own
-    prefixes; delete only its own rollouts and signatures (compaction)."""
+    prefixes; delete only its own rollouts and signatures (compaction) and its own
+    change-log markers (their collection)."""
     root = root.strip("/")
     base = f"{root}/" if root else ""
     prefixes = node_write_prefixes(swarm_id, node_id)
@@ -45,6 +46,8 @@ def node_policy(bucket: str, root: str, swarm_id: str, node_id: str) -> dict[str
     deletes = [
         f"arn:aws:s3:::{bucket}/{base}{own}*",
         f"arn:aws:s3:::{bucket}/{base}{identity.SIGNATURES_PREFIX}{own}*",
+        # Its own old change-log markers (Ledger.collect_markers).
+        *(f"arn:aws:s3:::{bucket}/{base}{CHANGES_PREFIX}*/{p}*" for p in prefixes),
     ]
     return {
         "Version": "2012-10-17",

@@ -24,9 +24,10 @@ import pyarrow.parquet as pq
 from ledger import compaction, identity, manifests, node_logs, samples, validation
 from ledger import reader_index as index_file
 from ledger.catalog import Catalog, FileChanged, RefreshStats
-from ledger.changes import with_change_log
+from ledger.changes import ChangeLogStore, with_change_log
 from ledger.config import ChangeLogConfig, LedgerConfig, RowLimits
 from ledger.copies import LocalCopies
+from ledger.credentials import node_write_prefixes
 from ledger.duck import connect
 from ledger.identity import NodeKey
 from ledger.keys import node_prefix, round_key
@@ -149,6 +150,7 @@ class Ledger:
         """The node this ledger publishes as: its files are signed, and it publishes and
         compacts for that node only. None: an unsigned writer (open swarms, analysis)."""
         self._listed_at = -float("inf")
+        self._markers_collected_at = -float("inf")
         self._last_refresh = RefreshStats()
         self._index_saved_at = time.monotonic()
         if self.reader_index is not None and index_file.load(self.catalog, self.reader_index):
@@ -256,7 +258,38 @@ class Ledger:
             else:
                 log.info("%s already holds these rows: nothing written", key)
             keys.append(key)
+        self._collect_markers_now_and_then()
         return keys
+
+    def collect_markers(self, now: float | None = None) -> int:
+        """Delete change-log markers old enough that no reader needs them (twice
+        ``full_listing_every_s``: a reader that has not polled since lists fully); only
+        this ledger's node's own with a signer (what its credentials may delete), every
+        one without (an operator). How many; 0 without a change log."""
+        store = self.store
+        if not isinstance(store, ChangeLogStore):
+            return 0
+        config = self.config.change_log
+        keep_ms = int((2 * config.full_listing_every_s + config.grace_s) * 1000)
+        before_ms = int((now if now is not None else time.time()) * 1000) - keep_ms
+        signer = self.signer
+        own = None if signer is None else node_write_prefixes(signer.swarm_id, signer.node_id)
+        return self._store_call("collecting markers", store.collect, before_ms, own)
+
+    def _collect_markers_now_and_then(self) -> None:
+        """A node collects its own old markers once per ``full_listing_every_s``; a failure
+        costs a warning, never the publish."""
+        every = self.config.change_log.full_listing_every_s
+        if self.signer is None or time.monotonic() - self._markers_collected_at < every:
+            return
+        self._markers_collected_at = time.monotonic()
+        try:
+            collected = self.collect_markers()
+        except StorageError as exc:
+            log.warning("old change-log markers not collected: %s", exc)
+            return
+        if collected:
+            log.info("collected %d old change-log markers", collected)
 
     @_serialized
     def register_key(self, key: NodeKey) -> None:

@@ -1,4 +1,4 @@
-"""`sapo ledger ...`: query, sample, validate and compact a rollout ledger.
+"""`sapo ledger ...`: query, sample, validate and compact a rollout ledger, collect markers.
 
 Needs only the base install (DuckDB, pyarrow, polars, s3fs): no torch, Prefect or MLflow.
 """
@@ -216,6 +216,16 @@ def compact(
             f"  skipped {partition}: its swarm requires signatures, so only its node can "
             "compact it (--key <workdir>/keys/<swarm>/<node>.pem --swarm-id ... --node-id ...)"
         )
+
+
+@app.command("collect-markers")
+def collect_markers(url: UrlArg, storage_option: StorageOpt = None) -> None:
+    """Delete change-log markers no reader needs any more (older than twice the full-listing
+    period), every node's: nodes collect their own once an hour; this is the operator's
+    sweep, e.g. after nodes have left."""
+    with open_ledger(url, storage_option) as led:
+        collected = guarded(led.collect_markers)
+    print(f"collected {collected} change-log markers")
 
 
 def _signer(key: Path, swarm_id: str | None, node_ids: list[str] | None) -> NodeKey:

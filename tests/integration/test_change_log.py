@@ -3,8 +3,11 @@ for new objects only, and trusts no marker."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from ledger import NodeKey
 from ledger.changes import ChangeLogStore, marker_key
 from ledger.config import ChangeLogConfig
 from tests.factories import round_rows
@@ -172,3 +175,48 @@ def test_objects_written_without_markers_appear_at_the_next_full_listing(local_s
 def test_on_s3_the_change_log_is_on_by_default(site):
     led = site.open()
     assert isinstance(led.store, ChangeLogStore) == (site.kind == "s3")
+
+
+def _markers(store) -> list[str]:
+    return store.inner.list_after("_changes/", "_changes/")
+
+
+def test_old_markers_are_collected_each_node_its_own_and_readers_lose_nothing(s3_site):
+    clock = Clock(time.time())
+    keys = {n: NodeKey.generate("sw", n) for n in ("a", "b")}
+    for node, key in keys.items():
+        led = s3_site.open(change_log=ON, signer=key)
+        led.store.clock = clock
+        led.register_key(key)
+        led.publish(round_rows(node, 0, [[1, 0]]))
+    before = _markers(led.store)
+    # One marker per object: the key objects and the rollout files; none for signatures.
+    assert len(before) == 4 and not any("_signatures/" in m for m in before)
+    reader = s3_site.open(change_log=ON)
+    assert reader.query("SELECT count(*) FROM rollouts").item() == 4
+    later = clock.now + 2 * ON.full_listing_every_s + ON.grace_s + 1
+    a = s3_site.open(change_log=ON, signer=keys["a"])
+    assert a.collect_markers(now=clock.now) == 0  # young markers stay
+    assert a.collect_markers(now=later) == 2  # a's own: its key object and its file
+    assert all("node_id=b/" in m for m in _markers(a.store))
+    assert s3_site.open(change_log=ON).collect_markers(now=later) == 2  # the operator's: b's
+    assert _markers(a.store) == []
+    assert s3_site.open(change_log=ON).query("SELECT count(*) FROM rollouts").item() == 4
+    reader.refresh()
+    assert reader.query("SELECT count(*) FROM rollouts").item() == 4
+
+
+def test_a_node_collects_its_markers_when_it_publishes_at_most_once_a_period(s3_site):
+    key = NodeKey.generate("sw", "a")
+    led = s3_site.open(change_log=ON, signer=key)
+    old_ms = int((time.time() - 3 * ON.full_listing_every_s) * 1000)
+    stale = marker_key("swarm_id=sw/node_id=a/day=2026-03-01/r0-x.parquet", True, old_ms)
+    theirs = marker_key("swarm_id=sw/node_id=b/day=2026-03-01/r0-x.parquet", True, old_ms)
+    for name in (stale, theirs):
+        led.store.inner.put_new(name, b"")
+    led.publish(round_rows("a", 0, [[1, 0]]))
+    markers = _markers(led.store)
+    assert stale not in markers and theirs in markers
+    led.store.inner.put_new(stale, b"")
+    led.publish(round_rows("a", 1, [[1, 0]]))  # within the period: not again
+    assert stale in _markers(led.store)
