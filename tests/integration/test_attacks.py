@@ -224,8 +224,8 @@ def test_a_peer_that_keeps_deleting_its_files_does_not_fail_reads(site, honest):
     # Listed, then deleted before they are read: the read goes on without them.
     listing = reader.store.list
 
-    def list_then_delete(prefix: str = ""):
-        found = listing(prefix)
+    def list_then_delete(prefix: str = "", skip: str = ""):
+        found = listing(prefix, skip)
         evil.store.delete(keys)
         return found
 

@@ -128,9 +128,9 @@ def test_files_that_vanish_are_listed_once_more_then_left_out(
     ghost = ObjectInfo("swarm_id=sw/node_id=ghost/day=2026-03-01/r00000000-x.parquet", None)
     ghosts = {"left": 1}
 
-    def listing(prefix: str = "") -> list[ObjectInfo]:
+    def listing(prefix: str = "", skip: str = "") -> list[ObjectInfo]:
         calls["n"] += 1
-        found = real(prefix)
+        found = real(prefix, skip)
         if ghosts["left"]:
             ghosts["left"] -= 1
             found.append(ghost)
