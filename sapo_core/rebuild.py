@@ -20,7 +20,6 @@ Run as ``python -m sapo_core.rebuild MEMORY_MB NODE_PID``, this module is the wo
 from __future__ import annotations
 
 import atexit
-import ctypes
 import enum
 import hashlib
 import json
@@ -28,7 +27,6 @@ import logging
 import os
 import resource
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -36,11 +34,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from sapo_core.tasks import Question, dataset, entry
 
 log = logging.getLogger(__name__)
+
+UNJUDGED: Final = "unjudged: "
+"""How a verdict that says nothing about the peer begins (the node's own budget ran short,
+its worker did not start, a task it has no use for): its reputation ignores the row."""
 
 START_TIMEOUT_S = 120.0
 """How long a new worker may take to import reasoning-gym and say it is ready."""
@@ -55,7 +57,7 @@ class _Gone(enum.Enum):
 
 
 _DIED, _EOF = _Gone.DIED, _Gone.EOF
-PR_SET_PDEATHSIG = 1
+PARENT_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,8 @@ class Rebuilder:
             self._stop()
             return _DIED
         if reply is None:
+            if limit < self.timeout_s:  # the round's budget ran short, not the question
+                return self._replace(f"{UNJUDGED}the verification budget ran out ({limit:.3g} s)")
             return self._replace(f"refused: rebuilding the question took more than {limit:g} s")
         assert isinstance(reply, bytes)
         return self._answer(reply, asked)
@@ -225,7 +229,7 @@ class Rebuilder:
         line = self._read_line(time.monotonic() + START_TIMEOUT_S)
         if not isinstance(line, bytes) or not line.startswith(b'{"ready"'):
             self._stop()
-            return "refused: the rebuild worker did not start"
+            return f"{UNJUDGED}the rebuild worker did not start"
         if not json.loads(line)["ready"]:
             log.warning("the rebuild worker runs without a memory cap on this platform")
         self._ready = True
@@ -360,15 +364,16 @@ def _ran_into(cap: int | None, memory_mb: int, peak_before: int | None) -> bool:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Be killed when the node dies, even mid-rebuild (Linux; elsewhere a closed pipe ends
-    the worker once it answers)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the node died before the request above took effect
+    """End this worker when the node is gone, even mid-rebuild: a thread checks its parent
+    every ``PARENT_CHECK_S`` (PR_SET_PDEATHSIG would fire when the *thread* that started the
+    worker ends, and nodes verify in task threads that come and go)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
         os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _serve(memory_mb: int, parent: int) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sapo_core.rebuild import UNJUDGED
 from sapo_core.rewards import ScoredGroup
 from sapo_core.rollouts import Group
 
@@ -45,8 +46,11 @@ def evidence(
     """Per publishing peer, what verifying ``groups`` showed: ``scored`` and ``problems``
     as ``score_groups`` returns them (a problem names its row first: ``<rollout_id>: ...``).
     A row dropped only because its group kept fewer than two rows counts as seen, not bad."""
-    # Rows left unverified when the round's budget ran out say nothing about their peer.
-    failed_ids = {p.split(": ", 1)[0] for p in problems if "verification budget" not in p}
+    # Rows left unverified when the round's budget ran out, or of a task this node has no
+    # use for, say nothing about their peer.
+    failed_ids = {
+        row for row, _, why in (p.partition(": ") for p in problems) if not why.startswith(UNJUDGED)
+    }
     kept = {
         r.rollout_id: reward
         for g in scored

@@ -23,7 +23,7 @@ from typing import Any
 from sapo_core import rebuild
 from sapo_core.config import RewardConfig, TaskConfig
 from sapo_core.prompts import extract_answer, is_well_formed
-from sapo_core.rebuild import Rebuilder, score_answer
+from sapo_core.rebuild import UNJUDGED, Rebuilder, score_answer
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskError, canonical_config, dataset, entry
 
@@ -285,7 +285,9 @@ def _peer_verdicts(
     q = group.question
     problem = bounds.problem(q.task, q.task_config)
     if problem:
-        return [Verdict(None, f"refused: {problem}")] * len(group.rollouts)
+        # A task this node has no use for (an honest specialist's, say) is no fault.
+        why = f"{UNJUDGED if q.task not in bounds.own else 'refused: '}{problem}"
+        return [Verdict(None, why)] * len(group.rollouts)
     answers = [extract_answer(r.completion, config.extraction) for r in group.rollouts]
     distinct = list(dict.fromkeys(answers))
     rebuilt = rebuilder.check(q, distinct, time_left_s)
@@ -321,10 +323,8 @@ def score_groups(
     for group in groups:
         now = clock()
         if now > deadline:
-            problems.extend(
-                f"{r.rollout_id}: verification budget of {config.verify_budget_s:g} s spent"
-                for r in group.rollouts
-            )
+            spent = f"{UNJUDGED}verification budget of {config.verify_budget_s:g} s spent"
+            problems.extend(f"{r.rollout_id}: {spent}" for r in group.rollouts)
             continue
         result, found = score_group(group, config, bounds, rebuilder, deadline - now)
         problems.extend(found)

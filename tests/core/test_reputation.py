@@ -52,3 +52,23 @@ def test_a_lying_peer_is_excluded_once_the_evidence_suffices_and_an_honest_one_n
     assert reputation.bad_share("honest") < 0.1
     again = Reputation.from_json(reputation.to_json(), min_rows=24)
     assert again.peers == reputation.peers and again.excluded() == ["liar"]
+
+
+def test_rows_refused_for_the_receivers_own_reasons_are_not_held_against_the_peer() -> None:
+    # An honest specialist's groups of a task this node neither trains nor is evaluated on,
+    # and groups left when the round's budget ran out: no evidence against their peer.
+    from sapo_core.rewards import ConfigBounds
+
+    other = TaskConfig(specs=(TaskSpec(name="products", config={"max_terms": 2}),))
+    groups = []
+    for k, q in enumerate(TaskSource(other, seed=5).draw(0, 3)):
+        rows = [_row(q, "specialist", j, f"<answer>{q.answer}</answer>", 1.0) for j in range(2)]
+        groups.append(Group(f"sw.specialist.r0.g{k}", "external", tuple(rows)))
+    bounds = ConfigBounds.for_node(EASY, None, 1000.0)
+    scored, problems = score_groups(groups, RewardConfig(), bounds)
+    assert scored == [] and len(problems) == 6
+    assert evidence(groups, scored, problems)["specialist"] == PeerEvidence(rows=6)
+    spent = RewardConfig(verify_budget_s=1e-9)
+    scored, problems = score_groups(_groups("late", True), spent, clock=iter(range(100)).__next__)
+    assert all("verification budget" in p for p in problems)
+    assert evidence(_groups("late", True), scored, problems)["late"].failed == 0

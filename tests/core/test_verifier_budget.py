@@ -114,9 +114,10 @@ def test_a_rebuild_past_the_memory_cap_is_stopped() -> None:
             _group(_bomb(26), ["<answer>x</answer>"] * 2), RewardConfig(), _bounds(), worker
         )
         assert scored is None
-        assert all(
-            "refused: rebuilding the question took more than 200 MB" in p for p in problems
-        ), problems
+        # Past the cap an allocation fails: the worker says so, or C code aborts it (then
+        # the question is asked once more of a fresh worker, which dies the same way).
+        capped = ("took more than 200 MB", "the rebuild worker died")
+        assert all(any(f"refused: {c}" in p for c in capped) for p in problems), problems
         assert time.monotonic() - started < 30.0  # well before the timeout
         q = TaskSource(NODE, seed=0).draw(0, 1)[0]
         assert not isinstance(worker.check(q, [q.answer]), str)  # a fresh worker answers
@@ -135,7 +136,7 @@ def test_a_task_the_node_does_not_run_is_refused_unbuilt(rebuilder) -> None:
     )
     assert scored is None and len(problems) == 3
     assert all(
-        "refused: task tower_of_hanoi is not one this node trains or is evaluated on" in p
+        "unjudged: task tower_of_hanoi is not one this node trains or is evaluated on" in p
         for p in problems
     )
     assert rebuilder.pid is None  # refused before any worker was asked
@@ -219,7 +220,7 @@ def test_one_round_of_bombs_stays_within_the_verification_budget() -> None:
         scored, problems = score_groups(bombs, config, _bounds(), rebuilder=worker)
         assert scored == [] and len(problems) == 6
         assert time.monotonic() - started < 4.5  # a hang bound: 3x the budget
-        assert "took more than" in problems[0]
+        assert "the verification budget ran out" in problems[0]  # not held against the peer
         assert "verification budget of 1.5 s spent" in problems[-1]
     finally:
         worker.close()
