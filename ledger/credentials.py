@@ -18,15 +18,30 @@ from ledger.manifests import node_manifest_prefix
 from ledger.schema import check_id
 
 
-def node_write_prefixes(swarm_id: str, node_id: str) -> list[str]:
-    """Every prefix (below the ledger root) a node writes to, each ending in '/'."""
-    own = node_prefix(swarm_id, node_id) + "/"
+def node_signed_prefixes(swarm_id: str, node_id: str) -> list[str]:
+    """The prefixes of what a node writes and signs (rollouts, manifests, node logs), each
+    ending in '/': its signatures lie under ``_signatures/`` + each."""
     return [
-        own,
-        identity.SIGNATURES_PREFIX + own,
-        identity.KEYS_PREFIX + own,
+        node_prefix(swarm_id, node_id) + "/",
         node_manifest_prefix(swarm_id, node_id).rstrip("/") + "/",
         *(log.node_prefix(swarm_id, node_id) for log in node_logs.ALL),
+    ]
+
+
+def node_own_prefixes(swarm_id: str, node_id: str) -> list[str]:
+    """Every prefix (below the ledger root) that only this node writes to."""
+    signed = node_signed_prefixes(swarm_id, node_id)
+    return [
+        *signed,
+        *(identity.SIGNATURES_PREFIX + p for p in signed),
+        identity.KEYS_PREFIX + node_prefix(swarm_id, node_id) + "/",
+    ]
+
+
+def node_write_prefixes(swarm_id: str, node_id: str) -> list[str]:
+    """Every prefix (below the ledger root) a node writes to, each ending in '/'."""
+    return [
+        *node_own_prefixes(swarm_id, node_id),
         # The swarm's rules: any member may be first to declare them (first writer wins).
         f"{identity.SWARMS_PREFIX}swarm_id={check_id('swarm_id', swarm_id)}/",
     ]
@@ -46,8 +61,12 @@ def node_policy(bucket: str, root: str, swarm_id: str, node_id: str) -> dict[str
     deletes = [
         f"arn:aws:s3:::{bucket}/{base}{own}*",
         f"arn:aws:s3:::{bucket}/{base}{identity.SIGNATURES_PREFIX}{own}*",
-        # Its own old change-log markers (Ledger.collect_markers).
-        *(f"arn:aws:s3:::{bucket}/{base}{CHANGES_PREFIX}*/{p}*" for p in prefixes),
+        # Its own old change-log markers (Ledger.collect_markers); not the swarm's rules',
+        # which every member may write.
+        *(
+            f"arn:aws:s3:::{bucket}/{base}{CHANGES_PREFIX}*/{p}*"
+            for p in node_own_prefixes(swarm_id, node_id)
+        ),
     ]
     return {
         "Version": "2012-10-17",

@@ -27,7 +27,7 @@ from ledger.catalog import Catalog, FileChanged, RefreshStats
 from ledger.changes import ChangeLogStore, with_change_log
 from ledger.config import ChangeLogConfig, LedgerConfig, RowLimits
 from ledger.copies import LocalCopies
-from ledger.credentials import node_write_prefixes
+from ledger.credentials import node_own_prefixes
 from ledger.duck import connect
 from ledger.identity import NodeKey
 from ledger.keys import node_prefix, round_key
@@ -273,7 +273,7 @@ class Ledger:
         keep_ms = int((2 * config.full_listing_every_s + config.grace_s) * 1000)
         before_ms = int((now if now is not None else time.time()) * 1000) - keep_ms
         signer = self.signer
-        own = None if signer is None else node_write_prefixes(signer.swarm_id, signer.node_id)
+        own = None if signer is None else node_own_prefixes(signer.swarm_id, signer.node_id)
         return self._store_call("collecting markers", store.collect, before_ms, own)
 
     def _collect_markers_now_and_then(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger, NodeKey, StoreUnusable
+from ledger import Ledger, NodeKey, NodeManifest, StoreUnusable, parse_policy
 from ledger.credentials import node_policy
 from tests.conftest import stop_process_group
 from tests.factories import round_rows
@@ -111,6 +111,22 @@ def test_a_node_writes_only_its_own_prefixes_and_reads_everything(creds):
     report = a.compact(["a"], before=datetime(2100, 1, 1, tzinfo=UTC).date())
     assert report.files_in == 2 and report.files_out == 1
     assert Ledger(url, creds["b"]).query("SELECT count(*) FROM rollouts").item() == 8
+    # Its signed reports (a manifest, an evaluation) and their signatures, and the
+    # collection of its own old change-log markers, are all within its credentials.
+    a.write_manifest(
+        NodeManifest.for_node(
+            swarm_id="sw", node_id="a", experiment=None, local_groups=2, external_groups=2,
+            policy=parse_policy({"kind": "paper"}), model_id="m", seed=0,
+        )
+    )  # fmt: skip
+    row = {"task": "chain_sum", "questions": 2, "completions": 2, "correct": 1.0,
+           "accuracy": 0.5, "policy_version": 0, "eval_seed": 1}  # fmt: skip
+    a.write_evaluation("sw", "a", 0, [row])
+    b = Ledger(url, creds["b"])
+    assert b.query("SELECT count(*) FROM manifests").item() == 1
+    assert b.query("SELECT accuracy FROM evaluations").item() == 0.5
+    assert b.validate().clean
+    assert a.collect_markers(now=time.time() + 3 * 3600) > 0
 
 
 def test_a_swarm_whose_credentials_cannot_write_stops_before_any_model_loads(creds, tmp_path):
