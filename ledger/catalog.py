@@ -61,6 +61,8 @@ INGEST_BATCH_FILES = 2000
 """Files read per ingest query: bounds memory when a reader first meets a large ledger."""
 EXAMINE_CHUNK = 256
 """Footers are read in chunks, a few chunks at a time (``in_threads``)."""
+SIGNED_LOG_CHUNK = 8
+"""Signed node logs read (into memory, then a local copy) and ingested at a time."""
 
 GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
@@ -231,15 +233,17 @@ class Catalog:
         # Keys and rules first: they decide which node logs, manifests and files must be
         # signed, and by whom. Node logs and manifests a node's new key or its swarm's new
         # rules now require signed are judged again.
-        before = self._rules_seen if self._rules_seen is not None else self._rules()
+        # (A first refresh has judged nothing yet; the rules seen advance only when a
+        # refresh completes, so one that fails is judged again by the next.)
+        before = self._rules_seen
         for key in self._refresh_registry(listed):
             current.pop(key)  # listed again until it can be read
-        self._rules_seen = self._rules()
-        became = self._rules_seen - before
+        rules = self._rules()
+        became = frozenset() if before is None else rules - before
         self._close_swarms({fact[1] for fact in became if fact[0] == "closed"})
         again = self._judge_again(listing, became)
-        listed_again = listed + [o for o in again if o.key not in {x.key for x in listed}]
         again_keys = {o.key for o in again}
+        listed_again = [o for o in listed if o.key not in again_keys] + again
         for node_log in node_logs.ALL:
             mine = [o for o in listed_again if node_log.is_key(o.key)]
             self._refresh_node_log(node_log, mine, gone, again_keys)
@@ -259,6 +263,7 @@ class Catalog:
         stats = RefreshStats(added=len(added), removed=len(removed), list_seconds=listed_in)
         if not added and not removed:
             self._listed = current
+            self._rules_seen = rules
             return stats
         # Forgotten files lose their groups at once: whatever fails below, the index never
         # holds a group whose file it no longer tracks.
@@ -292,6 +297,7 @@ class Catalog:
                 log.warning("skipping rows of %s: %s", state.key, dict(state.rejected))
         # A file that vanished is looked at again if it is listed again.
         self._listed = {k: o for k, o in current.items() if k not in vanished}
+        self._rules_seen = rules
         return stats
 
     def _rules(self) -> frozenset[tuple[str, ...]]:
@@ -303,6 +309,7 @@ class Catalog:
             for place, key in self.registry.keys.items()
             if isinstance(key, identity.Ed25519PublicKey)
         }
+        facts |= {("reports", *place) for place in self.registry.reporters}
         swarms = set(self.registry.rules) | self.registry.pinned | set(self.registry.pinned_members)
         for swarm in swarms:
             if self.registry.requires_signatures(swarm, "swarm"):
@@ -323,8 +330,8 @@ class Catalog:
         """The node logs and manifests in ``listing`` of nodes, or swarms, whose rules
         ``became`` stricter (a new key, signatures required, the swarm closed): what they
         were found to be no longer holds."""
-        nodes = {(f[1], f[2]) for f in became if f[0] == "key"}
-        swarms = {f[1] for f in became if f[0] != "key"}
+        nodes = {(f[1], f[2]) for f in became if f[0] in ("key", "reports")}
+        swarms = {f[1] for f in became if f[0] in ("signed", "closed")}
         if not nodes and not swarms:
             return []
         reports = (manifests.PREFIX, *node_logs.PREFIXES)
@@ -494,26 +501,40 @@ class Catalog:
                 self._log_problem(key, node_logs.Problem(node_logs.OVERSIZED, detail))
             elif refused := self.registry.not_a_member(key):
                 self._log_problem(key, node_logs.Problem(*refused))
-            elif place is not None and self.registry.must_sign(*place, self.signatures):
+            elif place is not None and self.registry.must_sign_reports(*place, self.signatures):
                 signed.append(key)
             else:
                 readable[self.store.reader_path(key)] = key
-        paths = list(readable)
-        for start in range(0, len(paths), INGEST_BATCH_FILES):
-            problems = node_log.ingest(self.con, paths[start : start + INGEST_BATCH_FILES])
-            for path, problem in problems.items():
-                self._log_problem(readable.get(path, path), problem)
-        if signed:
-            self._ingest_signed(node_log, signed)
+        try:
+            paths = list(readable)
+            for start in range(0, len(paths), INGEST_BATCH_FILES):
+                problems = node_log.ingest(self.con, paths[start : start + INGEST_BATCH_FILES])
+                for path, problem in problems.items():
+                    self._log_problem(readable.get(path, path), problem)
+            if signed:
+                self._ingest_signed(node_log, signed)
+        except BaseException:
+            # Not remembered, and none of their rows kept: the next refresh reads them
+            # afresh (a storage error on one read must not lose a log for good).
+            undone = [*readable.values(), *signed]
+            undone_paths = sql_list([self.store.reader_path(k) for k in undone])
+            self.con.execute(
+                f"DELETE FROM {node_log.name} WHERE list_contains({undone_paths}, source_file)"
+            )
+            for key in undone:
+                known.pop(key, None)
+                self.log_problems.pop(key, None)
+            raise
 
     def _ingest_signed(self, node_log: node_logs.NodeLog, keys: list[str]) -> None:
         """Read each file once, check its signature over those bytes, and ingest exactly
         those bytes (from a private copy in the node log's layout, so the partitions still
-        name the node); rows keep the store's path as ``source_file``."""
-        with tempfile.TemporaryDirectory(prefix="sapo-node-logs-") as tmp:
-            copies: dict[str, str] = {}  # copy path -> key
-            for first in range(0, len(keys), EXAMINE_CHUNK):  # a chunk's bytes in memory
-                chunk = keys[first : first + EXAMINE_CHUNK]
+        name the node); rows keep the store's path as ``source_file``. A few files at a
+        time: memory and disk hold at most ``SIGNED_LOG_CHUNK`` of them."""
+        for first in range(0, len(keys), SIGNED_LOG_CHUNK):
+            chunk = keys[first : first + SIGNED_LOG_CHUNK]
+            with tempfile.TemporaryDirectory(prefix="sapo-node-logs-") as tmp:
+                copies: dict[str, str] = {}  # copy path -> key
                 read = in_threads(lambda key: self._read_vouched(key, node_log.max_bytes), chunk)
                 for key, outcome in zip(chunk, read, strict=True):
                     if outcome is None:
@@ -525,25 +546,26 @@ class Catalog:
                         copy.parent.mkdir(parents=True, exist_ok=True)
                         copy.write_bytes(outcome)
                         copies[str(copy)] = key
-            paths = list(copies)
-            for start in range(0, len(paths), INGEST_BATCH_FILES):
-                batch = paths[start : start + INGEST_BATCH_FILES]
-                for path, problem in node_log.ingest(self.con, batch).items():
-                    self._log_problem(copies.get(path, path), problem)
-                renamed = pa.table(
-                    {
-                        "copy": batch,
-                        "stored": [self.store.reader_path(copies[c]) for c in batch],
-                    }
-                )
-                self.con.register("_renamed", renamed)
-                try:
-                    self.con.execute(
-                        f"UPDATE {node_log.name} SET source_file = _renamed.stored "
-                        f"FROM _renamed WHERE {node_log.name}.source_file = _renamed.copy"
-                    )
-                finally:
-                    self.con.unregister("_renamed")
+                del read
+                if copies:
+                    self._ingest_copies(node_log, copies)
+
+    def _ingest_copies(self, node_log: node_logs.NodeLog, copies: dict[str, str]) -> None:
+        """Ingest local copies (path -> key), their rows renamed to the store's paths."""
+        batch = list(copies)
+        for path, problem in node_log.ingest(self.con, batch).items():
+            self._log_problem(copies.get(path, path), problem)
+        renamed = pa.table(
+            {"copy": batch, "stored": [self.store.reader_path(copies[c]) for c in batch]}
+        )
+        self.con.register("_renamed", renamed)
+        try:
+            self.con.execute(
+                f"UPDATE {node_log.name} SET source_file = _renamed.stored "
+                f"FROM _renamed WHERE {node_log.name}.source_file = _renamed.copy"
+            )
+        finally:
+            self.con.unregister("_renamed")
 
     def _read_vouched(self, key: str, most: int) -> bytes | node_logs.Problem | None:
         """The bytes of a node's object if its node signed them; why not; None if gone."""
@@ -595,7 +617,7 @@ class Catalog:
         if refused is not None:
             return refused
         place = identity.object_place(key)
-        if place is None or not self.registry.must_sign(*place, self.signatures):
+        if place is None or not self.registry.must_sign_reports(*place, self.signatures):
             return None
         where = identity.signature_key(key, identity.sha256_of(data))
         return self.registry.vouch(key, data, self._read_small(where, identity.MAX_OBJECT_BYTES))

@@ -39,9 +39,11 @@ configuration (``Registry.pin_members``) whatever the object says.
 
 **Every object a node writes under its own prefix is signed**: rollout files, node logs
 (``_samples/``, ``_evaluations/``, ``_trainings/``) and manifests, each with a signature
-object named by the digest of its bytes. A reader requires the signature where the swarm's
-rules do, and for any node that has a registered key whatever the rules say
-(``Registry.must_sign``), so a peer that shares the bucket's credentials cannot write a
+object named by the digest of its bytes. A reader requires a rollout file's signature where
+the swarm's rules do, and for any node that has a registered key whatever the rules say
+(``Registry.must_sign``), and a report's where the node's key object says it signs them
+(``signs``: every node since reports were signed; ``Registry.must_sign_reports``, so older
+ledgers keep their reports). A peer that shares the bucket's credentials cannot write a
 node's reports for it, nor open its files by rewriting the rules object.
 """
 
@@ -75,6 +77,8 @@ MAX_MEMBERS: Final = 1024
 DOMAIN: Final = b"sapo-signature-v1"
 
 SignatureMode = Literal["required", "open"]
+SIGNED_KINDS: Final = ("rollouts", "reports")
+"""What a node's key object says it signs (``signs``); absent: rollouts only (older nodes)."""
 
 # Why a reader skipped a rollout file (ledger_files statuses).
 UNSIGNED: Final = "unsigned"
@@ -175,6 +179,9 @@ class NodeKey:
             "node_id": self.node_id,
             "algorithm": "ed25519",
             "public_key": self.public_b64,
+            # What this node signs: readers require a signature on its reports (node logs,
+            # manifests) only when its key says so; older nodes signed rollouts only.
+            "signs": list(SIGNED_KINDS),
             "registered_at": (now or datetime.now(UTC)).isoformat(),
         }
         return (json.dumps(record) + "\n").encode()
@@ -196,6 +203,15 @@ def _json_object(data: bytes, what: str, most: int = MAX_OBJECT_BYTES) -> dict[s
     if not isinstance(record, dict):
         raise IdentityError(f"{what}: not a JSON object")
     return record
+
+
+def signs_reports(data: bytes) -> bool:
+    """Whether a (usable) key object says its node signs its reports."""
+    try:
+        signs = _json_object(data, "key object").get("signs")
+    except IdentityError:
+        return False
+    return isinstance(signs, list) and "reports" in signs
 
 
 def parse_public_key(data: bytes, swarm_id: str, node_id: str) -> Ed25519PublicKey:
@@ -277,7 +293,9 @@ class Registry:
         self.rules: dict[str, SwarmRules | IdentityError] = {}
         self.pinned: set[str] = set()
         """Swarms this reader requires signatures of, whatever their rules object says."""
-        self.pinned_members: dict[str, frozenset[str]] = {}
+        self.reporters: set[tuple[str, str]] = set()
+        """Nodes whose pinned key object says they sign their reports too."""
+        self.pinned_members: dict[str, frozenset[str] | None] = {}
         """Closed swarms' members as this reader was configured with them (a node's own
         swarm file), whatever the rules object says."""
         self.changed: dict[str, str] = {}
@@ -306,8 +324,13 @@ class Registry:
             learned = exc
         if node_id is None:
             self._pin(key, self.rules, swarm_id, learned)  # type: ignore[arg-type]
-        else:
-            self._pin(key, self.keys, (swarm_id, node_id), learned)  # type: ignore[arg-type]
+            return
+        self._pin(key, self.keys, (swarm_id, node_id), learned)  # type: ignore[arg-type]
+        if data is not None and self.keys[(swarm_id, node_id)] is learned:  # the pinned one
+            if signs_reports(data):
+                self.reporters.add((swarm_id, node_id))
+            else:
+                self.reporters.discard((swarm_id, node_id))
 
     def _pin(self, key: str, known: dict[object, object], slot: object, learned: object) -> None:
         before = known.get(slot)
@@ -320,6 +343,7 @@ class Registry:
         """Hold ``public`` as (swarm, node)'s key whatever the store says: what a node does
         for itself, since it knows its own key."""
         self.keys[(swarm_id, node_id)] = public
+        self.reporters.add((swarm_id, node_id))
 
     def pin_required(self, swarm_id: str) -> None:
         self.pinned.add(swarm_id)
@@ -337,8 +361,10 @@ class Registry:
             isinstance(rules, IdentityError) or rules.signatures != "open"
         )
 
-    def pin_members(self, swarm_id: str, members: Iterable[str]) -> None:
-        self.pinned_members[swarm_id] = frozenset(members)
+    def pin_members(self, swarm_id: str, members: Iterable[str] | None) -> None:
+        """Hold ``swarm_id`` closed to all but ``members`` (None: open to any node) whatever
+        its rules object says: what a node does for its own swarm."""
+        self.pinned_members[swarm_id] = None if members is None else frozenset(members)
 
     def members(self, swarm_id: str) -> frozenset[str] | None:
         """The nodes of a closed swarm (this reader's own list first), None if it is open."""
@@ -359,15 +385,20 @@ class Registry:
         return NOT_A_MEMBER, f"{place[1]} is not a member of closed swarm {place[0]}"
 
     def must_sign(self, swarm_id: str, node_id: str, mode: str) -> bool:
-        """Whether what ``node_id`` writes (rollout files, node logs, manifests) must be
-        signed: where its swarm requires it, and, whatever the rules say, once the node has
-        a registered key (every ``sapo`` node registers one and signs). A rules object
-        rewritten to ``open`` then opens nothing of a node with a key."""
+        """Whether ``node_id``'s rollout files must be signed: where its swarm requires it,
+        and, whatever the rules say, once the node has a registered key (every ``sapo`` node
+        registers one and signs). A rules object rewritten to ``open`` then opens nothing of
+        a node with a key."""
         if mode == "off":
             return False
         if self.requires_signatures(swarm_id, mode):
             return True
         return isinstance(self.keys.get((swarm_id, node_id)), Ed25519PublicKey)
+
+    def must_sign_reports(self, swarm_id: str, node_id: str, mode: str) -> bool:
+        """Whether ``node_id``'s node logs and manifests must be signed: once its registered
+        key says it signs them (``signs``; older nodes' reports stay readable unsigned)."""
+        return mode != "off" and (swarm_id, node_id) in self.reporters
 
     def vouch(self, key: str, data: bytes, signature: bytes | None) -> tuple[str, str] | None:
         """Why ``data`` at ``key`` is not vouched for by its node's registered key per

@@ -350,8 +350,9 @@ class Ledger:
             self.catalog.registry.pin_required(swarm_id)
         if members is not None:
             members = sorted(set(members))
-            self.catalog.registry.pin_members(swarm_id, members)
-            self.catalog.mark_views_stale()
+        # Open or closed as this node's configuration says, whatever the object says: a
+        # peer that declared the swarm first cannot close it to its own nodes.
+        self.catalog.registry.pin_members(swarm_id, members)
         where = identity.swarm_rules_key(swarm_id)
         if self._put_new(where, identity.rules_object(signatures, members=members)):
             return signatures

@@ -35,8 +35,10 @@ from ledger.sqltext import sql_str
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
-"""2: valid_rows holds one row per file, with its accepted row numbers as a list."""
+FORMAT = 3
+"""2: valid_rows holds one row per file, with its accepted row numbers as a list. 3: node
+logs and manifests judged by their signatures and swarms' members (older indexes hold
+reports a reader now refuses: they are read afresh)."""
 TABLES = ("group_index", "groups", "valid_rows", *(n.name for n in node_logs.ALL))
 """The catalog's own relations, copied as they are."""
 

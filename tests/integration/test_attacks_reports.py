@@ -10,6 +10,7 @@ ones read. On main at 9f11f5f the forged evaluation and manifest were read as th
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -224,3 +225,55 @@ def test_a_closed_swarm_of_256_nodes_declares_and_reads_its_members(local_site):
     reader = local_site.open()
     reader.refresh()
     assert reader.catalog.registry.members("big") == frozenset(members)
+
+
+def test_reports_of_a_node_whose_key_predates_signed_reports_stay_readable(site):
+    # A ledger written before reports were signed: good1's key object says nothing of
+    # reports, and its evaluation and manifest are unsigned. Readers keep them.
+    site.open().declare_swarm("sw", "required")
+    victim = NodeKey.generate("sw", "good1")
+    legacy = ident.key_object_key("sw", "good1")
+    record = json.loads(victim.key_object())
+    del record["signs"]
+    hostile.put_raw(site.open(), legacy, (json.dumps(record) + "\n").encode())
+    led = site.open()  # no signer: as the old node wrote its reports
+    led.write_manifest(_manifest(written_at=T0))
+    led.write_evaluation("sw", "good1", 0, [evaluation("chain_sum", 2, 8, 2.0, 0)], now=T0)
+    reader = site.open()
+    assert reader.query("SELECT count(*) FROM manifests").item() == 1
+    assert reader.query("SELECT accuracy FROM evaluations").item() == 0.25
+    assert reader.validate().clean
+
+
+def test_a_node_holds_its_open_swarm_open_when_a_stranger_declared_it_closed(local_site):
+    # A stranger squats the rules object listing only itself; the swarm's own nodes, open
+    # by their configuration, still read each other.
+    local_site.open().declare_swarm("sw", "open", members=["evil"])
+    for node in ("a", "b"):
+        key = NodeKey.generate("sw", node)
+        led = local_site.open(signer=key)
+        led.declare_swarm("sw", "open")
+        led.register_key(key)
+        led.publish(round_rows(node, 0, [[1, 0]]))
+    assert led.query("SELECT count(*) FROM rollouts").item() == 4
+
+
+def test_a_signed_log_whose_read_failed_once_is_read_by_a_later_refresh(local_site):
+    from ledger.storage import StorageError
+
+    _victim(local_site)
+    reader = local_site.open()
+    real = reader.store.read
+    failures = {"left": 1}
+
+    def flaky(key, most=None):
+        if key.startswith("_evaluations/") and failures["left"]:
+            failures["left"] -= 1
+            raise StorageError(f"reading {key}: connection reset")
+        return real(key, most)
+
+    reader.store.read = flaky
+    with pytest.raises(StorageError, match="connection reset"):
+        reader.catalog.refresh()
+    assert failures["left"] == 0
+    assert reader.query("SELECT accuracy FROM evaluations").rows() == [(0.25,)]
