@@ -235,23 +235,29 @@ class ChangeLogStore:
         if not key.startswith(UNMARKED):
             self.inner.put_new(marker_key(key, added, int(self.clock() * 1000)), b"")
 
-    def collect(self, before_ms: int, prefixes: Sequence[str] | None = None) -> int:
-        """Delete the markers stamped before ``before_ms`` that announce keys under
-        ``prefixes`` (a node's own, which its credentials may delete; None: every marker,
-        for an operator); how many. Readers lose nothing: one that has not polled since
-        falls back to a full listing (``full_listing_every_s``), and a cursor never stands
-        further back than that."""
+    def collect(
+        self, before_ms: int, prefixes: Sequence[str] | None = None, since_ms: int = 0
+    ) -> int:
+        """Delete the markers stamped from ``since_ms`` to before ``before_ms`` that announce
+        keys under ``prefixes`` (a node's own, which its credentials may delete; None: every
+        marker, for an operator); how many. Readers lose nothing: one that has not polled
+        since falls back to a full listing (``full_listing_every_s``), and a cursor never
+        stands further back than that. A collector that passes its last ``before_ms`` as
+        the next ``since_ms`` lists old markers it may not delete only once."""
+        start = f"{CHANGES_PREFIX}{since_ms:013d}" if since_ms else CHANGES_PREFIX
         stop = f"{CHANGES_PREFIX}{max(before_ms - 1, 0):013d}~"
-        names = self.inner.list_after(CHANGES_PREFIX, CHANGES_PREFIX, stop)
         doomed = []
-        for name in names:
-            marker = parse_marker(name)
-            stamp = name.removeprefix(CHANGES_PREFIX)[:13]
-            old = marker.at_ms < before_ms if marker else stamp.isdigit() and int(stamp) < before_ms
-            if old and (prefixes is None or (marker and marker.key.startswith(tuple(prefixes)))):
+        for name in self.inner.list_after(CHANGES_PREFIX, start, stop):
+            stamp, _, rest = name.removeprefix(CHANGES_PREFIX).partition("/")
+            if not stamp.isdigit() or int(stamp) >= before_ms:
+                continue
+            # Read leniently: markers of keys no reader lists (signatures, by older writers)
+            # are collected too.
+            key = rest.removesuffix(ADDED).removesuffix(REMOVED)
+            if prefixes is None or key.startswith(tuple(prefixes)):
                 doomed.append(name)
-        for start in range(0, len(doomed), 1000):
-            self.inner.delete(doomed[start : start + 1000])
+        for first in range(0, len(doomed), 1000):
+            self.inner.delete(doomed[first : first + 1000])
         return len(doomed)
 
     # -- the rest is the inner store's, and a missing object leaves the listing ----------

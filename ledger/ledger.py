@@ -151,6 +151,8 @@ class Ledger:
         compacts for that node only. None: an unsigned writer (open swarms, analysis)."""
         self._listed_at = -float("inf")
         self._markers_collected_at = -float("inf")
+        self._markers_collected_before_ms = 0
+        """Markers stamped before this were collected: a node lists only later ones."""
         self._last_refresh = RefreshStats()
         self._index_saved_at = time.monotonic()
         if self.reader_index is not None and index_file.load(self.catalog, self.reader_index):
@@ -274,7 +276,10 @@ class Ledger:
         before_ms = int((now if now is not None else time.time()) * 1000) - keep_ms
         signer = self.signer
         own = None if signer is None else node_own_prefixes(signer.swarm_id, signer.node_id)
-        return self._store_call("collecting markers", store.collect, before_ms, own)
+        since = self._markers_collected_before_ms if own is not None else 0
+        collected = self._store_call("collecting markers", store.collect, before_ms, own, since)
+        self._markers_collected_before_ms = max(since, before_ms)
+        return collected
 
     def _collect_markers_now_and_then(self) -> None:
         """A node collects its own old markers once per ``full_listing_every_s``; a failure
