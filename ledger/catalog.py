@@ -241,6 +241,7 @@ class Catalog:
         rules = self._rules()
         became = frozenset() if before is None else rules - before
         self._close_swarms({fact[1] for fact in became if fact[0] == "closed"})
+        listed += self._recheck_keyed({(f[1], f[2]) for f in became if f[0] == "key"}, current)
         again = self._judge_again(listing, became)
         again_keys = {o.key for o in again}
         listed_again = [o for o in listed if o.key not in again_keys] + again
@@ -341,6 +342,23 @@ class Catalog:
             for o in listing
             if (place := places.get(o.key)) and (place in nodes or place[0] in swarms)
         ]
+
+    def _recheck_keyed(
+        self, nodes: set[tuple[str, str]], current: dict[str, ObjectInfo]
+    ) -> list[ObjectInfo]:
+        """Forget the served files of nodes that now have a key (their unsigned files were
+        served while they had none): returned to be examined again in this refresh."""
+        if not nodes:
+            return []
+        keys = []
+        for state in self.files.values():
+            parts = parse_key(state.key)
+            if state.status == OK and parts and (parts.swarm_id, parts.node_id) in nodes:
+                keys.append(state.key)
+        if keys:
+            self._drop_files(self._forget(keys))
+            self._views_stale = True
+        return [current[k] for k in keys if k in current]
 
     def _close_swarms(self, swarms: set[str]) -> None:
         """Stop serving files that nodes outside a newly closed swarm's members wrote in it

@@ -222,7 +222,8 @@ class ChangeLogStore:
         fresh = self.inner.put_new(key, data)
         # Also when the object was there already: a retry's marker may be what a crash lost.
         self._mark(key, added=True)
-        self._listing[key] = ObjectInfo(key, len(data))
+        if not key.startswith(UNMARKED):  # never listed
+            self._listing[key] = ObjectInfo(key, len(data))
         return fresh
 
     def delete(self, keys: Sequence[str]) -> None:

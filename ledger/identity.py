@@ -393,7 +393,8 @@ class Registry:
             return False
         if self.requires_signatures(swarm_id, mode):
             return True
-        return isinstance(self.keys.get((swarm_id, node_id)), Ed25519PublicKey)
+        # A key object that cannot be used counts too: fail closed.
+        return (swarm_id, node_id) in self.keys
 
     def must_sign_reports(self, swarm_id: str, node_id: str, mode: str) -> bool:
         """Whether ``node_id``'s node logs and manifests must be signed: once its registered

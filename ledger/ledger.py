@@ -273,7 +273,7 @@ class Ledger:
             return 0
         config = self.config.change_log
         keep_ms = int((2 * config.full_listing_every_s + config.grace_s) * 1000)
-        before_ms = int((now if now is not None else time.time()) * 1000) - keep_ms
+        before_ms = int((now if now is not None else store.clock()) * 1000) - keep_ms
         signer = self.signer
         own = None if signer is None else node_own_prefixes(signer.swarm_id, signer.node_id)
         since = self._markers_collected_before_ms if own is not None else 0

@@ -277,3 +277,18 @@ def test_a_signed_log_whose_read_failed_once_is_read_by_a_later_refresh(local_si
         reader.catalog.refresh()
     assert failures["left"] == 0
     assert reader.query("SELECT accuracy FROM evaluations").rows() == [(0.25,)]
+
+
+def test_files_forged_before_a_node_registered_are_dropped_once_it_has(site):
+    # An open swarm: a peer publishes unsigned rows as good1 before good1 starts; a reader
+    # serves them (good1 has no key yet). Once good1 registers, the reader drops them.
+    site.open().declare_swarm("sw", "open")
+    site.open().publish(round_rows("good1", 7, [[1, 1]]))
+    reader = site.open()
+    assert reader.query("SELECT count(*) FROM rollouts").item() == 2
+    victim = NodeKey.generate("sw", "good1")
+    led = site.open(signer=victim)
+    led.register_key(victim)
+    led.publish(round_rows("good1", 0, [[1, 0]]))
+    assert reader.query("SELECT DISTINCT node_round FROM rollouts").rows() == [(0,)]
+    assert reader.validate().skipped[ident.UNSIGNED] == 1
