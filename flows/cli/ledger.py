@@ -213,8 +213,9 @@ def compact(
         print(f"  skipped {partition} (changed while compacting; run again)")
     for partition in report.unsigned_partitions:
         print(
-            f"  skipped {partition}: its swarm requires signatures, so only its node can "
-            "compact it (--key <workdir>/keys/<swarm>/<node>.pem --swarm-id ... --node-id ...)"
+            f"  skipped {partition}: its node signs its files (its swarm's rules, or its "
+            "registered key), so only it can compact them "
+            "(--key <workdir>/keys/<swarm>/<node>.pem --swarm-id ... --node-id ...)"
         )
 
 
