@@ -341,9 +341,8 @@ def test_compact_of_a_signed_swarm_says_it_needs_the_node_key_and_works_with_it(
     stranger = runner.invoke(app, base)
     assert stranger.exit_code == 0, stranger.output
     assert stranger.output.startswith("compacted 0 files into 0")
-    assert "its swarm requires signatures, so only its node can compact it (--key" in (
-        stranger.output
-    )
+    assert "its node signs its files" in stranger.output
+    assert "so only it can compact them (--key" in stranger.output
     assert "changed while compacting" not in stranger.output
     lacking = runner.invoke(app, [*base, "--key", str(key_file)])
     assert lacking.exit_code == 2
