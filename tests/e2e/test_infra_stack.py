@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -277,12 +278,20 @@ def _check_crashed(started: stack_module.Stack) -> None:
     stopped), not left Running."""
     api = started.prefect_api_url
     deployment = httpx.get(f"{api}/deployments/name/sapo-node/pool-swarm-node-2", timeout=30).json()
-    crashed = httpx.post(
-        f"{api}/flow_runs/filter",
-        json={"flow_runs": {"deployment_id": {"any_": [deployment["id"]]},
-                            "state": {"type": {"any_": ["CRASHED", "RUNNING"]}}}},
-        timeout=30,
-    ).json()  # fmt: skip
+
+    def runs() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = httpx.post(
+            f"{api}/flow_runs/filter",
+            json={"flow_runs": {"deployment_id": {"any_": [deployment["id"]]},
+                                "state": {"type": {"any_": ["CRASHED", "RUNNING"]}}}},
+            timeout=30,
+        ).json()  # fmt: skip
+        return found
+
+    # The node's last run logs its model, then closes (its ledger index, its run): it may
+    # still be Running when the model shows; a run left Running for good fails the wait.
+    _wait(lambda: all(r["state_type"] != "RUNNING" for r in runs()), 120, "node-2's runs end")
+    crashed = runs()
     assert [r["state_type"] for r in crashed] == ["CRASHED"], crashed
     assert "no heartbeat" in crashed[0]["state"]["message"]
     automations = httpx.post(f"{api}/automations/filter", json={}, timeout=30).json()
