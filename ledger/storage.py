@@ -208,6 +208,12 @@ class LocalStore:
             except FileNotFoundError:
                 self._dirs.pop(directory, None)
                 continue
+            except PermissionError:
+                if directory == base:
+                    raise  # the ledger itself: the store is unusable
+                # A folder a peer made unreadable is one bad object, not the ledger's end.
+                self._unsafe(directory[cut:] + "/")
+                continue
             cached = self._dirs.get(directory)
             if cached is None or cached[0] != mtime or now - mtime < _MTIME_SLACK_NS:
                 self.requests["list"] += 1
@@ -232,6 +238,11 @@ class LocalStore:
                             else:
                                 self._unsafe(key)
                 except FileNotFoundError:
+                    continue
+                except PermissionError:
+                    if directory == base:
+                        raise
+                    self._unsafe(directory[cut:] + "/")
                     continue
                 cached = (mtime, subdirs, files)
                 self._dirs[directory] = cached

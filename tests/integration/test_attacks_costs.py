@@ -17,7 +17,7 @@ from ledger.changes import marker_key
 from tests import hostile
 from tests.conftest import LedgerSite
 from tests.factories import round_rows
-from tests.integration.test_attacks import assert_serves_the_honest_data
+from tests.integration.test_attacks import HONEST_ROWS, assert_serves_the_honest_data
 from tests.netproxy import ForbiddingProxy
 
 plant = hostile.plant
@@ -112,3 +112,56 @@ def test_markers_stamped_far_ahead_cost_a_poll_nothing(s3_site):
         assert reader.store.feed.last["list"] == 1  # was 3 (1,000 markers a page)
     # The honest rows and good1's new round (published once: retries write nothing).
     assert reader.query("SELECT count(*) FROM rollouts").item() == 9 + 2
+
+
+READ_AS_A_STRANGER = """
+import json, sys
+from ledger import Ledger
+from tests.integration.test_attacks import HONEST_ROWS, assert_serves_the_honest_data
+reader = Ledger(sys.argv[1])
+assert_serves_the_honest_data(reader)
+skipped = reader.validate().skipped
+print(json.dumps({"rows": reader.query("SELECT count(*) FROM rollouts").item(),
+                  "skipped": dict(skipped)}))
+"""
+
+
+def test_an_object_the_reader_may_not_read_is_skipped_alone_on_disk(tmp_path):
+    """A peer's file, node log and folder that the reader may not read (owned by another
+    user, mode 000). Tests run as root, who reads anything: the reader runs in a user
+    namespace (``unshare``), where root holds no rights over the other user's objects."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    url = str(tmp_path / "ledger")
+    honest = hostile.seed_honest(LedgerSite(url).open())
+    plant(honest, "r0-unreadable.parquet", hostile.parquet_bytes(hostile.attacker_table()))
+    log = "_samples/swarm_id=sw/node_id=evil/day=2026-03-01/s0-0123456789abcdef0123.jsonl"
+    hostile.put_raw(honest, log, b'{"node_round": 0, "group_id": "x"}\n')
+    closed = os.path.join(url, "swarm_id=sw", "node_id=evil", "day=2026-03-02")
+    os.makedirs(closed)
+    evil = [os.path.join(d, f) for d, _, files in os.walk(url) for f in files if "=evil" in d]
+    for path in [*evil, closed]:
+        os.chown(path, 65534, 65534)
+        os.chmod(path, 0o000)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", sys.executable, "-c", READ_AS_A_STRANGER, url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"user namespaces unavailable: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr[-2000:]  # was StorageError on every read
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["rows"] == HONEST_ROWS
+    skipped = outcome["skipped"]
+    assert skipped == {v.CORRUPT: 1, "unreadable_node_log": 1, v.UNSAFE_KEY: 1}, skipped
