@@ -492,7 +492,9 @@ def run_reader(site: Site, wrong_sql: str, timeout: float) -> dict[str, Any]:
             "error": last[:160],
             "seconds": time.monotonic() - started,
         }
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    # The figures are the last line (a task's generator may print progress dots before).
+    last = done.stdout.strip().splitlines()[-1]
+    result: dict[str, Any] = json.loads(last[last.find("{") :])
     result.update(hang=False, crash=False)
     return result
 
@@ -722,7 +724,9 @@ def _node_attack(name: str) -> dict[str, Any]:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
         return {"crash": True, "hang": False, "seconds": 0.0, "error": last[:160]}
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    # The figures are the last line (a task's generator may print progress dots before).
+    last = done.stdout.strip().splitlines()[-1]
+    result: dict[str, Any] = json.loads(last[last.find("{") :])
     return result
 
 
