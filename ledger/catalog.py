@@ -19,6 +19,7 @@ import logging
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -477,23 +478,15 @@ class Catalog:
         self,
         node_log: node_logs.NodeLog,
         listed: list[ObjectInfo],
-        gone_keys: set[str],
-        again: set[str] = frozenset(),  # type: ignore[assignment]
+        gone_keys: AbstractSet[str],
+        again: AbstractSet[str] = frozenset(),
     ) -> None:
         """Keep ``node_log``'s table = the sound lines of its files now in the store, given
         its files new to the listing, the keys gone from it, and keys to read afresh (their
         node's signing rule changed)."""
         known = self.log_files[node_log.name]
         current = {o.key: o.size for o in listed}
-        gone = [k for k in gone_keys | again if k in known]
-        if gone:
-            gone_paths = sql_list([self.store.reader_path(k) for k in gone])
-            self.con.execute(
-                f"DELETE FROM {node_log.name} WHERE list_contains({gone_paths}, source_file)"
-            )
-            for key in gone:
-                known.pop(key, None)
-                self.log_problems.pop(key, None)
+        self._forget_logs(node_log, [k for k in gone_keys | again if k in known])
         readable: dict[str, str] = {}  # path -> key
         signed: list[str] = []  # keys whose node must sign them
         for key, size in current.items():
@@ -534,15 +527,19 @@ class Catalog:
         except BaseException:
             # Not remembered, and none of their rows kept: the next refresh reads them
             # afresh (a storage error on one read must not lose a log for good).
-            undone = [*readable.values(), *signed]
-            undone_paths = sql_list([self.store.reader_path(k) for k in undone])
-            self.con.execute(
-                f"DELETE FROM {node_log.name} WHERE list_contains({undone_paths}, source_file)"
-            )
-            for key in undone:
-                known.pop(key, None)
-                self.log_problems.pop(key, None)
+            self._forget_logs(node_log, [*readable.values(), *signed])
             raise
+
+    def _forget_logs(self, node_log: node_logs.NodeLog, keys: list[str]) -> None:
+        """Drop ``keys``' rows from the log's table and forget the files: a later listing
+        that shows them has them read afresh."""
+        if not keys:
+            return
+        paths = sql_list([self.store.reader_path(k) for k in keys])
+        self.con.execute(f"DELETE FROM {node_log.name} WHERE list_contains({paths}, source_file)")
+        for key in keys:
+            self.log_files[node_log.name].pop(key, None)
+            self.log_problems.pop(key, None)
 
     def _ingest_signed(self, node_log: node_logs.NodeLog, keys: list[str]) -> None:
         """Read each file once, check its signature over those bytes, and ingest exactly
@@ -637,17 +634,20 @@ class Catalog:
         place = identity.object_place(key)
         if place is None or not self.registry.must_sign_reports(*place, self.signatures):
             return None
+        return self.registry.vouch(key, data, self._signature_of(key, data))
+
+    def _signature_of(self, key: str, data: bytes) -> bytes | None:
+        """The signature object of ``data`` at ``key`` (named by its digest), if readable."""
         where = identity.signature_key(key, identity.sha256_of(data))
-        return self.registry.vouch(key, data, self._read_small(where, identity.MAX_OBJECT_BYTES))
+        return self._read_small(where, identity.MAX_OBJECT_BYTES)
 
     def _check_signature(self, state: FileState) -> None:
         """The file's bytes must be signed by its node's registered key (ledger/identity.py)."""
         parts = parse_key(state.key)
         assert parts is not None
-        public = self.registry.keys.get((parts.swarm_id, parts.node_id))
-        if not isinstance(public, identity.Ed25519PublicKey):
-            state.status = identity.UNKNOWN_SIGNER
-            state.detail = f"no usable key registered for {parts.node_id}: {public or 'none'}"
+        public = self.registry.signing_key(parts.swarm_id, parts.node_id)
+        if isinstance(public, tuple):
+            state.status, state.detail = public
             return
         if self.copies is not None:
             found = self._signed(state, Path(state.path).read_bytes(), public)
@@ -706,13 +706,8 @@ class Catalog:
         (status, why)."""
         if public is None:
             return data
-        signature = self._read_small(
-            identity.signature_key(state.key, identity.sha256_of(data)), identity.MAX_OBJECT_BYTES
-        )
-        if signature is None:
-            return identity.UNSIGNED, "no signature for these bytes"
-        problem = identity.verify(public, state.key, signature, data)
-        return (identity.BAD_SIGNATURE, problem) if problem else data
+        refused = identity.judge(public, state.key, data, self._signature_of(state.key, data))
+        return data if refused is None else refused
 
     def _place_and_size(self, obj: ObjectInfo) -> FileState:
         state = FileState(obj.key, obj.size or 0, self.store.reader_path(obj.key), obj.version)

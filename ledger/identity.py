@@ -284,6 +284,17 @@ def verify(public: Ed25519PublicKey, file_key: str, signature: bytes, data: byte
     return None
 
 
+def judge(
+    public: Ed25519PublicKey, key: str, data: bytes, signature: bytes | None
+) -> tuple[str, str] | None:
+    """(UNSIGNED or BAD_SIGNATURE, why) unless ``signature`` (the signature object's bytes,
+    None: absent) signs exactly ``data`` at ``key`` with ``public``; else None."""
+    if signature is None:
+        return UNSIGNED, "no signature for these bytes"
+    problem = verify(public, key, signature, data)
+    return (BAD_SIGNATURE, problem) if problem else None
+
+
 class Registry:
     """What a reader knows of identities: the registered public keys and each swarm's rules,
     read once per object (both are written once)."""
@@ -401,6 +412,13 @@ class Registry:
         key says it signs them (``signs``; older nodes' reports stay readable unsigned)."""
         return mode != "off" and (swarm_id, node_id) in self.reporters
 
+    def signing_key(self, swarm_id: str, node_id: str) -> Ed25519PublicKey | tuple[str, str]:
+        """The node's registered key, or (UNKNOWN_SIGNER, why) when it has no usable one."""
+        public = self.keys.get((swarm_id, node_id))
+        if isinstance(public, Ed25519PublicKey):
+            return public
+        return UNKNOWN_SIGNER, f"no usable key registered for {node_id}: {public or 'none'}"
+
     def vouch(self, key: str, data: bytes, signature: bytes | None) -> tuple[str, str] | None:
         """Why ``data`` at ``key`` is not vouched for by its node's registered key per
         ``signature`` (the signature object's bytes, None: absent): (status, detail), or
@@ -408,13 +426,10 @@ class Registry:
         place = object_place(key)
         if place is None:
             return BAD_SIGNATURE, "not under swarm_id=/node_id="
-        public = self.keys.get(place)
-        if not isinstance(public, Ed25519PublicKey):
-            return UNKNOWN_SIGNER, f"no usable key registered for {place[1]}: {public or 'none'}"
-        if signature is None:
-            return UNSIGNED, "no signature for these bytes"
-        problem = verify(public, key, signature, data)
-        return (BAD_SIGNATURE, problem) if problem else None
+        public = self.signing_key(*place)
+        if isinstance(public, tuple):
+            return public
+        return judge(public, key, data, signature)
 
 
 def object_place(key: str) -> tuple[str, str] | None:

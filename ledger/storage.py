@@ -208,11 +208,8 @@ class LocalStore:
             except FileNotFoundError:
                 self._dirs.pop(directory, None)
                 continue
-            except PermissionError:
-                if directory == base:
-                    raise  # the ledger itself: the store is unusable
-                # A folder a peer made unreadable is one bad object, not the ledger's end.
-                self._unsafe(directory[cut:] + "/")
+            except PermissionError as exc:
+                self._refused(directory, base, cut, exc)
                 continue
             cached = self._dirs.get(directory)
             if cached is None or cached[0] != mtime or now - mtime < _MTIME_SLACK_NS:
@@ -239,16 +236,21 @@ class LocalStore:
                                 self._unsafe(key)
                 except FileNotFoundError:
                     continue
-                except PermissionError:
-                    if directory == base:
-                        raise
-                    self._unsafe(directory[cut:] + "/")
+                except PermissionError as exc:
+                    self._refused(directory, base, cut, exc)
                     continue
                 cached = (mtime, subdirs, files)
                 self._dirs[directory] = cached
             stack.extend(cached[1])
             found.extend(cached[2].values())
         return found
+
+    def _refused(self, directory: str, base: str, cut: int, exc: PermissionError) -> None:
+        """A folder the reader may not read: below the listed one, a peer's bad object
+        (remembered as unsafe); the listed folder itself, the store unusable (``exc``)."""
+        if directory == base:
+            raise exc
+        self._unsafe(directory[cut:] + "/")
 
     def _unsafe(self, key: str) -> None:
         if len(self.unsafe_keys) < MAX_UNSAFE_KEYS:

@@ -170,21 +170,16 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def verify(rollout: Rollout, config: RewardConfig, bounds: ConfigBounds | None = None) -> Verdict:
-    """Score one row with this node's verifier against ground truth it re-derived itself, in
-    this process (a peer's rows go through `score_group`, which bounds the rebuild)."""
-    return verify_answer(rollout.question, rollout.completion, config, bounds)
+def verify(rollout: Rollout, config: RewardConfig) -> Verdict:
+    """Score one of this node's own rows with its verifier against ground truth it
+    re-derived itself, in this process (a peer's rows go through `score_group` with the
+    node's bounds, which rebuilds them in the bounded worker)."""
+    return verify_answer(rollout.question, rollout.completion, config)
 
 
-def regenerated_truth(
-    q: Question, bounds: ConfigBounds | None = None
-) -> tuple[dict[str, Any], Any] | Verdict:
+def regenerated_truth(q: Question) -> tuple[dict[str, Any], Any] | Verdict:
     """(ground-truth entry, dataset) of ``q`` rebuilt in this process from its four task
-    fields, or the Verdict that flags it: a config outside ``bounds``, or unverifiable."""
-    if bounds is not None:
-        problem = bounds.problem(q.task, q.task_config)
-        if problem:
-            return Verdict(None, f"refused: {problem}")
+    fields (unbounded: the node's own questions only), or the Verdict that flags it."""
     try:
         return entry(q.task, q.task_config, q.task_seed, q.task_index), dataset(
             q.task, q.task_config, q.task_seed
@@ -197,13 +192,12 @@ def verify_answer(
     q: Question,
     completion: str,
     config: RewardConfig,
-    bounds: ConfigBounds | None = None,
     truth: tuple[dict[str, Any], Any] | Verdict | None = None,
 ) -> Verdict:
     """Score a completion of question ``q``; the question is re-derived in this process from
     its four task fields (or given as ``truth``, from ``regenerated_truth``), and the
     question text and answer ``q`` claims must match the rebuilt ones."""
-    rebuilt = truth if truth is not None else regenerated_truth(q, bounds)
+    rebuilt = truth if truth is not None else regenerated_truth(q)
     if isinstance(rebuilt, Verdict):
         return rebuilt
     truth_entry, data = rebuilt
