@@ -27,7 +27,6 @@ from typing import Any, Literal, Self, get_args
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from flows.tracking import TRACKING_RETRY
 from ledger.config import LedgerConfig
 from ledger.policies import AnyPolicy, PaperPolicy, SamplingPolicy
 from ledger.retrying import RetryPolicy
@@ -37,6 +36,8 @@ DEFAULT_SWARM = "cpu.yaml"
 # The sampling policy kinds (the `kind` default of each policy model).
 KINDS = frozenset(str(m.model_fields["kind"].default) for m in get_args(AnyPolicy))
 DEFAULT_NODE_COUNT = 3
+TRACKING_RETRY = RetryPolicy(attempts=5, initial_wait_s=0.2, max_wait_s=5.0, jitter_s=0.2)
+"""MLflow calls: a busy SQLite file or a restarting server usually answers within seconds."""
 WORKDIR_ENV = "SAPO_WORKDIR"
 """Where a worker machine's nodes keep their state, over the deployed swarm's workdir."""
 

@@ -132,8 +132,8 @@ def register_with_pool(
             work_queue_name=(queues or {}).get(node_id),
             entrypoint_type=EntrypointType.MODULE_PATH,
             # Every run beats often enough for `ensure_crash_detection`, whatever the
-            # worker's own settings.
-            job_variables={"env": HEARTBEAT_ENV},
+            # worker's own settings (RUN_ENV).
+            job_variables={"env": RUN_ENV},
             **kwargs,
         )
         ids.append(str(deployment.apply()))
@@ -144,6 +144,9 @@ HEARTBEAT_S = 30
 """Seconds between a deployed node run's heartbeats (Prefect's minimum; its default is 180)."""
 HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}
 """What makes a node run beat that often: a work pool's job variable, a server's env."""
+RUN_ENV = {**HEARTBEAT_ENV, "PYTHONSAFEPATH": "1"}
+"""A deployed run's environment: it beats, and imports the installed packages whatever
+folder the worker runs it in (a `ledger/` data folder there would shadow the package)."""
 MISSED_HEARTBEATS = 3
 CRASH_DETECTION = "sapo: crash node runs whose process is gone"
 
@@ -197,7 +200,7 @@ def local_prefect_server(home: Path) -> Iterator[str]:
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api}
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-P", "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
     with open(home / "server.log", "ab") as log:
         server = subprocess.Popen(
             [*cmd, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT

@@ -53,7 +53,7 @@ def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dic
 
 
 def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
-    from flows.tracking import open_swarm_tracker
+    from flows.runtime import open_swarm_tracker
 
     # The experiment's run lives where its swarms' runs do, so they can nest under it.
     first = exp.swarm_config(exp.configurations[0])

@@ -20,7 +20,7 @@ from flows import checkpoint
 from flows.backlog import Backlog
 from flows.config import NodeSpec, SwarmConfig
 from flows.progress import NodeProgress
-from flows.tracking import MODEL_PATH_TAG, Tracker, flatten, sharing_tags
+from flows.tracking import MODEL_PATH_TAG, Tracker, flatten, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
 from sapo_core.reputation import Reputation
@@ -250,11 +250,19 @@ def restore_learner(
     return learner, saved
 
 
+def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:
+    """The tracker of a swarm's MLflow experiment (its own name, or the swarm id)."""
+    return open_tracker(
+        swarm.tracking_uri(),
+        swarm.tracking.experiment or swarm.swarm_id,
+        swarm.artifact_location(),
+        swarm.tracking.retry,
+    )
+
+
 def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None) -> NodeRun | None:
     """The node's MLflow run (found again on a resume), with its config as params; None,
     with a warning, when the tracking store stays unreachable: tracking never stops a node."""
-    from flows.tracking import open_swarm_tracker
-
     try:
         tracker = open_swarm_tracker(swarm)
     except RuntimeError as exc:

@@ -148,7 +148,16 @@ def up(
         _start_postgres(stack)
         if not s3_endpoint:
             stack.s3_endpoint = f"http://{host}:{stack.ports['s3']}"
-            cmd = [sys.executable, "-m", "moto.server", "-H", host, "-p", str(stack.ports["s3"])]
+            cmd = [
+                sys.executable,
+                "-P",
+                "-m",
+                "moto.server",
+                "-H",
+                host,
+                "-p",
+                str(stack.ports["s3"]),
+            ]
             _spawn(stack, "s3", cmd, {"AWS_DEFAULT_REGION": "us-east-1"})
             _wait_http(stack, "s3", f"{stack.s3_endpoint}/moto-api/")
         _make_buckets(stack)
@@ -220,7 +229,7 @@ def _start_prefect(stack: Stack) -> None:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "true",
     }
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", stack.host]
+    cmd = [sys.executable, "-P", "-m", "prefect", "server", "start", "--host", stack.host]
     _spawn(stack, "prefect", [*cmd, "--port", str(stack.ports["prefect"])], env)
     _wait_http(stack, "prefect", f"{stack.prefect_api_url}/health")
 
@@ -228,7 +237,7 @@ def _start_prefect(stack: Stack) -> None:
 def _start_mlflow(stack: Stack) -> None:
     env = {**stack.client_env(), "DO_NOT_TRACK": "true", "MLFLOW_ENABLE_TELEMETRY": "false"}
     env.pop("MLFLOW_TRACKING_URI")
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", stack.host]
+    cmd = [sys.executable, "-P", "-m", "mlflow", "server", "--host", stack.host]
     cmd += ["--port", str(stack.ports["mlflow"]), "--workers", "1"]
     cmd += ["--backend-store-uri", stack.database_url("mlflow")]
     cmd += ["--artifacts-destination", f"s3://{stack.env['MLFLOW_BUCKET']}/artifacts"]

@@ -43,7 +43,7 @@ def open_parent_run(
     nested under `parent_run_id` (an experiment's run) when given."""
     if not config.tracking.enabled:
         return None
-    from flows.tracking import open_swarm_tracker
+    from flows.runtime import open_swarm_tracker
 
     tracker = open_swarm_tracker(config)
     params = {
@@ -161,7 +161,17 @@ def _start_node(
 ) -> tuple[subprocess.Popen[str], threading.Thread]:
     """One node process (in its own process group, with the Prefect server it starts; see
     flows/stopping.py) and the thread that streams its output."""
-    cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(resolved), "--node-id", node_id]
+    cmd = [
+        sys.executable,
+        "-P",
+        "-m",
+        "flows.cli",
+        "node",
+        "-c",
+        str(resolved),
+        "--node-id",
+        node_id,
+    ]
     proc = subprocess.Popen(
         cmd,
         env=node_env(config, node_id, parent),

@@ -13,18 +13,14 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from flows.config import TRACKING_RETRY
 from ledger.retrying import RetryPolicy, call_with_retry, first_line
-
-if TYPE_CHECKING:
-    from flows.config import SwarmConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-TRACKING_RETRY = RetryPolicy(attempts=5, initial_wait_s=0.2, max_wait_s=5.0, jitter_s=0.2)
-"""MLflow calls: a busy SQLite file or a restarting server usually answers within seconds."""
 HEAVY_ATTEMPTS = 2
 """Uploading artifacts and registering models: a second try at most, they are slow."""
 
@@ -261,16 +257,6 @@ def register_best(
     return run.data.tags.get("sapo.node_id", run.info.run_name), run.info.run_id, version
 
 
-def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:
-    """The tracker of a swarm's MLflow experiment (its own name, or the swarm id)."""
-    return open_tracker(
-        swarm.tracking_uri(),
-        swarm.tracking.experiment or swarm.swarm_id,
-        swarm.artifact_location(),
-        swarm.tracking.retry,
-    )
-
-
 def open_tracker(
     uri: str,
     experiment: str,
@@ -295,7 +281,6 @@ __all__ = [
     "Tracker",
     "attempt",
     "flatten",
-    "open_swarm_tracker",
     "open_tracker",
     "register_best",
     "sharing_tags",

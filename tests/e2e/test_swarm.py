@@ -59,11 +59,20 @@ def swarm_file(
     return path
 
 
-def sapo(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> str:
+def sapo(
+    *args: str, timeout: float = 600, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> str:
     """Run `sapo ...` to the end; whatever it started (nodes, their Prefect servers) is
-    stopped with it, also when it times out or the test fails."""
+    stopped with it, also when it times out or the test fails. From ``cwd``, through the
+    installed console script, as a user standing there runs it."""
+    launcher = (
+        [str(Path(sys.executable).with_name("sapo"))]
+        if cwd
+        else [sys.executable, "-m", "flows.cli"]
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args],
+        [*launcher, *args],
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -142,7 +151,12 @@ def check_swarm(path: Path, storage_options: dict[str, Any] | None = None) -> No
 
 def test_local_swarm_three_nodes_two_rounds(tmp_path: Path, tiny_model: Path) -> None:
     path = swarm_file(tmp_path, tiny_model)
-    out = sapo("swarm", "-c", str(path))
+    # Started from inside its working directory, whose folders are named like the packages
+    # (the ledger's data folder is `ledger/`): the nodes import the installed ones.
+    work = tmp_path / "work"
+    for shadow in ("ledger", "flows", "sapo_core"):
+        (work / shadow).mkdir(parents=True)
+    out = sapo("swarm", "-c", str(path), cwd=work)
     assert "node-2 round 1: own_reward" in out
     check_swarm(path)
     # The node with the highest cumulative reward is registered in the model registry.

@@ -1,0 +1,141 @@
+"""The house's layers, read from the source: which package may import which, and no cycles.
+
+Every import counts: at module level, inside a function (a deferred import is still a
+dependency) and under ``if TYPE_CHECKING:`` (a module that names another's types depends on
+it as much as one that calls it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("ledger", "sapo_core", "flows", "dashboards")
+FORBIDDEN = {
+    # A person analysing rollouts with SQL needs no deep-learning stack, and the ledger
+    # knows nothing of the algorithm or the orchestration above it.
+    "ledger": {"sapo_core", "flows", "dashboards", "torch", "transformers", "prefect", "mlflow"},
+    # The algorithm: no storage, no orchestration, no tracking.
+    "sapo_core": {"ledger", "flows", "dashboards", "prefect", "mlflow"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every dotted name ``path`` imports (``from a import b`` gives ``a.b``: a module, or a
+    name of module ``a``)."""
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = here[: len(here) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return names
+
+
+def internal_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports (a name re-exported by a package counts as
+    an import of the package)."""
+    edges: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in imported_names(path, module):
+            if name in modules:
+                targets.add(name)
+            elif name.rpartition(".")[0] in modules:  # `from pkg import name`
+                targets.add(name.rpartition(".")[0])
+        targets.discard(module)
+        edges[module] = targets
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_lower_layer_never_imports_what_stands_above_it(package: str) -> None:
+    modules = all_modules()
+    breaches = [
+        f"{module} imports {name}"
+        for module, path in modules.items()
+        if module.split(".")[0] == package
+        for name in sorted(imported_names(path, module))
+        if name.split(".")[0] in FORBIDDEN[package]
+    ]
+    assert breaches == []
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    assert cycles(internal_edges(all_modules())) == []
+
+
+def test_the_checks_themselves_see_a_breach_and_a_cycle(tmp_path: Path) -> None:
+    """The parser and the cycle finder on hand-made modules: a test that cannot fail is none."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import torch.nn\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import mlflow\n"
+        "def f():\n    from . import catalog\n"
+    )
+    names = imported_names(source, "ledger.m")
+    assert {"torch.nn", "mlflow", "ledger.catalog"} <= names
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
