@@ -138,7 +138,7 @@ def _fetch_inputs(
         state = catalog.files.get(key)
         if state is None:
             raise UnverifiedInput(f"{key} changed since it was indexed")
-        found = catalog.read_checked(state, public)
+        found = catalog.admission.read_checked(state, public)
         if isinstance(found, tuple):
             raise UnverifiedInput(f"{key}: {found[0]} ({found[1]})")
         _local_copy(folder, job, i).write_bytes(found)

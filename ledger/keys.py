@@ -96,3 +96,24 @@ def parse_key(key: str) -> KeyParts | None:
         )
     except ValueError:
         return None
+
+
+def object_place(key: str) -> tuple[str, str] | None:
+    """(swarm, node) of an object a node writes under its own prefix: a rollout file
+    (``swarm_id=S/node_id=N/...``) or an object under a top-level prefix of node objects
+    (``_manifests/swarm_id=S/node_id=N/...``, node logs); None for any other key."""
+    parts = key.split("/")
+    if parts and parts[0].startswith("_"):
+        parts = parts[1:]
+    if (
+        len(parts) < 3
+        or not parts[0].startswith("swarm_id=")
+        or not parts[1].startswith("node_id=")
+    ):
+        return None
+    try:
+        swarm = check_id("swarm_id", parts[0].removeprefix("swarm_id="))
+        node = check_id("node_id", parts[1].removeprefix("node_id="))
+    except ValueError:
+        return None
+    return swarm, node

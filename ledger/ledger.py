@@ -30,7 +30,7 @@ from ledger.copies import LocalCopies
 from ledger.credentials import node_own_prefixes
 from ledger.duck import connect
 from ledger.identity import NodeKey
-from ledger.keys import node_prefix, round_key
+from ledger.keys import node_prefix, object_place, round_key
 from ledger.manifests import NodeManifest
 from ledger.policies import AnyPolicy, parse_policy
 from ledger.records import RecordError, to_table
@@ -330,7 +330,7 @@ class Ledger:
             )
 
     def _pinned_as_mine(self, where: str, key: NodeKey) -> bool:
-        first = self.catalog.identity_objects.get(where)
+        first = self.catalog.identities.objects.get(where)
         if first is None:
             return False
         try:
@@ -723,7 +723,7 @@ class Ledger:
         (a reader never sees it missing); unsigned without a signer."""
         signer = self.signer
         if signer is not None:
-            if identity.object_place(key) != (signer.swarm_id, signer.node_id):
+            if object_place(key) != (signer.swarm_id, signer.node_id):
                 raise RecordError(
                     f"this ledger writes as {signer.swarm_id}/{signer.node_id}, not at {key}"
                 )
@@ -774,7 +774,7 @@ class Ledger:
         for bad in self.catalog.manifests.skipped.values():
             report.bad_files.append((bad.key, bad.reason, bad.detail))
             report.skipped[bad.reason] += 1
-        for key, problem in sorted(self.catalog.log_problems.items()):
+        for key, problem in sorted(self.catalog.log_problems().items()):
             if problem.lines:
                 report.skipped[problem.reason] += problem.lines
             else:

@@ -297,6 +297,8 @@ class ManifestIndex:
     Manifests are immutable: each key is read and judged once per reader.
     """
 
+    name = "manifests"
+
     def __init__(
         self,
         store: Store,
@@ -336,6 +338,20 @@ class ManifestIndex:
                 log.warning("skipping manifest %s: %s (%s)", key, outcome.reason, outcome.detail)
         if gone or any(isinstance(o, NodeManifest) for _, o in judged):
             self.rebuild()
+
+    def known_keys(self) -> set[str]:
+        return set(self.valid) | set(self.skipped)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "valid": {k: m.model_dump(mode="json") for k, m in self.valid.items()},
+            "skipped": {k: vars(s) for k, s in self.skipped.items()},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.valid.update({k: NodeManifest.model_validate(m) for k, m in state["valid"].items()})
+        self.skipped.update({k: Skipped(**s) for k, s in state["skipped"].items()})
+        self.rebuild()
 
     def _judge_all(self, objects: list[ObjectInfo]) -> list[tuple[str, NodeManifest | Skipped]]:
         return [r for r in in_threads(self._judge, objects) if r is not None]

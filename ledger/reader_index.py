@@ -27,19 +27,20 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ledger import node_logs
-from ledger.catalog import OK, Catalog, FileState
+from ledger import group_index, node_logs
+from ledger.admission import OK, FileState
+from ledger.catalog import Catalog
 from ledger.changes import ChangeLogStore
-from ledger.manifests import NodeManifest, Skipped
 from ledger.sqltext import sql_str
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3
+FORMAT = 4
 """2: valid_rows holds one row per file, with its accepted row numbers as a list. 3: node
 logs and manifests judged by their signatures and swarms' members (older indexes hold
-reports a reader now refuses: they are read afresh)."""
-TABLES = ("group_index", "groups", "valid_rows", *(n.name for n in node_logs.ALL))
+reports a reader now refuses: they are read afresh). 4: each object index saves its own
+state (``state()``, ``restore()``)."""
+TABLES = (*group_index.TABLES, *(n.name for n in node_logs.ALL))
 """The catalog's own relations, copied as they are."""
 
 
@@ -133,17 +134,10 @@ def _files_table(catalog: Catalog) -> pa.Table:
 
 
 def _state_json(catalog: Catalog) -> str:
-    manifests = catalog.manifests
+    indexes = [catalog.identities, *catalog.reports]
     state: dict[str, Any] = {
         "fingerprint": fingerprint(catalog),
-        "log_files": catalog.log_files,
-        "log_problems": {k: vars(p) for k, p in catalog.log_problems.items()},
-        "identity_objects": {
-            k: None if v is None else v.decode("latin-1")
-            for k, v in catalog.identity_objects.items()
-        },
-        "manifests_valid": {k: m.model_dump(mode="json") for k, m in manifests.valid.items()},
-        "manifests_skipped": {k: vars(s) for k, s in manifests.skipped.items()},
+        "indexes": {index.name: index.state() for index in indexes},
     }
     store = catalog.store
     if isinstance(store, ChangeLogStore):
@@ -162,19 +156,9 @@ def _restore(catalog: Catalog, files: list[tuple[Any, ...]], state: dict[str, An
             lost.append(path)
     # Files whose local copy is gone or not whole are forgotten, and examined afresh.
     catalog.evict(lost)
-    for name, known in state["log_files"].items():
-        catalog.log_files.setdefault(name, {}).update(known)
-    catalog.log_problems.update(
-        {k: node_logs.Problem(**p) for k, p in state["log_problems"].items()}
-    )
-    for key, text in state["identity_objects"].items():
-        catalog.learn_identity(key, None if text is None else text.encode("latin-1"))
-    manifests = catalog.manifests
-    manifests.valid.update(
-        {k: NodeManifest.model_validate(m) for k, m in state["manifests_valid"].items()}
-    )
-    manifests.skipped.update({k: Skipped(**s) for k, s in state["manifests_skipped"].items()})
-    manifests.rebuild()
+    saved = state["indexes"]
+    for index in [catalog.identities, *catalog.reports]:  # identities first, as refreshed
+        index.restore(saved[index.name])
     if isinstance(catalog.store, ChangeLogStore) and "change_log" in state:
         catalog.store.restore(state["change_log"])
     catalog.settle_rules()
