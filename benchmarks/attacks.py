@@ -47,7 +47,7 @@ from ledger import Ledger, NodeKey  # noqa: E402
 from ledger import identity as ident  # noqa: E402
 from ledger.records import to_table  # noqa: E402
 from tests import hostile  # noqa: E402
-from tests.factories import round_rows  # noqa: E402
+from tests.factories import open_ledger, round_rows  # noqa: E402
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Site:
     kind: str
 
     def open(self, **kwargs: Any) -> Ledger:
-        return Ledger(self.url, self.options or None, **kwargs)
+        return open_ledger(self.url, self.options or None, **kwargs)
 
     def put_raw(self, key: str, data: bytes) -> None:
         """Write past the store's key checks, as a peer with bucket access could."""
@@ -547,7 +547,7 @@ def silent_endpoint(timeout: float) -> dict[str, Any]:
         "secret": "s",
         "endpoint_url": f"http://127.0.0.1:{listener.getsockname()[1]}",
     }
-    led = Ledger("s3://hung/ledger", options, retry=RetryPolicy(attempts=2))
+    led = open_ledger("s3://hung/ledger", options, retry=RetryPolicy(attempts=2))
     started = time.monotonic()
     outcomes = []
     for call in (lambda: led.publish(round_rows("n1", 0, [[1, 0]])), lambda: led.sample("me", 2)):
@@ -569,7 +569,7 @@ def silent_endpoint(timeout: float) -> dict[str, Any]:
 def missing_bucket(endpoint: dict[str, Any]) -> dict[str, Any]:
     from ledger import StoreUnusable
 
-    led = Ledger("s3://no-such-bucket/ledger", endpoint)
+    led = open_ledger("s3://no-such-bucket/ledger", endpoint)
     started = time.monotonic()
     outcomes = []
     for call in (lambda: led.query("SELECT 1"), lambda: led.publish(round_rows("n1", 0, [[1, 0]]))):

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows.env import apply_offline_defaults
-from ledger import Ledger, RewardFilteredPolicy
+from ledger import Ledger, LedgerConfig, RewardFilteredPolicy
 from ledger.keys import compacted_key, partition_prefix, round_key
 from ledger.synthetic import synthetic_round
 
@@ -244,7 +244,8 @@ def run(
         url, options = moto.bucket(f"bench-{size}-{int(time.time())}"), moto.options()
 
     def open_ledger(**kw: object) -> Ledger:
-        return Ledger(url, options, **kw)  # type: ignore[arg-type]
+        config = LedgerConfig.model_validate({"url": url, "storage_options": options or {}, **kw})
+        return Ledger(config)
 
     led = open_ledger()
     total = nodes * rounds * GROUPS * GROUP_SIZE

@@ -42,8 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ledger_bench import T0, MotoProcess, pct, round_bytes, round_table
 
 from flows.env import apply_offline_defaults
-from ledger import Ledger
-from ledger.config import ChangeLogConfig
+from ledger import Ledger, LedgerConfig
 
 J = 8
 SWARM = "bench"
@@ -59,14 +58,15 @@ def rss_mb() -> float:
 def open_ledger(
     url: str, options: dict[str, Any], args: argparse.Namespace, reader_index: Path | None = None
 ) -> Ledger:
-    config = ChangeLogConfig.model_validate({"use": args.change_log})
-    return Ledger(
-        url,
-        options or None,
-        change_log=config,
-        reader_index=reader_index,
-        local_copies=args.copies,
+    config = LedgerConfig.model_validate(
+        {
+            "url": url,
+            "storage_options": options,
+            "change_log": {"use": args.change_log},
+            "local_copies": args.copies,
+        }
     )
+    return Ledger(config, index_path=reader_index)
 
 
 # --- the reader, in its own process ------------------------------------------------------

@@ -34,7 +34,7 @@ def run_ledger_demo(
     node_ids = [f"node-{i}" for i in range(nodes)]
     skills = {n: 0.15 + 0.7 * i / max(1, nodes - 1) for i, n in enumerate(node_ids)}
     out(f"swarm {swarm_id}: {nodes} synthetic nodes x {rounds} rounds, ledger at {root}")
-    with Ledger(str(root)) as ledger:
+    with Ledger.open(str(root)) as ledger:
         for node_round in range(rounds):
             drawn = 0
             for node in node_ids:
@@ -50,13 +50,9 @@ def run_ledger_demo(
                         seed=int(started.timestamp()),
                     )
                 )
-                sample = ledger.sample(
-                    node,
-                    external,
-                    "paper",
-                    seed=node_round,
-                    swarm_id=swarm_id,
-                    record_round=node_round,
+                sample = ledger.sample(node, external, "paper", seed=node_round, swarm_id=swarm_id)
+                ledger.write_sample(
+                    swarm_id, node, node_round, sample, policy="paper", seed=node_round
                 )
                 drawn += sample.get_column("group_id").n_unique()
             out(

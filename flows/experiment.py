@@ -218,7 +218,7 @@ def is_complete(swarm: SwarmConfig) -> bool:
         return True
     from ledger import Ledger
 
-    with Ledger.from_config(swarm.ledger) as ledger:
+    with Ledger(swarm.ledger) as ledger:
         done = ledger.evaluated_nodes(swarm.swarm_id, swarm.rounds)
     return wanted <= done
 

@@ -61,7 +61,7 @@ def report_ledger(
     """Write the report of the ledger at ``ledger_url`` under ``out_dir``: every swarm in
     it, or only the swarms of ``experiment``; cross-checked against MLflow when a
     ``tracking_uri`` is given. ValueError (one line) when there is nothing to report."""
-    with Ledger(ledger_url, storage_options) as ledger:
+    with Ledger.open(ledger_url, **(storage_options or {})) as ledger:
         try:
             tables = report_tables(ledger.query, experiment)
         except ValueError as exc:
@@ -95,7 +95,7 @@ def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:
     if baseline is None:
         return None
     first = exp.swarm_config(*exp.runs()[0])
-    with Ledger.from_config(first.ledger) as ledger:
+    with Ledger(first.ledger) as ledger:
         tables = replicate_tables(
             ledger.query,
             exp.replicates(),

@@ -190,8 +190,8 @@ def open_node(
     spec = swarm.node(node_id)
     key = node_key(swarm, node_id)
     index = swarm.workdir / "reader-index" / swarm.swarm_id / f"{node_id}.duckdb"
-    ledger = Ledger.from_config(
-        swarm.ledger, signer=key, reader_index=index if swarm.ledger.reader_index else None
+    ledger = Ledger(
+        swarm.ledger, signer=key, index_path=index if swarm.ledger.reader_index else None
     )
     try:
         # The swarm's rule (first node wins) and this node's key (first key wins), then

@@ -213,10 +213,17 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
                 node.spec.sampling,
                 seed=seed,
                 swarm_id=node.swarm.swarm_id,
-                record_round=state.round,
                 exclude_nodes=reputation.excluded(),
                 # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
                 known_nodes=reputation.known() or None,
+            )
+            node.ledger.write_sample(
+                node.swarm.swarm_id,
+                node.node_id,
+                state.round,
+                frame,
+                policy=node.spec.sampling.kind,
+                seed=seed,
             )
         except StorageError as exc:
             if not is_outage(exc):

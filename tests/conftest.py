@@ -99,9 +99,9 @@ class LedgerSite:
     kind: str = "local"
 
     def open(self, **kwargs: Any) -> Any:
-        from ledger import Ledger
+        from tests.factories import open_ledger
 
-        return Ledger(self.url, self.storage_options or None, **kwargs)
+        return open_ledger(self.url, self.storage_options or None, **kwargs)
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=[pytest.mark.s3])])

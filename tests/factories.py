@@ -8,6 +8,24 @@ from typing import Any
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
+def open_ledger(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    signer: Any = None,
+    index_path: Any = None,
+    threads: int | None = None,
+    **settings: Any,
+) -> Any:
+    """A Ledger at ``url`` with ``settings`` (any LedgerConfig field) over the defaults."""
+    from ledger import Ledger, LedgerConfig
+
+    config = LedgerConfig.model_validate(
+        {"url": url, "storage_options": dict(storage_options or {}), **settings}
+    )
+    return Ledger(config, signer=signer, index_path=index_path, threads=threads)
+
+
 def group_rows(
     node_id: str,
     node_round: int,

@@ -96,11 +96,14 @@ def open_ledger(
 ) -> Ledger:
     """An existing ledger to read: a path or bucket that does not exist is an error here, not
     an empty ledger (only writers create one). A ``signer`` signs what it writes (compaction)."""
-    from ledger import Ledger
+    from ledger import Ledger, LedgerConfig
     from ledger.retrying import first_line
 
     try:
-        led = Ledger(url, parse_storage_options(storage_options), signer=signer)
+        config = LedgerConfig.model_validate(
+            {"url": url, "storage_options": parse_storage_options(storage_options)}
+        )
+        led = Ledger(config, signer=signer)
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from exc
     try:

@@ -48,7 +48,7 @@ def check_ledger(swarm: SwarmConfig) -> None:
     from ledger.storage import StorageError
 
     try:
-        with Ledger.from_config(swarm.ledger) as ledger:
+        with Ledger(swarm.ledger) as ledger:
             ledger.refresh()
             ledger.declare_swarm(swarm.swarm_id, swarm.signatures, swarm.members())
     except (StorageError, OSError, IdentityError) as exc:
@@ -362,7 +362,7 @@ def demo(
 
     swarm(config=None, nodes=nodes, rounds=rounds, workdir=workdir, overrides=None, keep=keep)
     cfg = load(None, with_keep(None, keep), nodes=nodes, rounds=rounds, workdir=workdir)
-    with Ledger.from_config(cfg.ledger) as ledger:
+    with Ledger(cfg.ledger) as ledger:
         print(f"\nclaimed_reward per node and round ({cfg.swarm_id}, from the ledger):")
         frame = ledger.query(dashboards.query("reward_per_node_round"))
         print_frame(frame.filter(pl.col("swarm_id") == cfg.swarm_id), "table")

@@ -80,7 +80,7 @@ def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> 
         deps = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
         assert [d["name"] for d in deps] == ["e2e-swarm-node-0"]
         assert deps[0]["parameters"]["more_rounds"] == 1
-        with Ledger(str(tmp_path / "work" / "ledger")) as ledger:
+        with Ledger.open(str(tmp_path / "work" / "ledger")) as ledger:
             assert ledger.query("SELECT count(*) AS n FROM rollouts")["n"][0] >= 12
     finally:
         # each with what it started: the server's uvicorn, the flow runs `serve` spawned

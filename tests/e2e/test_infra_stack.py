@@ -112,7 +112,7 @@ fs = s3fs.S3FileSystem(client_kwargs={{"endpoint_url": os.environ["AWS_ENDPOINT_
 artifacts = [p for p in fs.find("{stack.env["MLFLOW_BUCKET"]}") if p.endswith("note.txt")]
 metric = mlflow.get_run(run.info.run_id).data.metrics["reward_mean"]
 # The ledger in the same bucket, read back by plain DuckDB.
-led = Ledger("{stack.ledger_url}")
+led = Ledger.open("{stack.ledger_url}")
 led.publish(round_rows("a", 0, [[1, 0]]))
 con = duckdb.connect()
 led.store.configure_duckdb(con)

@@ -45,7 +45,7 @@ def test_sigkill_at_each_step_then_resume(tmp_path: Path, tiny_model: Path, step
         stop_process_group(proc)  # and the node's own Prefect server
     assert proc.returncode == -9, f"the node was not killed at {step} (exit {proc.returncode})"
     sapo("node", "-c", str(path), "--node-id", "node-0")
-    with Ledger(str(work / "ledger")) as ledger:
+    with Ledger.open(str(work / "ledger")) as ledger:
         rollouts = ledger.query(
             "SELECT node_round, count(*) AS n, count(DISTINCT rollout_id) AS ids FROM rollouts "
             "WHERE node_id = 'node-0' GROUP BY ALL ORDER BY ALL"

@@ -17,6 +17,7 @@ import yaml
 
 from ledger import Ledger
 from tests.conftest import stop_process_group
+from tests.factories import open_ledger
 from tests.tiny_models import build_tiny_model
 
 # Whole swarms take minutes: out of the default run (`pytest -m ''` or `-m slow` runs them).
@@ -115,7 +116,7 @@ def check_swarm(path: Path, storage_options: dict[str, Any] | None = None) -> No
     cfg = yaml.safe_load(path.read_text())
     work = Path(cfg["workdir"])
     url = (cfg.get("ledger") or {}).get("url") or str(work / "ledger")
-    with Ledger(url, storage_options) as ledger:
+    with open_ledger(url, storage_options) as ledger:
         rows = ledger.query(
             "SELECT node_id, node_round, count(*) AS n, count(DISTINCT rollout_id) AS ids "
             "FROM rollouts GROUP BY ALL ORDER BY ALL"
@@ -270,7 +271,7 @@ def test_sigkill_mid_round_then_resume(tmp_path: Path, tiny_model: Path) -> None
     state = json.loads((checkpoints[-1] / "state.json").read_text())
     assert state["next_round"] in (1, 2)  # killed after round 0 (or 1) was checkpointed
     sapo("node", "-c", str(path), "--node-id", "node-0")
-    with Ledger(str(ledger_dir)) as ledger:
+    with Ledger.open(str(ledger_dir)) as ledger:
         rows = ledger.query(
             "SELECT node_round, count(*) AS n, count(DISTINCT rollout_id) AS ids "
             "FROM rollouts GROUP BY ALL ORDER BY ALL"

@@ -22,7 +22,7 @@ from ledger.policies import RewardFilteredPolicy
 from ledger.records import to_table
 from ledger.storage import NotRegularFile, OversizedObject
 from tests import hostile
-from tests.factories import round_rows
+from tests.factories import open_ledger, round_rows
 
 HONEST_ROWS = 9
 
@@ -332,7 +332,9 @@ def test_a_server_that_never_answers_costs_a_bounded_wait(silent_server):
         "read_timeout_s": 1,
         "config_kwargs": {"retries": {"max_attempts": 1}},
     }
-    led = Ledger("s3://hung/ledger", options, retry=RetryPolicy(attempts=2, initial_wait_s=0.1))
+    led = open_ledger(
+        "s3://hung/ledger", options, retry=RetryPolicy(attempts=2, initial_wait_s=0.1)
+    )
     started = time.monotonic()
     with pytest.raises(StorageError):
         led.publish(round_rows("n1", 0, [[1, 0]]))
@@ -343,7 +345,7 @@ def test_a_server_that_never_answers_costs_a_bounded_wait(silent_server):
 
 @pytest.mark.s3
 def test_a_missing_bucket_is_a_clear_error_not_an_empty_ledger(s3_server):
-    led = Ledger("s3://no-such-bucket/ledger", s3_server.storage_options)
+    led = open_ledger("s3://no-such-bucket/ledger", s3_server.storage_options)
     with pytest.raises(StoreUnusable, match="no-such-bucket"):
         led.query("SELECT count(*) FROM rollouts")
     with pytest.raises(StoreUnusable, match="no-such-bucket"):

@@ -118,7 +118,7 @@ READ_AS_A_STRANGER = """
 import json, sys
 from ledger import Ledger
 from tests.integration.test_attacks import HONEST_ROWS, assert_serves_the_honest_data
-reader = Ledger(sys.argv[1])
+reader = Ledger.open(sys.argv[1])
 assert_serves_the_honest_data(reader)
 skipped = reader.validate().skipped
 print(json.dumps({"rows": reader.query("SELECT count(*) FROM rollouts").item(),

@@ -56,9 +56,9 @@ def _assert_pinned(reader) -> None:
 def test_a_rewritten_key_is_refused_by_readers_that_read_it_before(site, tmp_path):
     victim = _signed_swarm(site)
     index = tmp_path / "reader.duckdb"
-    running = site.open(reader_index=index)
+    running = site.open(index_path=index)
     node_index = tmp_path / "victim.duckdb"  # the victim's own reader, before the forgery
-    first = site.open(signer=victim, reader_index=node_index)
+    first = site.open(signer=victim, index_path=node_index)
     first.refresh()
     first.close()
     assert running.query("SELECT count(*) FROM rollouts").item() == 2
@@ -67,10 +67,10 @@ def test_a_rewritten_key_is_refused_by_readers_that_read_it_before(site, tmp_pat
     # The reader that kept running, then the same reader restarted from its index.
     _assert_pinned(running)
     running.close()
-    _assert_pinned(site.open(reader_index=index))
+    _assert_pinned(site.open(index_path=index))
 
     # The victim, restarted with its index, keeps publishing; its files stay its own.
-    again = site.open(signer=victim, reader_index=node_index)
+    again = site.open(signer=victim, index_path=node_index)
     again.register_key(victim)  # raised 'registered with another key' on main
     again.publish(round_rows("good1", 1, [[0, 1]]))
     assert again.query("SELECT count(*) FROM rollouts WHERE node_round IN (0, 1)").item() == 4
@@ -80,7 +80,7 @@ def test_a_marker_naming_a_key_before_it_exists_is_no_verdict(s3_site, tmp_path)
     led = s3_site.open()
     led.declare_swarm("sw", "required")
     index = tmp_path / "reader.duckdb"
-    reader = s3_site.open(reader_index=index)
+    reader = s3_site.open(index_path=index)
     running = s3_site.open()
     reader.refresh()
     running.refresh()
@@ -96,7 +96,7 @@ def test_a_marker_naming_a_key_before_it_exists_is_no_verdict(s3_site, tmp_path)
     newcomer = NodeKey.generate("sw", "good1")
     s3_site.open(signer=newcomer).register_key(newcomer)
     s3_site.open(signer=newcomer).publish(round_rows("good1", 0, [[1, 0]]))
-    for later in (s3_site.open(reader_index=index), running):
+    for later in (s3_site.open(index_path=index), running):
         assert later.query("SELECT count(*) FROM rollouts WHERE node_id = 'good1'").item() == 2
         assert later.validate().skipped[ident.UNKNOWN_SIGNER] == 0
 

@@ -210,10 +210,10 @@ def test_a_swarm_closed_after_a_stranger_published_stops_serving_it(local_site, 
     # it; a node restarted from that index with its own members list stops serving them.
     _intrude(local_site, "exp-4x0")
     index = tmp_path / "reader.duckdb"
-    before = local_site.open(reader_index=index)
+    before = local_site.open(index_path=index)
     assert before.query("SELECT count(*) FROM rollouts").item() == 4
     before.close()
-    node = local_site.open(reader_index=index, signer=NodeKey.generate("exp-4x0", "a"))
+    node = local_site.open(index_path=index, signer=NodeKey.generate("exp-4x0", "a"))
     node.declare_swarm("exp-4x0", "required", members=["a", "b"])
     assert node.query("SELECT count(*) FROM rollouts").item() == 0
     assert node.query("SELECT count(*) FROM manifests").item() == 0

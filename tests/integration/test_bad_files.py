@@ -170,7 +170,8 @@ def test_a_peer_cannot_claim_another_nodes_identity_inside_its_file(site, honest
 
 
 def test_a_garbage_sample_log_is_skipped(site, honest):
-    honest.sample("me", 2, seed=0, swarm_id="sw", record_round=0)
+    drawn = honest.sample("me", 2, seed=0, swarm_id="sw")
+    honest.write_sample("sw", "me", 0, drawn, policy="paper", seed=0)
     plant(honest, "s00000001-junk.jsonl", b"{{{ not json\n\x00\xff", prefix="_samples/" + PEER)
     led = site.open()
     assert led.query("SELECT count(*) FROM samples").item() == 2

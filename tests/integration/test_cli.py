@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import flows.cli as cli
 from flows.cli import app, parse_storage_options
 from ledger import Ledger
-from tests.factories import round_rows
+from tests.factories import open_ledger, round_rows
 
 runner = CliRunner()
 
@@ -126,7 +126,7 @@ def test_validate_and_compact_commands(filled):
 
 
 def test_errors_are_one_clear_line(local_site):
-    Ledger(local_site.url).publish(round_rows("a", 0, [[1, 0]]))
+    Ledger.open(local_site.url).publish(round_rows("a", 0, [[1, 0]]))
     bad_sql = runner.invoke(app, ["ledger", "query", local_site.url, "SELECT * FROM nope"])
     assert bad_sql.exit_code == 2 and "error: Catalog Error" in bad_sql.output
     bad_policy = runner.invoke(
@@ -180,7 +180,7 @@ def test_the_installed_command_runs_the_demo(tmp_path):
     )
     assert "round 1: 12 groups published" in run.stdout
     assert not (tmp_path / "ledger").exists()  # the real demo's ledger stays its own
-    led = Ledger(str(tmp_path / "synthetic-ledger"))
+    led = Ledger.open(str(tmp_path / "synthetic-ledger"))
     assert led.query("SELECT count(*) FROM rollouts").item() == 3 * 2 * 4 * 8
     assert led.validate().clean
 
@@ -189,7 +189,7 @@ def test_the_installed_command_runs_the_demo(tmp_path):
 def test_s3_settings_come_from_the_standard_aws_variables(s3_server, monkeypatch):
     bucket = s3_server.new_bucket()
     url = f"s3://{bucket}/ledger"
-    Ledger(url, s3_server.storage_options).publish(round_rows("a", 0, [[1, 0]]))
+    open_ledger(url, s3_server.storage_options).publish(round_rows("a", 0, [[1, 0]]))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
@@ -332,7 +332,7 @@ def test_compact_of_a_signed_swarm_says_it_needs_the_node_key_and_works_with_it(
     root = tmp_path / "ledger"
     key_file = tmp_path / "keys" / "sw" / "a.pem"
     key = NodeKey.load_or_create(key_file, "sw", "a")
-    with Ledger(str(root), signer=key) as led:
+    with open_ledger(str(root), signer=key) as led:
         assert led.declare_swarm("sw", "required") == "required"
         led.register_key(key)
         for node_round in (0, 1):
@@ -354,6 +354,6 @@ def test_compact_of_a_signed_swarm_says_it_needs_the_node_key_and_works_with_it(
     own = runner.invoke(app, [*base, "--swarm-id", "sw", "--key", str(key_file)])
     assert own.exit_code == 0, own.output
     assert own.output.strip().startswith("compacted 2 files into 1 (4 rows, 1 partitions)")
-    with Ledger(str(root)) as reader:
+    with Ledger.open(str(root)) as reader:
         assert reader.validate().clean
         assert reader.query("SELECT count(*) FROM rollouts").item() == 4

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger, NodeKey, NodeManifest, StoreUnusable, parse_policy
+from ledger import NodeKey, NodeManifest, StoreUnusable, parse_policy
 from ledger.credentials import node_policy
 from tests.conftest import stop_process_group
-from tests.factories import round_rows
+from tests.factories import open_ledger, round_rows
 
 pytestmark = pytest.mark.s3
 SETUP_ACTIONS = 20
@@ -90,7 +90,7 @@ def creds(iam_server: dict[str, Any]) -> dict[str, dict[str, str]]:
 def test_a_node_writes_only_its_own_prefixes_and_reads_everything(creds):
     url = "s3://swarm/ledger"
     keys = {node: NodeKey.generate("sw", node) for node in creds}
-    ledgers = {node: Ledger(url, creds[node], signer=keys[node]) for node in creds}
+    ledgers = {node: open_ledger(url, creds[node], signer=keys[node]) for node in creds}
     ledgers["a"].declare_swarm("sw", "required")
     for node, led in ledgers.items():
         led.register_key(keys[node])
@@ -110,7 +110,7 @@ def test_a_node_writes_only_its_own_prefixes_and_reads_everything(creds):
     # ... and compacts its own files (writes its merged file, deletes its inputs).
     report = a.compact(["a"], before=datetime(2100, 1, 1, tzinfo=UTC).date())
     assert report.files_in == 2 and report.files_out == 1
-    assert Ledger(url, creds["b"]).query("SELECT count(*) FROM rollouts").item() == 8
+    assert open_ledger(url, creds["b"]).query("SELECT count(*) FROM rollouts").item() == 8
     # Its signed reports (a manifest, an evaluation) and their signatures, and the
     # collection of its own old change-log markers, are all within its credentials.
     a.write_manifest(
@@ -122,7 +122,7 @@ def test_a_node_writes_only_its_own_prefixes_and_reads_everything(creds):
     row = {"task": "chain_sum", "questions": 2, "completions": 2, "correct": 1.0,
            "accuracy": 0.5, "policy_version": 0, "eval_seed": 1}  # fmt: skip
     a.write_evaluation("sw", "a", 0, [row])
-    b = Ledger(url, creds["b"])
+    b = open_ledger(url, creds["b"])
     assert b.query("SELECT count(*) FROM manifests").item() == 1
     assert b.query("SELECT accuracy FROM evaluations").item() == 0.5
     assert b.validate().clean

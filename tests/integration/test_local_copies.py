@@ -60,7 +60,7 @@ def test_what_is_served_is_what_was_checked_when_a_peer_overwrites(s3_site, tmp_
     version = reader.catalog.files[key].version
     before = reader.sample("z", 1, seed=0)
     # Other rows of the same node, as the peer could write them.
-    scratch = Ledger(str(tmp_path / "scratch"))
+    scratch = Ledger.open(str(tmp_path / "scratch"))
     scratch.publish(round_rows("a", 1, [[0, 1, 1]]))
     scratch.refresh()
     (other,) = scratch.catalog.files
@@ -80,20 +80,20 @@ def test_copies_outlive_a_restart_with_the_reader_index(local_site, tmp_path):
     writer = local_site.open()
     _publish(writer, ("a", "b"), range(3))
     index = tmp_path / "index" / "reader.duckdb"
-    first = local_site.open(reader_index=index, local_copies="on")
+    first = local_site.open(index_path=index, local_copies="on")
     drawn = first.sample("z", 4, seed=3)
     copies = _copies(first)
     assert len(copies) == 6 and all(p.is_relative_to(index.with_suffix(".copies")) for p in copies)
     first.close()
     assert all(p.is_file() for p in copies)  # kept with the index
 
-    again = local_site.open(reader_index=index, local_copies="on")
+    again = local_site.open(index_path=index, local_copies="on")
     assert again.refresh().added == 0  # nothing read again
     assert again.sample("z", 4, seed=3).equals(drawn)
     again.close()
     # A copy lost while the reader was down: that file alone is examined again.
     copies[0].unlink()
-    third = local_site.open(reader_index=index, local_copies="on")
+    third = local_site.open(index_path=index, local_copies="on")
     assert third.refresh().added == 1
     assert third.sample("z", 4, seed=3).equals(drawn)
     assert len(_copies(third)) == 6

@@ -68,7 +68,7 @@ def test_a_node_resumed_with_another_configuration_keeps_its_first_manifest(
     first, changed = manifest(), manifest(external_groups=2, written_at=WHEN + timedelta(hours=1))
     with site.open() as led:
         led.write_manifest(first)
-        with caplog.at_level(logging.WARNING, logger="ledger.ledger"):
+        with caplog.at_level(logging.WARNING, logger="ledger.writes"):
             led.write_manifest(changed)
     assert "readers keep the earliest" in caplog.text
     assert len(listed(site)) == 2

@@ -90,7 +90,8 @@ def test_evaluations_and_trainings_read_back_exactly(site):
     led = site.open()
     led.publish(round_rows("n1", 0, [[1, 0], [0, 0, 1]]))
     led.publish(round_rows("n2", 0, [[1, 0]]))
-    led.sample("n1", 1, seed=0, swarm_id="sw", record_round=0)
+    drawn = led.sample("n1", 1, seed=0, swarm_id="sw")
+    led.write_sample("sw", "n1", 0, drawn, policy="paper", seed=0, now=T0)
     keys = write_two_nodes(led)
     assert keys["e-n1-0"].startswith(
         "_evaluations/swarm_id=sw/node_id=n1/day=2026-03-01/e00000000-"

@@ -25,7 +25,7 @@ def signed(site):
 
 def _index_once(site, path) -> None:
     """A reader that refreshes once and closes, leaving its index at ``path``."""
-    reader = site.open(reader_index=path)
+    reader = site.open(index_path=path)
     reader.refresh()
     reader.close()
 
@@ -43,13 +43,13 @@ def _ok(led) -> list[str]:
 
 def test_a_restarted_reader_resumes_without_examining_again(site, signed, tmp_path):
     path = tmp_path / "index" / "reader.duckdb"
-    first = site.open(reader_index=path)
+    first = site.open(index_path=path)
     drawn = first.sample("x", 3, seed=7, swarm_id="sw")
     files, groups = _ok(first), first.query("SELECT count(*) FROM groups").item()
     first.close()  # saves
     assert path.is_file()
 
-    again = site.open(reader_index=path)
+    again = site.open(index_path=path)
     assert _ok(again) == files  # loaded before any listing
     stats = again.refresh()
     assert (stats.added, stats.removed, stats.bad_files) == (0, 0, 0)  # nothing re-examined
@@ -68,7 +68,7 @@ def test_changes_made_while_a_reader_was_down_are_seen(site, signed, tmp_path):
     signed["a"].publish(round_rows("a", 3, [[1, 1]]))
     report = signed["a"].compact(["a"])  # a's four files become one
     assert report.files_in == 4 and report.files_out == 1
-    resumed = site.open(reader_index=path)
+    resumed = site.open(index_path=path)
     resumed.refresh()
     fresh = site.open()
     fresh.refresh()
@@ -80,12 +80,12 @@ def test_changes_made_while_a_reader_was_down_are_seen(site, signed, tmp_path):
 def test_an_index_for_other_settings_or_unreadable_is_ignored(local_site, tmp_path, caplog):
     path = tmp_path / "reader.duckdb"
     _one_file_and_its_index(local_site, path)
-    strict = local_site.open(reader_index=path, limits=RowLimits(max_group_size=4))
+    strict = local_site.open(index_path=path, limits=RowLimits(max_group_size=4))
     assert not strict.catalog.files  # indexed under other limits: examined afresh
     assert strict.query("SELECT count(*) FROM rollouts").item() == 2
     path.write_bytes(b"not a database" * 100)
     with caplog.at_level(logging.WARNING):
-        broken = local_site.open(reader_index=path)
+        broken = local_site.open(index_path=path)
     assert not broken.catalog.files and "ignoring the reader index" in caplog.text
     assert broken.query("SELECT count(*) FROM rollouts").item() == 2
 
@@ -94,7 +94,7 @@ def test_a_save_that_fails_keeps_the_previous_index(local_site, tmp_path, monkey
     path = tmp_path / "reader.duckdb"
     writer = _one_file_and_its_index(local_site, path)
     before = path.read_bytes()
-    reader = local_site.open(reader_index=path)
+    reader = local_site.open(index_path=path)
     writer.publish(round_rows("a", 1, [[1, 0]]))
     reader.refresh()
 
@@ -107,6 +107,6 @@ def test_a_save_that_fails_keeps_the_previous_index(local_site, tmp_path, monkey
     assert "could not save the reader index" in caplog.text
     assert path.read_bytes() == before
     monkeypatch.undo()
-    resumed = local_site.open(reader_index=path)
+    resumed = local_site.open(index_path=path)
     assert len(resumed.catalog.files) == 1
     assert resumed.query("SELECT count(*) FROM rollouts").item() == 4

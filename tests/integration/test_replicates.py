@@ -50,7 +50,7 @@ def training_row(group_id: str, origin: str, peer: str, informative: bool) -> di
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> Ledger:
-    led = Ledger(str(tmp_path / "ledger"))
+    led = Ledger.open(str(tmp_path / "ledger"))
     for conf in (BASE, SHARED):
         for seed in SEEDS:
             sid = swarm(conf, seed)

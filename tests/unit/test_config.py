@@ -28,8 +28,8 @@ def test_ledger_config_loads_from_yaml_and_rejects_unknown_keys(tmp_path):
 
 def test_staleness_reuses_a_listing_until_asked_to_refresh(tmp_path):
     url = str(tmp_path / "ledger")
-    writer = Ledger(url)
-    reader = Ledger.from_config(LedgerConfig(url=url, max_staleness_s=3600))
+    writer = Ledger.open(url)
+    reader = Ledger(LedgerConfig(url=url, max_staleness_s=3600))
     writer.publish(round_rows("a", 0, [[1, 0]]))
     assert reader.query("SELECT count(*) FROM rollouts").item() == 2
     writer.publish(round_rows("a", 1, [[1, 0]]))

@@ -41,7 +41,7 @@ LEDGER_ONLY = textwrap.dedent(
     from ledger.synthetic import synthetic_round
 
     url = sys.argv[1]
-    with Ledger(url) as led:
+    with Ledger.open(url) as led:
         for node in ("a", "b"):
             led.publish(synthetic_round("sw", node, 0, n_groups=3, group_size=4))
         direct = led.query("SELECT count(*) FROM rollouts").item()

@@ -14,7 +14,7 @@ from tests.factories import T0, group_rows, round_rows
 
 @pytest.fixture
 def ledger(tmp_path):
-    led = Ledger(str(tmp_path / "ledger"))
+    led = Ledger.open(str(tmp_path / "ledger"))
     # me: mixed and flat groups. a: 2 mixed + 1 all-zero. b: 1 mixed + 1 all-one + 1 mixed
     # in another swarm. c: 3 mixed groups, published long before the others.
     led.publish(round_rows("me", 0, [[1, 0], [0, 0]]))
@@ -56,7 +56,7 @@ def test_paper_policy_is_seeded_replayable_and_uniform(ledger):
     first = ledger.sample_group_ids("me", 3, "paper", seed=7, swarm_id="sw")
     assert len(first) == 3 and set(first) <= MIXED_PEERS
     assert ledger.sample_group_ids("me", 3, "paper", seed=7, swarm_id="sw") == first
-    reopened = Ledger(ledger.url)
+    reopened = Ledger.open(ledger.url)
     assert reopened.sample_group_ids("me", 3, "paper", seed=7, swarm_id="sw") == first
     # Uniform: over many seeds each of the 6 candidates is drawn about half the time (3 of 6).
     counts = dict.fromkeys(MIXED_PEERS, 0)
@@ -185,17 +185,28 @@ def test_policy_parsing_and_bounds():
     assert "reward_max > reward_min" in PaperPolicy().sql
 
 
-def test_sample_log_records_each_draw_once(ledger):
-    first = ledger.sample("me", 2, "paper", seed=1, swarm_id="sw", record_round=3)
-    ledger.sample("me", 2, "paper", seed=1, swarm_id="sw", record_round=3)  # a retried round
+def test_sampling_writes_nothing(ledger):
+    ledger.sample("me", 2, "paper", seed=1, swarm_id="sw")
+    assert ledger.query("SELECT count(*) FROM samples").item() == 0
+    assert not [o for o in ledger.store.list("_samples/")]
+
+
+def test_sample_log_records_each_draw_once_even_across_midnight(ledger):
+    first = ledger.sample("me", 2, "paper", seed=1, swarm_id="sw")
+    before = T0.replace(hour=23, minute=59)
+    key = ledger.write_sample("sw", "me", 3, first, policy="paper", seed=1, now=before)
+    # The round retried after UTC midnight: same round, another day's folder; nothing new.
+    after = before + timedelta(minutes=2)
+    again = ledger.sample("me", 2, "paper", seed=1, swarm_id="sw", now=after)
+    assert ledger.write_sample("sw", "me", 3, again, policy="paper", seed=1, now=after) == key
+    assert len(ledger.store.list("_samples/")) == 1
     log = ledger.query("SELECT * FROM samples ORDER BY group_id")
     assert log.height == 2
     assert set(log.get_column("group_id")) == _groups(first)
     assert set(log.get_column("node_id")) == {"me"} and set(log.get_column("node_round")) == {3}
+    assert set(log.get_column("policy")) == {"paper"} and set(log.get_column("seed")) == {1}
     peers = dict(first.select("group_id", "node_id").unique().iter_rows())
     assert dict(log.select("group_id", "peer_node_id").iter_rows()) == peers
-    with pytest.raises(ValueError, match="swarm_id"):
-        ledger.sample("me", 2, record_round=1)
 
 
 def test_group_view_has_hand_computed_statistics(ledger):
@@ -223,9 +234,9 @@ def test_a_draw_from_the_lowest_draws_is_the_draw_over_every_candidate(tmp_path,
     """``Ledger._draw`` looks among the lowest draws first and keeps that answer only when it
     provably equals the full one: with pools of one draw per group asked for (answers often
     refused) and of sixteen (the default), every answer equals the one over all candidates."""
-    from ledger import ledger as ledger_module
+    from ledger import reads as ledger_module
 
-    led = Ledger(str(tmp_path / "ledger"))
+    led = Ledger.open(str(tmp_path / "ledger"))
     # Peers of very different sizes: p0 publishes 1 mixed group, p11 twelve; some flat.
     for p in range(12):
         led.publish(round_rows(f"p{p}", 0, [[1, 0, p % 2]] * (p + 1) + [[1, 1]]))

@@ -54,8 +54,9 @@ def run_swarm(
             led.publish(table)
             published.append(table)
         for node in NODES if external else ():
-            led.sample(node, external, policy, seed=node_round, swarm_id=swarm_id,
-                       record_round=node_round)  # fmt: skip
+            drawn = led.sample(node, external, policy, seed=node_round, swarm_id=swarm_id)
+            led.write_sample(swarm_id, node, node_round, drawn,
+                             policy=parse_policy(policy).kind, seed=node_round)  # fmt: skip
     return published
 
 

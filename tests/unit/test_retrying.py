@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from ledger import Ledger, LedgerConfig, StorageError
 from ledger.retrying import RetryPolicy, call_with_retry
 from ledger.storage import ObjectInfo
-from tests.factories import round_rows
+from tests.factories import open_ledger, round_rows
 
 NO_WAIT = {"initial_wait_s": 0.0, "max_wait_s": 0.0, "jitter_s": 0.0}
 
@@ -39,7 +39,7 @@ class Flaky:
 @pytest.fixture
 def filled(tmp_path: Any) -> str:
     url = str(tmp_path / "ledger")
-    writer = Ledger(url)
+    writer = Ledger.open(url)
     writer.publish(round_rows("me", 0, [[1, 0]]))
     writer.publish(round_rows("peer", 0, [[1, 0], [0, 1, 1]]))
     writer.close()
@@ -77,7 +77,7 @@ def test_retrying_logs_each_retry_and_reraises(caplog: pytest.LogCaptureFixture)
 def test_a_listing_that_fails_a_few_times_is_retried_by_the_ledger_alone(
     filled: str, monkeypatch: pytest.MonkeyPatch, failures: int
 ) -> None:
-    led = Ledger(filled, retry=policy(3))
+    led = open_ledger(filled, retry=policy(3))
     listing = Flaky(led.store.list, failures, StorageError("listing failed: timeout"))
     monkeypatch.setattr(led.store, "list", listing)
     drawn = led.sample("me", 5, seed=0)
@@ -88,7 +88,7 @@ def test_a_listing_that_fails_a_few_times_is_retried_by_the_ledger_alone(
 def test_a_persistent_listing_failure_lists_attempts_times_then_one_line(
     filled: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    led = Ledger(filled, retry=policy(4))
+    led = open_ledger(filled, retry=policy(4))
     error = StorageError("listing on s3://b/ledger failed: connection refused\n  botocore trace")
     listing = Flaky(led.store.list, None, error)
     monkeypatch.setattr(led.store, "list", listing)
@@ -107,7 +107,7 @@ def test_a_persistent_listing_failure_lists_attempts_times_then_one_line(
 def test_a_read_that_keeps_failing_lists_once_per_attempt(
     filled: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    led = Ledger(filled, retry=policy(3))
+    led = open_ledger(filled, retry=policy(3))
     listing = Flaky(led.store.list, 0, RuntimeError("never"))
     monkeypatch.setattr(led.store, "list", listing)
     fetch = Flaky(led.catalog.fetch_groups, None, duckdb.IOException("No files found: x"))
@@ -123,7 +123,7 @@ def test_files_that_vanish_are_listed_once_more_then_left_out(
     """A listed file gone before it is read (compaction) means a stale listing: the ledger
     lists once more; a file that vanishes from every listing (a peer deleting its own
     files as fast as it writes them) is left out of the read, never an error."""
-    led = Ledger(filled, retry=policy(3))
+    led = open_ledger(filled, retry=policy(3))
     real = led.store.list
     ghost = ObjectInfo("swarm_id=sw/node_id=ghost/day=2026-03-01/r00000000-x.parquet", None)
     ghosts = {"left": 1}
@@ -151,7 +151,7 @@ def test_files_that_vanish_are_listed_once_more_then_left_out(
 def test_a_write_is_retried_under_the_same_policy(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    led = Ledger(str(tmp_path / "ledger"), retry=policy(3))
+    led = open_ledger(str(tmp_path / "ledger"), retry=policy(3))
     put = Flaky(led.store.put_new, 2, StorageError("put failed: 503 Slow Down"))
     monkeypatch.setattr(led.store, "put_new", put)
     (key,) = led.publish(round_rows("a", 0, [[1, 0]]))

@@ -1,0 +1,156 @@
+"""The read side of a ledger: peers' groups drawn by a sampling policy's SQL, and SQL over
+the views (``rollouts``, ``groups``, the node logs, ``manifests``, ``ledger_files``). Reads
+only read: what a node drew is written by the write side (``LedgerWrites.write_sample``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from ledger.catalog import FileChanged
+from ledger.handle import LedgerHandle, serialized
+from ledger.policies import AnyPolicy, parse_policy
+from ledger.retrying import first_line
+from ledger.schema import check_id
+
+MAX_GROUPS_PER_SAMPLE = 100_000
+DRAW_POOL_PER_GROUP = 16
+"""A draw looks first among the lowest 16 draws per group asked for (see ``_draw``)."""
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class LedgerReads(LedgerHandle):
+    @serialized
+    def sample(
+        self,
+        node_id: str,
+        n_groups: int,
+        policy: str | dict[str, Any] | AnyPolicy = "paper",
+        seed: int = 0,
+        *,
+        swarm_id: str | None = None,
+        now: datetime | None = None,
+        exclude_nodes: Sequence[str] = (),
+        known_nodes: Sequence[str] | None = None,
+    ) -> pl.DataFrame:
+        """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
+
+        Never the node's own groups. The same seed over the same ledger gives the same
+        sample. Fewer groups come back when fewer qualify. Nothing is written: a node
+        records what it drew with ``write_sample``.
+        ``exclude_nodes``: peers the receiver no longer samples (its reputation of them);
+        ``known_nodes``: peers it has verified enough of: groups of all other peers together
+        come after the known ones' beyond the policy's ``max_unknown_share`` (None: every
+        peer counts as known).
+        """
+        when = now or datetime.now(UTC)
+        draw = self._draw(
+            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes
+        )
+
+        def attempt() -> pl.DataFrame:
+            frame = self.catalog.fetch_groups(draw())
+            return frame if frame is not None else self._empty()
+
+        frame: pl.DataFrame = self._with_refresh(attempt)
+        return frame
+
+    @serialized
+    def sample_group_ids(
+        self,
+        node_id: str,
+        n_groups: int,
+        policy: Any = "paper",
+        seed: int = 0,
+        *,
+        swarm_id: str | None = None,
+        now: datetime | None = None,
+        exclude_nodes: Sequence[str] = (),
+        known_nodes: Sequence[str] | None = None,
+    ) -> list[str]:
+        """The group ids ``sample`` would return, in draw order, without reading their rows."""
+        when = now or datetime.now(UTC)
+        draw = self._draw(
+            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes
+        )
+        ids: list[str] = self._with_refresh(draw)
+        return ids
+
+    def _draw(
+        self,
+        node_id: str,
+        n_groups: int,
+        policy: Any,
+        seed: int,
+        swarm_id: str | None,
+        when: datetime,
+        exclude_nodes: Sequence[str] = (),
+        known_nodes: Sequence[str] | None = None,
+    ) -> Callable[[], list[str]]:
+        """A call that runs the policy's SQL: the drawn group ids in draw order."""
+        chosen = parse_policy(policy)
+        if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:
+            raise ValueError(f"n_groups must be in [0, {MAX_GROUPS_PER_SAMPLE}], got {n_groups}")
+        params = {
+            "node_id": node_id,
+            "swarm_id": swarm_id,
+            "seed": int(seed),
+            "n_groups": int(n_groups),
+            "excluded": [check_id("node_id", n) for n in exclude_nodes],
+            "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
+            **chosen.caps(int(n_groups)),
+            **chosen.parameters(when),
+        }
+        sql = chosen.sql
+        used = set(_PARAM.findall(sql)) - {"pool"}
+        params = {k: val for k, val in params.items() if k in used}
+
+        def draw() -> list[str]:
+            if n_groups == 0:
+                return []
+            # First among the lowest draws only. That answer is the answer over all
+            # candidates when it is full and no cap put any of it late, and none of it is
+            # an unknown peer's (the unknown cap counts across all candidates; a peer's
+            # rank among its own draws is the same in the pool as overall).
+            pooled = {**params, "pool": DRAW_POOL_PER_GROUP * int(n_groups)}
+            rows = self.con.execute(sql, pooled).fetchall()
+            if len(rows) < n_groups or any(late or unknown for _, late, unknown in rows):
+                rows = self.con.execute(sql, {**params, "pool": None}).fetchall()
+            return [r[0] for r in rows]
+
+        return draw
+
+    @serialized
+    def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
+        """Run SQL over the views ``rollouts``, ``groups``, ``samples``, ``evaluations``,
+        ``trainings``, ``manifests`` and ``ledger_files``.
+
+        ``samples``, ``evaluations`` and ``trainings`` are the nodes' self-reports
+        (ledger/node_logs.py): each row carries ``swarm_id``, ``node_id`` (from the file's
+        place) and ``source_file``."""
+
+        def attempt() -> pl.DataFrame:
+            try:
+                self.catalog.ensure_views()  # binding the views reads every file's footer
+                return self.con.execute(sql, params).pl()
+            except duckdb.Error as exc:
+                # A file changed under the views is forgotten and the query retried;
+                # anything else (the caller's SQL) is the caller's error.
+                if self.catalog.recover_from(exc):
+                    raise FileChanged(f"files changed under the query: {first_line(exc)}") from exc
+                raise
+
+        return self._with_refresh(attempt)
+
+    def evaluated_nodes(self, swarm_id: str, node_round: int) -> set[str]:
+        """The nodes of ``swarm_id`` whose held-out evaluation at ``node_round`` is recorded."""
+        found = self.query(
+            "SELECT DISTINCT node_id FROM evaluations WHERE swarm_id = $s AND node_round = $r",
+            {"s": swarm_id, "r": node_round},
+        )
+        return set(found["node_id"].to_list())
