@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.s3 import S3Settings
+from ledger.storage.settings import S3Settings
 
 
 def test_options_override_the_aws_environment():
