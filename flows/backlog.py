@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
+from flows.files import write_atomically
 from ledger import Ledger, StorageError, StoreUnusable
 from ledger.records import to_table
 
@@ -90,7 +90,4 @@ class Backlog:
         return written
 
     def _write(self, path: Path, write: Any) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        write(tmp)
-        os.replace(tmp, path)  # whole or not at all: a kill leaves a hidden .tmp, ignored
+        write_atomically(path, write)

@@ -14,7 +14,6 @@ logged to MLflow (state.json then names where it is). Such a checkpoint cannot b
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import tempfile
@@ -23,9 +22,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flows.files import write_atomically
+
 STATE = "state.json"
 KEEP = 1
-TRAINING_STATE = ("optimizer.pt", "rng.pt")
+OPTIMIZER = "optimizer.pt"
+RNG = "rng.pt"
+TRAINING_STATE = (OPTIMIZER, RNG)
 
 
 @dataclass
@@ -83,10 +86,7 @@ FINISHED = "finished.json"
 def mark_finished(workdir: Path, node_id: str, rounds: int) -> None:
     """Record that the node finished `rounds` rounds completely: scored, and its model in
     MLflow when models are logged. Later runs asked for no more rounds stop at once."""
-    path = node_dir(workdir, node_id) / FINISHED
-    tmp = path.with_name(f".{FINISHED}.tmp")
-    tmp.write_text(json.dumps({"rounds": rounds}))
-    os.replace(tmp, path)
+    write_atomically(node_dir(workdir, node_id) / FINISHED, json.dumps({"rounds": rounds}))
 
 
 def finished_rounds(workdir: Path, node_id: str) -> int:
@@ -172,8 +172,8 @@ def write(pending: Pending) -> Checkpoint:
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     learner.policy.model.save_pretrained(str(tmp))
     learner.policy.tokenizer.save_pretrained(str(tmp))
-    torch.save(learner.optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(pending.rng, tmp / "rng.pt")
+    torch.save(learner.optimizer.state_dict(), tmp / OPTIMIZER)
+    torch.save(pending.rng, tmp / RNG)
     (tmp / STATE).write_text(json.dumps(pending.state))  # last: a folder without it is partial
     if target.exists():
         shutil.rmtree(target)
@@ -245,9 +245,7 @@ def keep_final_model(saved: Checkpoint, logged_at: str | None) -> Checkpoint:
     lacks, never one that claims files it no longer has."""
     data = json.loads((saved.path / STATE).read_text())
     data.update(resumable=False, final_model=logged_at)
-    tmp = saved.path / f".{STATE}.tmp"
-    tmp.write_text(json.dumps(data))
-    tmp.replace(saved.path / STATE)
+    write_atomically(saved.path / STATE, json.dumps(data))
     gone = [saved.path / name for name in TRAINING_STATE]
     if logged_at is not None:
         gone += model_files(saved.path)
@@ -260,8 +258,8 @@ def restore_into(learner: Any, checkpoint: Checkpoint) -> None:
     """Load optimizer, RNG and counters into a learner whose model came from the checkpoint."""
     import torch
 
-    learner.optimizer.load_state_dict(torch.load(checkpoint.path / "optimizer.pt"))
-    rng = torch.load(checkpoint.path / "rng.pt", weights_only=False)
+    learner.optimizer.load_state_dict(torch.load(checkpoint.path / OPTIMIZER))
+    rng = torch.load(checkpoint.path / RNG, weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     learner.policy_version = checkpoint.policy_version

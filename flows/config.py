@@ -25,17 +25,21 @@ from pathlib import Path
 from typing import Any, Literal, Self, get_args
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from flows.limits import MAX_NODES
 from ledger.config import LedgerConfig
 from ledger.policies import AnyPolicy, PaperPolicy, SamplingPolicy
 from ledger.retrying import RetryPolicy
+from ledger.schema import check_id
 from sapo_core.config import NodeConfig, Strict
 
 DEFAULT_SWARM = "cpu.yaml"
 # The sampling policy kinds (the `kind` default of each policy model).
 KINDS = frozenset(str(m.model_fields["kind"].default) for m in get_args(AnyPolicy))
 DEFAULT_NODE_COUNT = 3
+DEFAULT_POLICY = str(PaperPolicy.model_fields["kind"].default)
+"""The sampling policy of a swarm that names none: the paper's uniform draw."""
 TRACKING_RETRY = RetryPolicy(attempts=5, initial_wait_s=0.2, max_wait_s=5.0, jitter_s=0.2)
 """MLflow calls: a busy SQLite file or a restarting server usually answers within seconds."""
 WORKDIR_ENV = "SAPO_WORKDIR"
@@ -102,11 +106,9 @@ class NodeSpec(Strict):
 class SwarmConfig(Strict):
     """A swarm: shared settings, the ledger, tracking, and every node resolved."""
 
-    swarm_id: str = Field("cpu-swarm", pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+    swarm_id: str = Field("cpu-swarm", description="An id (ledger.schema.check_id).")
     experiment: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$",
-        description="The sweep this swarm belongs to (set by `sapo experiment`).",
+        None, description="The sweep this swarm belongs to (set by `sapo experiment`)."
     )
     workdir: Path = Field(
         Path("sapo-work"), description="Where ledger, MLflow store, checkpoints live."
@@ -159,7 +161,7 @@ class SwarmConfig(Strict):
     )
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # type: ignore[arg-type]
     prefect: PrefectConfig = Field(default_factory=PrefectConfig)
-    nodes: list[NodeSpec] = Field(min_length=1, max_length=256)
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_NODES)
 
     def members(self) -> list[str] | None:
         """The node ids the swarm's rules list (closed), or None (open to any node)."""
@@ -178,7 +180,7 @@ class SwarmConfig(Strict):
             return data
         data = dict(data)
         defaults = data.pop("defaults", None) or {}
-        sampling = data.pop("sampling", None) or {"kind": "paper"}
+        sampling = data.pop("sampling", None) or {"kind": DEFAULT_POLICY}
         for name, value in (("defaults", defaults), ("sampling", sampling)):
             if not isinstance(value, dict):
                 raise ValueError(f"{name} must be a mapping, got {value!r}")
@@ -197,9 +199,16 @@ class SwarmConfig(Strict):
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()  # node processes run from anywhere
 
+    @field_validator("swarm_id", "experiment")
+    @classmethod
+    def _an_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_id(str(info.field_name), value)
+
     @model_validator(mode="after")
     def _ids_unique(self) -> Self:
-        ids = [spec.node_id for spec in self.nodes]
+        # Ids name the ledger's folders and objects: the ledger's one rule for them, here
+        # where the swarm loads, so that a node never starts with one its ledger refuses.
+        ids = [check_id("node_id", spec.node_id) for spec in self.nodes]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
             raise ValueError(f"node ids repeat: {repeated}")
@@ -253,8 +262,8 @@ def node_entries(data: dict[str, Any]) -> list[Any]:
 def _count(value: Any) -> int:
     if value is None:
         return DEFAULT_NODE_COUNT
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
-        raise ValueError(f"node_count must be an integer in [1, 256], got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_NODES:
+        raise ValueError(f"node_count must be an integer in [1, {MAX_NODES}], got {value!r}")
     return value
 
 

@@ -23,10 +23,11 @@ import copy
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from flows import checkpoint
 from flows.config import (
+    DEFAULT_POLICY,
     ConfigError,
     SwarmConfig,
     apply_overrides,
@@ -35,6 +36,7 @@ from flows.config import (
     read_yaml_mapping,
     validate_swarm,
 )
+from ledger.schema import check_id
 from sapo_core.config import Strict
 
 FIXED_KEYS = ("swarm_id", "experiment", "workdir")  # set per configuration, never by the swarm
@@ -55,14 +57,14 @@ class Configuration(Strict):
     )
 
     def policy_kind(self, swarm: dict[str, Any]) -> str:
-        sampling = self.sampling or swarm.get("sampling") or {"kind": "paper"}
-        return str(sampling.get("kind", "paper"))
+        sampling = self.sampling or swarm.get("sampling") or {}
+        return str(sampling.get("kind", DEFAULT_POLICY))
 
     def suffix(self, swarm: dict[str, Any]) -> str:
         """`IxJ`, plus the policy when it is not the paper's and J > 0 (without peers no
         policy acts): e.g. `4x0`, `1x3-variance-weighted`."""
         kind = self.policy_kind(swarm)
-        shown = kind != "paper" and self.external_groups > 0
+        shown = kind != DEFAULT_POLICY and self.external_groups > 0
         policy = "-" + kind.replace("_", "-") if shown else ""
         return f"{self.local_groups}x{self.external_groups}{policy}"
 
@@ -74,7 +76,7 @@ class Configuration(Strict):
 class ExperimentConfig(Strict):
     """A sweep of sharing configurations over one swarm."""
 
-    experiment: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,40}$")
+    experiment: str = Field(description="An id (ledger.schema.check_id): it names the swarms.")
     workdir: str = Field("sapo-experiment", description="Ledger, MLflow store, checkpoints.")
     swarm: dict[str, Any] = Field(
         default_factory=dict, description="The swarm every configuration runs (no swarm_id)."
@@ -89,6 +91,11 @@ class ExperimentConfig(Strict):
     baseline: str | None = Field(
         None, description="The configuration gains are measured against; default: the J = 0 one."
     )
+
+    @field_validator("experiment")
+    @classmethod
+    def _an_id(cls, value: str) -> str:
+        return check_id("experiment", value)
 
     @model_validator(mode="after")
     def _only_sharing_varies(self) -> Self:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from flows import checkpoint
 from flows.backlog import Backlog
 from flows.config import NodeSpec, SwarmConfig
+from flows.files import write_atomically
 from flows.progress import NodeProgress
 from flows.tracking import MODEL_PATH_TAG, Tracker, flatten, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
@@ -70,11 +70,7 @@ class NodeRuntime:
         return Reputation.from_json(json.loads(path.read_text()))
 
     def save_reputation(self, reputation: Reputation) -> None:
-        path = self.reputation_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(reputation.to_json(), indent=1))
-        os.replace(tmp, path)
+        write_atomically(self.reputation_path, json.dumps(reputation.to_json(), indent=1))
 
     @property
     def backlog(self) -> Backlog:

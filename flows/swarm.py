@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from flows.config import SwarmConfig, swarm_yaml
+from flows.files import write_atomically
 from flows.progress import PROGRESS_ENV, SwarmProgress
 from flows.stopping import NodeStopper, SwarmStopped, stopped_lines
 
@@ -29,10 +30,7 @@ PARENT_RUN_ENV = "SAPO_PARENT_RUN_ID"
 def write_resolved(config: SwarmConfig, target: Path | None = None) -> Path:
     """Write the resolved swarm (default <workdir>/swarm.yaml) for node processes to load."""
     target = target or config.workdir / "swarm.yaml"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(swarm_yaml(config))
-    tmp.replace(target)
+    write_atomically(target, swarm_yaml(config))
     return target
 
 

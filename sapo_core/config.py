@@ -256,7 +256,9 @@ class EvaluationConfig(Strict):
 class NodeConfig(Strict):
     """Everything one node needs to run its rounds, apart from storage and tracking."""
 
-    node_id: str = Field("node-0", pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+    node_id: str = Field(
+        "node-0", min_length=1, description="Checked as an id where a swarm file loads."
+    )
     model: str = Field(
         BUNDLED_MODEL,
         description=f"Hugging Face id, local directory, or {BUNDLED_MODEL!r} (offline).",

@@ -18,6 +18,7 @@ from flows.cli.common import (
     print_frame,
     require,
 )
+from flows.limits import MAX_NODES
 
 if TYPE_CHECKING:
     from flows.config import SwarmConfig
@@ -136,7 +137,9 @@ def where(cfg: SwarmConfig) -> str:
 
 def swarm(
     config: SwarmFileOpt = None,
-    nodes: Annotated[int | None, typer.Option(min=1, max=256, help="Number of nodes.")] = None,
+    nodes: Annotated[
+        int | None, typer.Option(min=1, max=MAX_NODES, help="Number of nodes.")
+    ] = None,
     rounds: Annotated[int | None, typer.Option(min=1, help="Rounds per node (total).")] = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
@@ -340,7 +343,7 @@ def serve_deployments(
 def demo(
     workdir: WorkdirOpt = None,
     rounds: Annotated[int | None, typer.Option(min=1)] = None,
-    nodes: Annotated[int | None, typer.Option(min=1, max=64)] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, max=MAX_NODES)] = None,
     synthetic: Annotated[
         bool, typer.Option(help="Only exercise the ledger with synthetic nodes (no model).")
     ] = False,

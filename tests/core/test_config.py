@@ -38,7 +38,6 @@ def test_unknown_keys_are_rejected_at_every_level() -> None:
         {"local_groups": 8, "questions_per_round": 4},
         {"tasks": {"specs": []}},
         {"tasks": {"specs": [{"name": "chain_sum"}, {"name": "chain_sum"}]}},
-        {"node_id": "has space"},
     ],
 )
 def test_bounds_and_cross_field_rules(bad: dict) -> None:  # type: ignore[type-arg]

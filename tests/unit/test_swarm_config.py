@@ -93,6 +93,45 @@ def test_a_bad_key_is_one_line_naming_it(change: dict, key: str) -> None:
     assert "\n" not in message and key in message, message
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"nodes": [{"node_id": "a.b"}]},
+        {"swarm_id": "sw.1"},
+        {"experiment": "e.x"},
+        {"swarm_id": "x" * 129},
+        {"nodes": [{"node_id": "has space"}]},
+    ],
+)
+def test_ids_follow_the_ledgers_one_rule_when_the_file_loads(change: dict) -> None:
+    # A node whose id its ledger refuses would pass here and fail at its start; and the
+    # rule is the ledger's, not a second pattern beside it.
+    from ledger.schema import check_id
+
+    (field, value), *_ = change.items()
+    bad = value[0]["node_id"] if field == "nodes" else value
+    with pytest.raises(ValueError):
+        check_id(field, bad)
+    with pytest.raises(ConfigError, match="no dots"):
+        load_swarm(text=yaml.safe_dump({**SWARM, **change}))
+
+
+def test_an_experiments_name_follows_the_same_rule(tmp_path: Path) -> None:
+    from flows.experiment import load_experiment
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "experiment": "paper.cpu",
+                "configurations": [{"local_groups": 1, "external_groups": 0}],
+            }
+        )
+    )
+    with pytest.raises(ConfigError, match="no dots"):
+        load_experiment(path)
+
+
 def test_node_ids_must_not_repeat() -> None:
     nodes = [{"node_id": "a"}, {"node_id": "a", "seed": 1}]
     with pytest.raises(ConfigError, match="node ids repeat"):
