@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,35 @@ def is_outage(exc: BaseException) -> bool:
     """A ledger failure worth riding out: the store did not answer (not a refusal, such as
     a missing bucket or bad credentials, which waiting does not fix)."""
     return isinstance(exc, StorageError) and not isinstance(exc, StoreUnusable)
+
+
+@dataclass
+class Outage:
+    """What ``riding_out`` caught: the ledger's failure, or None if it answered."""
+
+    error: StorageError | None = None
+
+    def __bool__(self) -> bool:
+        return self.error is not None
+
+
+@contextmanager
+def riding_out() -> Iterator[Outage]:
+    """Run the block; an outage of the ledger (``is_outage``) ends it quietly and is left in
+    the yielded ``Outage`` for the caller's fallback; any other failure propagates.
+
+        with riding_out() as down:
+            keys = node.ledger.publish(rows)
+        if down:
+            node.backlog.add_rows(round_, rows)  # written when the ledger answers again
+    """
+    outage = Outage()
+    try:
+        yield outage
+    except StorageError as exc:
+        if not is_outage(exc):
+            raise
+        outage.error = exc
 
 
 def log_writer(ledger: Ledger, kind: str) -> Any:

@@ -1,7 +1,8 @@
 """Prefect flows: one node's round ([evaluate ->] generate -> publish -> sample -> reward ->
 update, then checkpoint and track), and a node that runs rounds until its budget is spent.
 
-Each task is a one-line call of a step in flows/steps.py (tested there without Prefect).
+Each task is a step of flows/steps.py's ``ROUND`` (tested there without Prefect), and how a
+run finishes is decided by the plain functions of flows/plan.py.
 The node's runtime and the round's state live in this process (the model, the round's
 groups) and are handed to the tasks as arguments; flow runs record only the node id and
 the round, and find the runtime in the context `node_flow` opens (`running`).
@@ -24,7 +25,7 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 from prefect.utilities.annotations import quote
 
-from flows import checkpoint, steps
+from flows import checkpoint, plan, steps
 from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
 from flows.env import apply_offline_defaults
 from flows.progress import NodeProgress
@@ -53,9 +54,12 @@ def running_node(node_id: str) -> NodeRuntime:
     return node
 
 
-@task(name="evaluate", cache_policy=NONE)
-def evaluate_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    return steps.evaluate(node, state)
+def _as_task(step: steps.Step) -> Any:
+    return task(name=step.name, cache_policy=NONE)(step.run)
+
+
+TASKS: dict[str, Any] = {step.name: _as_task(step) for step in steps.ROUND}
+"""A Prefect task per step of the round (flows/steps.py ``ROUND``), named as the step."""
 
 
 @task(name="final-evaluation", cache_policy=NONE)
@@ -63,93 +67,23 @@ def final_evaluation_task(node: NodeRuntime) -> dict[str, float]:
     return steps.final_evaluation(node)
 
 
-@task(name="generate", cache_policy=NONE)
-def generate_task(node: NodeRuntime, state: RoundState) -> int:
-    return steps.generate(node, state)
-
-
-@task(name="publish", cache_policy=NONE)
-def publish_task(node: NodeRuntime, state: RoundState) -> list[str]:
-    return steps.publish(node, state)
-
-
-@task(name="sample", cache_policy=NONE)
-def sample_task(node: NodeRuntime, state: RoundState) -> list[str]:
-    return steps.sample(node, state)
-
-
-@task(name="reward", cache_policy=NONE)
-def reward_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    return steps.reward(node, state)
-
-
-@task(name="update", cache_policy=NONE)
-def update_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    steps.checkpoint_wait(node, state)
-    return steps.update(node, state)
-
-
-@task(name="checkpoint", cache_policy=NONE)
-def checkpoint_task(node: NodeRuntime, state: RoundState, force: bool = False) -> str | None:
-    return steps.checkpoint(node, state, force=force)
-
-
-@task(name="track", cache_policy=NONE)
-def track_task(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    return steps.track(node, state)
+def _as_task_run(step: steps.Step, node: NodeRuntime, state: RoundState) -> Any:
+    # quote(): Prefect would otherwise walk every object inside (the round's rollouts) on
+    # each task call, looking for futures; there are none, and the tasks get the objects.
+    return TASKS[step.name](quote(node), quote(state))
 
 
 @flow(name="sapo-round", flow_run_name="{node_id}-round-{round_}")
 def round_flow(
     node_id: str, round_: int, last: bool = False, started_at: float | None = None
 ) -> dict[str, float]:
-    """One round of one node, the paper's steps in order. `started_at` (perf_counter
-    seconds) is when the caller began the round, so that the time Prefect takes to create
-    this flow run counts as the round's orchestration."""
+    """One round of one node: the steps of ``steps.ROUND`` in order, each a task. `last`:
+    the run's last round (its checkpoint is forced). `started_at` (perf_counter seconds) is
+    when the caller began the round, so that the time Prefect takes to create this flow run
+    counts as the round's orchestration."""
     runtime = running_node(node_id)
-    state = RoundState(round_, started=time.perf_counter() if started_at is None else started_at)
-    # quote(): Prefect would otherwise walk every object inside (the round's rollouts) on
-    # each task call, looking for futures; there are none, and the tasks get the objects.
-    node: Any = quote(runtime)
-    this: Any = quote(state)
-    evaluation, rounds = runtime.spec.node.evaluation, runtime.swarm.rounds
-    if evaluation.due(round_, rounds):
-        evaluate_task(node, this)
-    generate_task(node, this)
-    publish_task(node, this)
-    sample_task(node, this)
-    reward_task(node, this)
-    update_task(node, this)
-    checkpoint_task(node, this, force=last)
-    return track_task(node, this)
-
-
-def rounds_to_run(start: int, end: int, until_round: int | None, more_rounds: int | None) -> range:
-    """The rounds a node flow runs from checkpoint `start`: up to `end`, or `more_rounds`
-    of them; with both `more_rounds` and `until_round`, no further than `end` (a scheduled
-    deployment's run after the swarm's last round runs none)."""
-    if more_rounds is None:
-        return range(start, end)
-    if until_round is None:  # `sapo node --more-rounds`: may go past the swarm's rounds
-        return range(start, start + more_rounds)
-    return range(start, min(start + more_rounds, end))
-
-
-def nothing_left(
-    swarm: SwarmConfig,
-    node_id: str,
-    saved: checkpoint.Checkpoint,
-    end: int,
-    until_round: int | None,
-    more_rounds: int | None,
-) -> bool:
-    """Whether a run of a node at checkpoint `saved` has nothing to run, score or log (a
-    scheduled run after the last round then ends without loading the model). A node that
-    kept only its final model could not be opened to train anyway: its optimizer state
-    is gone."""
-    if rounds_to_run(saved.next_round, end, until_round, more_rounds):
-        return False
-    return not saved.resumable or checkpoint.finished_rounds(swarm.workdir, node_id) >= end
+    began = time.perf_counter() if started_at is None else started_at
+    return steps.run_round(runtime, RoundState(round_, began, last=last), call=_as_task_run)
 
 
 @flow(name="sapo-node", flow_run_name="{node_id}")
@@ -179,7 +113,9 @@ def node_flow(
         )
     saved = checkpoint.latest(swarm.workdir, node_id)
     end = until_round or swarm.rounds
-    if saved is not None and nothing_left(swarm, node_id, saved, end, until_round, more_rounds):
+    if saved is not None and plan.nothing_left(
+        swarm, node_id, saved, end, until_round, more_rounds
+    ):
         print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
         return {"node_id": node_id, "rounds": [], "metrics": []}
     progress = NodeProgress.for_process(node_id)
@@ -189,7 +125,7 @@ def node_flow(
         progress.watch(dog.saw)
         node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
         try:
-            rounds = rounds_to_run(node.next_round, end, until_round, more_rounds)
+            rounds = plan.rounds_to_run(node.next_round, end, until_round, more_rounds)
             start, stop = rounds.start, rounds.stop
             history = []
             with running(node):
@@ -201,19 +137,24 @@ def node_flow(
                     print(steps.describe(metrics, node_id, round_), flush=True)
                     history.append(metrics)
                 dog.entering("the final evaluation")
-                if node.next_round >= swarm.rounds and not steps.evaluated(node, swarm.rounds):
+                if plan.reached_the_end(node.next_round, swarm.rounds) and not steps.evaluated(
+                    node, swarm.rounds
+                ):
                     # After the last checkpoint, so the score is that checkpoint's; a node
                     # killed before it is scored by the next run, whose loop is then empty.
                     quoted: Any = quote(node)
                     final_evaluation_task(quoted)
-            # The model is logged when the node reaches its last round (or went past it),
-            # not after every scheduled run of a few rounds; and by a later run when the one
-            # that reached it did not (it stopped before, or the upload failed).
             dog.entering("closing the node's run (logging its model)")
-            reached = node.next_round >= swarm.rounds or until_round is None
-            wanted = swarm.tracking.log_models and reached
-            node.finish(log_model=wanted and (stop > start or node.final_model_missing()))
-            if node.next_round >= swarm.rounds and not node.final_model_missing():
+            log_model = plan.logs_its_model(
+                log_models=swarm.tracking.log_models,
+                next_round=node.next_round,
+                rounds=swarm.rounds,
+                until_round=until_round,
+                ran_rounds=stop > start,
+                model_missing=node.final_model_missing(),
+            )
+            node.finish(log_model=log_model)
+            if plan.finished(node.next_round, swarm.rounds, node.final_model_missing()):
                 checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
             return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
         finally:

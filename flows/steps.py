@@ -22,7 +22,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import polars as pl
 
 from flows import checkpoint as checkpoints
-from flows.backlog import is_outage, log_writer
+from flows.backlog import log_writer, riding_out
 from flows.runtime import NodeRuntime, node_config
 from ledger import StorageError
 from sapo_core.assembly import TrainingSet
@@ -43,6 +43,7 @@ class RoundState:
 
     round: int
     started: float = field(default_factory=time.perf_counter)
+    last: bool = False  # the run's last round: its checkpoint is forced
     generated: Generated | None = None
     external: list[Group] = field(default_factory=list)
     chosen: TrainingSet | None = None
@@ -129,25 +130,22 @@ def evaluated(node: NodeRuntime, round_: int) -> bool:
         return True
     if any(p.name == f"r{round_:08d}-evaluation.json" for p in node.backlog.files()):
         return True  # recorded, waiting for the ledger
-    try:
+    with riding_out() as down:
         return node.node_id in node.ledger.evaluated_nodes(node.swarm.swarm_id, round_)
-    except StorageError as exc:
-        if not is_outage(exc):
-            raise
-        log.warning("ledger unreachable (%s): evaluating round %d again", exc, round_)
-        return False
+    log.warning("ledger unreachable (%s): evaluating round %d again", down.error, round_)
+    return False
 
 
 def final_evaluation(node: NodeRuntime) -> dict[str, float]:
     """The policy after the last round (logged at step = rounds), when evaluation is on;
     then what is left of the backlog is written, if the ledger answers."""
     metrics = evaluation_metrics(node, node.swarm.rounds)
-    try:
+    with riding_out() as down:
         node.backlog.flush(node.ledger)
-    except StorageError as exc:
-        if not is_outage(exc):
-            raise
-        log.warning("ledger unreachable (%s): %d files stay in the backlog", exc, len(node.backlog))
+    if down:
+        log.warning(
+            "ledger unreachable (%s): %d files stay in the backlog", down.error, len(node.backlog)
+        )
     if metrics and node.run is not None:
         node.run.tracker.log_metrics(node.run.run_id, metrics, step=node.swarm.rounds)
     return metrics
@@ -171,12 +169,10 @@ def publish(node: NodeRuntime, state: RoundState) -> list[str]:
         for g in generated.groups
         for r in g.rollouts
     ]
-    try:
+    with riding_out() as down:
         node.backlog.flush(node.ledger)
         keys = node.ledger.publish(rows)
-    except StorageError as exc:
-        if not is_outage(exc):
-            raise
+    if down:
         state.ledger_down = True
         node.backlog.add_rows(state.round, rows)
         return []
@@ -205,7 +201,7 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
     if config.external_groups > 0:
         seed = round_seed(config.seed, state.round)
         reputation = node.reputation()
-        try:
+        with riding_out() as down:
             wait_for_peers(node, seed)
             frame = node.ledger.sample(
                 node.node_id,
@@ -225,11 +221,11 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
                 policy=node.spec.sampling.kind,
                 seed=seed,
             )
-        except StorageError as exc:
-            if not is_outage(exc):
-                raise
+        if down:
             state.ledger_down = True
-            log.warning("ledger unreachable (%s): round %d trains with J = 0", exc, state.round)
+            log.warning(
+                "ledger unreachable (%s): round %d trains with J = 0", down.error, state.round
+            )
             return []
         state.external = peer_groups(frame, state)
     return [g.group_id for g in state.external]
@@ -293,11 +289,9 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
 
 def write_node_log(node: NodeRuntime, kind: str, round_: int, rows: list[dict[str, Any]]) -> None:
     """Write a training or evaluation log; to the backlog while the ledger is unreachable."""
-    try:
+    with riding_out() as down:
         log_writer(node.ledger, kind)(node.swarm.swarm_id, node.node_id, round_, rows)
-    except StorageError as exc:
-        if not is_outage(exc):
-            raise
+    if down:
         node.backlog.add_log(kind, node.swarm.swarm_id, node.node_id, round_, rows)
 
 
@@ -309,11 +303,13 @@ def checkpoint_due(done: int, every: int, *, force: bool) -> bool:
 
 @timed("checkpoint")
 def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> str | None:
-    """Checkpoint after the round every K rounds (or when forced); returns its path.
+    """Checkpoint after the round every K rounds (or when forced, or the run's last round);
+    returns its path.
 
     The write runs in the background while the next round generates (the next update
     waits for it); a forced one, at the end of a run, is complete when this returns."""
     done = state.round + 1
+    force = force or state.last
     if not checkpoint_due(done, node.swarm.checkpoint_every, force=force):
         return None
     pending = checkpoints.capture(
@@ -424,3 +420,56 @@ def _require(value: T | None, state: RoundState, step: str, before: str) -> T:
     if value is None:
         raise RuntimeError(f"round {state.round}: {step} before {before}")
     return value
+
+
+def wait_and_update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    """The update, after the previous checkpoint's write (each timed on its own)."""
+    checkpoint_wait(node, state)
+    return update(node, state)
+
+
+def evaluation_due(node: NodeRuntime, state: RoundState) -> bool:
+    return node.spec.node.evaluation.due(state.round, node.swarm.rounds)
+
+
+def always(node: NodeRuntime, state: RoundState) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[NodeRuntime, RoundState], Any]
+    due: Callable[[NodeRuntime, RoundState], bool] = always
+
+
+ROUND: tuple[Step, ...] = (
+    Step("evaluate", evaluate, due=evaluation_due),
+    Step("generate", generate),
+    Step("publish", publish),
+    Step("sample", sample),
+    Step("reward", reward),
+    Step("update", wait_and_update),
+    Step("checkpoint", checkpoint),
+    Step("track", track),
+)
+"""A round, in order: the paper's steps (evaluate first when due: the policy at the start of
+the round), then the checkpoint and the round's metrics. The one place the order is written."""
+
+StepCall = Callable[[Step, NodeRuntime, RoundState], Any]
+
+
+def call_directly(step: Step, node: NodeRuntime, state: RoundState) -> Any:
+    return step.run(node, state)
+
+
+def run_round(
+    node: NodeRuntime, state: RoundState, call: StepCall = call_directly
+) -> dict[str, float]:
+    """Run ``ROUND``'s steps that are due, each through ``call`` (a Prefect task in
+    flows/round.py; directly in tests); the round's metrics (``track``'s)."""
+    metrics: dict[str, float] = {}
+    for step in ROUND:
+        if step.due(node, state):
+            metrics = call(step, node, state)
+    return metrics

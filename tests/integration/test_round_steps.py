@@ -42,14 +42,13 @@ def make_swarm(tmp_path: Path, grpo: dict | None = None, **changes: object) -> S
 
 
 def run_round(node: NodeRuntime, round_: int, *, force: bool = False) -> dict[str, float]:
-    state = RoundState(round_)
-    assert steps.generate(node, state) == node.spec.node.questions * 2
-    assert steps.publish(node, state)
-    steps.sample(node, state)
-    steps.reward(node, state)
-    steps.update(node, state)
-    steps.checkpoint(node, state, force=force)
-    return steps.track(node, state)
+    """The round as flows run it (``steps.ROUND``), step by step without Prefect."""
+    state = RoundState(round_, last=force)
+    metrics = steps.run_round(node, state)
+    assert state.generated is not None
+    assert sum(len(g.rollouts) for g in state.generated.groups) == node.spec.node.questions * 2
+    assert metrics["ledger_unreachable"] == 0.0  # published
+    return metrics
 
 
 def test_a_round_publishes_samples_peers_trains_and_reports(tmp_path: Path) -> None:
@@ -186,8 +185,10 @@ def test_evaluation_and_training_logs_land_in_the_ledger(tmp_path: Path) -> None
 
         evals = b.ledger.query(
             "SELECT node_id, node_round, task, questions, completions, accuracy, policy_version "
-            "FROM evaluations ORDER BY node_round"
+            "FROM evaluations WHERE node_id = 'b' ORDER BY node_round"
         ).rows()
+        # a's round ran its evaluation too (due at round 0), as every round does
+        assert a.ledger.evaluated_nodes("steps", 0) == {"a", "b"}
         assert [(e[0], e[1], e[2], e[3], e[4]) for e in evals] == [
             ("b", 0, "chain_sum", 3, 3),
             ("b", 2, "chain_sum", 3, 3),

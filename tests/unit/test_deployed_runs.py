@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from flows.config import load_swarm
-from flows.round import rounds_to_run
+from flows.plan import finished, logs_its_model, reached_the_end, rounds_to_run
 
 
 @pytest.mark.parametrize(
@@ -24,6 +24,44 @@ def test_rounds_to_run(
     start: int, end: int, until: int | None, more: int | None, expected: range
 ) -> None:
     assert rounds_to_run(start, end, until, more) == expected
+
+
+def test_the_end_of_a_swarm_is_its_last_round() -> None:
+    assert not reached_the_end(2, 3) and reached_the_end(3, 3) and reached_the_end(5, 3)
+
+
+@pytest.mark.parametrize(
+    ("next_round", "until", "ran", "missing", "log_models", "expected"),
+    [
+        (3, 3, True, True, True, True),  # the run that reached the last round logs it
+        (2, 3, True, True, True, False),  # a scheduled run of a few rounds before it: not yet
+        (3, 3, False, False, True, False),  # a later run, the model logged: nothing to do
+        (3, 3, False, True, True, True),  # a later run, the model missing (upload failed)
+        (5, None, True, True, True, True),  # `--more-rounds` past the end: logs again
+        (1, None, True, True, True, True),  # `sapo node --more-rounds` (no bound): logs
+        (3, 3, True, True, False, False),  # models not logged at all
+    ],
+)
+def test_when_a_run_logs_the_nodes_model(
+    next_round: int, until: int | None, ran: bool, missing: bool, log_models: bool, expected: bool
+) -> None:
+    assert (
+        logs_its_model(
+            log_models=log_models,
+            next_round=next_round,
+            rounds=3,
+            until_round=until,
+            ran_rounds=ran,
+            model_missing=missing,
+        )
+        is expected
+    )
+
+
+def test_a_node_is_finished_when_its_rounds_ran_and_its_model_is_where_it_should_be() -> None:
+    assert finished(3, 3, model_missing=False)
+    assert not finished(3, 3, model_missing=True)  # the next run logs it, then finishes
+    assert not finished(2, 3, model_missing=False)
 
 
 def test_the_tracking_store_is_the_files_else_the_environments_else_a_local_file(
