@@ -32,7 +32,7 @@ from flows.env import apply_offline_defaults
 def node_configs(path: str, overrides: list[str]) -> list[Any]:
     """The distinct node configs of an experiment file (its first configuration) or swarm."""
     from flows.config import load_swarm, read_yaml_mapping
-    from flows.experiment import load_experiment
+    from flows.experiments.sweep import load_experiment
 
     if "configurations" in read_yaml_mapping(path, what="file"):
         exp = load_experiment(path, overrides)

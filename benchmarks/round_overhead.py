@@ -55,7 +55,7 @@ def main() -> None:
     path = work / "swarm.yaml"
     path.write_text(yaml.safe_dump(data))
 
-    from flows.round import node_flow
+    from flows.node.round import node_flow
 
     result = node_flow("node-0", swarm_file=str(path))
     rows = result["metrics"]

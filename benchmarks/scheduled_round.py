@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="leave the work folder")
     args = p.parse_args()
     apply_offline_defaults()
-    from flows import stack as stacks
+    from flows.services import stack as stacks
 
     work = Path(tempfile.mkdtemp(prefix="sapo-scheduled-"))
     os.environ["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] = "5"

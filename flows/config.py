@@ -139,7 +139,7 @@ class SwarmConfig(Strict):
         "no completion generated, no round ended; opening the node counts as a step, and "
         "the sample step may add peer_wait_s): its Prefect run is marked Crashed naming the "
         "step, its process exits with status 75, and the node's next run resumes from its "
-        "checkpoint (flows/watchdog.py). null: never.",
+        "checkpoint (flows/node/watchdog.py). null: never.",
     )
     ledger: LedgerConfig = Field(
         default_factory=LedgerConfig,  # type: ignore[arg-type]

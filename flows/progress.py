@@ -149,7 +149,7 @@ class NodeProgress:
 
     def watch(self, watcher: Callable[[Event], None]) -> None:
         """Also hand every event to `watcher`, however the node runs (the run's
-        watchdog, flows/watchdog.py, takes each one as progress)."""
+        watchdog, flows/node/watchdog.py, takes each one as progress)."""
         self._watchers.append(watcher)
 
     def emit(self, event: str, **fields: Any) -> None:

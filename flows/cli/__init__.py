@@ -70,7 +70,7 @@ def main() -> None:
     naming the exception, unless --debug asks for the traceback."""
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-    from flows.stopping import EXIT_STATUS, SwarmStopped
+    from flows.swarm.stopping import EXIT_STATUS, SwarmStopped
 
     apply_offline_defaults()
     try:

@@ -1,4 +1,5 @@
-"""`sapo infra up|down|status`: the production-shaped stack from packages (flows/stack.py)."""
+"""`sapo infra up|down|status`: the production-shaped stack from packages
+(flows/services/stack.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def up(
 ) -> None:
     """Start the stack; print its URLs and the variables clients export."""
     require("infra")
-    from flows import stack
+    from flows.services import stack
 
     ports = dict.fromkeys(stack.DEFAULT_PORTS, 0) if free_ports else None
     try:
@@ -52,7 +53,7 @@ def up(
 @app.command()
 def down(home: HomeOpt = Path("sapo-work/stack")) -> None:
     """Stop everything the stack at --home started."""
-    from flows import stack
+    from flows.services import stack
 
     try:
         stopped = stack.down(home)
@@ -67,7 +68,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Whether each service answers (exit 1 if one does not)."""
-    from flows import stack
+    from flows.services import stack
 
     try:
         answers = stack.status(home)

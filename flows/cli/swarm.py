@@ -95,8 +95,8 @@ def check_resume(
     """Refuse to resume nodes whose configuration changed since their checkpoint (the
     number of rounds aside), listing what changed for each, unless ``force``; and nodes
     that kept only their final model but are asked for more rounds, always."""
-    from flows import checkpoint
-    from flows.runtime import not_resumable, resume_differences
+    from flows.node import checkpoint
+    from flows.node.runtime import not_resumable, resume_differences
 
     blocked = []  # finished with only their final models, but asked for more rounds
     for node_id in node_ids:
@@ -148,8 +148,8 @@ def swarm(
 ) -> None:
     """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
     require("flows")
-    from flows.experiment import is_complete
-    from flows.swarm import disk_line, run_swarm, write_resolved
+    from flows.experiments.sweep import is_complete
+    from flows.swarm.launcher import disk_line, run_swarm, write_resolved
 
     cfg = load(config, with_keep(overrides, keep), nodes, rounds, workdir)
     check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
@@ -157,7 +157,7 @@ def swarm(
         os.environ[FORCE_ENV] = "1"  # the node processes it starts check again
     check_ledger(cfg)
     if is_complete(cfg):
-        from flows import checkpoint
+        from flows.node import checkpoint
 
         saved = [checkpoint.latest(cfg.workdir, spec.node_id) for spec in cfg.nodes]
         final = any(c is not None and not c.resumable for c in saved)  # no training state
@@ -200,9 +200,9 @@ def node(
 ) -> None:
     """Run one node against any ledger URL (a swarm can span machines sharing a bucket)."""
     require("flows")
-    from flows import checkpoint
     from flows.config import ConfigError
-    from flows.swarm import write_resolved
+    from flows.node import checkpoint
+    from flows.swarm.launcher import write_resolved
 
     cfg = load(config, overrides, rounds=rounds, workdir=workdir)
     try:
@@ -221,7 +221,7 @@ def node(
     # What the node ran, beside its checkpoints; the flow gets the config itself (parsed
     # once), and Prefect records it as the run's parameter.
     write_resolved(cfg, cfg.workdir / "nodes" / node_id / "swarm.yaml")
-    from flows.round import node_flow
+    from flows.node.round import node_flow
 
     node_flow(
         node_id,
@@ -257,7 +257,7 @@ def deploy(
 ) -> None:
     """One Prefect deployment per node, on a cron or interval schedule."""
     require("flows")
-    from flows import deploy as deploying
+    from flows.services import deploy as deploying
     from ledger.storage import is_local_url
 
     cfg = load(config, overrides, workdir=workdir)
@@ -326,7 +326,7 @@ def serve_deployments(
 ) -> None:
     from prefect import serve as prefect_serve
 
-    from flows import deploy as deploying
+    from flows.services import deploy as deploying
 
     made = deploying.deployments(cfg, cron=cron, interval_s=interval, rounds_per_run=rounds_per_run)
     # The runs this process starts are tagged sapo like a work pool's: they must beat as
@@ -351,7 +351,7 @@ def demo(
 ) -> None:
     """The embedded CPU swarm (3 nodes, bundled model), then the ledger's dashboards."""
     if synthetic:  # the ledger alone: the base install runs it
-        from flows.demo import run_ledger_demo
+        from flows.swarm.demo import run_ledger_demo
 
         run_ledger_demo(
             workdir or Path("sapo-work"), nodes=max(2, nodes or 4), rounds=rounds or 5, out=print
@@ -380,7 +380,7 @@ def write_demo_report(cfg: SwarmConfig) -> None:
     if find_spec("matplotlib") is None:
         print("for the report's figures: pip install 'sapo-swarm[dashboards]'; sapo report")
         return
-    from flows.reporting import report_ledger
+    from flows.reports.report import report_ledger
 
     made = report_ledger(cfg.ledger.url, cfg.workdir / "report", tracking_uri=cfg.tracking_uri())
     print(f"report (figures and tables): {made.html}")

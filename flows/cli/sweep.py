@@ -37,7 +37,7 @@ def experiment(
     require("flows")
     require("dashboards")
     from flows.config import ConfigError
-    from flows.experiment import format_plan, load_experiment
+    from flows.experiments.sweep import format_plan, load_experiment
 
     try:
         exp = load_experiment(config, overrides or [])
@@ -47,12 +47,13 @@ def experiment(
     if dry_run:
         return
     if not os.environ.get("PREFECT_API_URL"):
-        # The sweep's own ephemeral Prefect; each node process gets its own (flows/swarm.py).
+        # The sweep's own ephemeral Prefect; each node process gets its own
+        # (flows/swarm/launcher.py).
         home = exp.workdir_path() / "prefect" / "experiment"
         home.mkdir(parents=True, exist_ok=True)
         os.environ["PREFECT_HOME"] = str(home)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    from flows.experiment_flow import experiment_flow
+    from flows.experiments.flow import experiment_flow
 
     result = experiment_flow(
         str(config.resolve()),
@@ -80,7 +81,7 @@ def report(
     require("dashboards")
     if mlflow is not None:
         require("flows", "mlflow")
-    from flows.reporting import report_ledger
+    from flows.reports.report import report_ledger
 
     open_ledger(ledger, storage_option).close()  # a mistyped ledger is an error, not empty
     made = guarded(
@@ -121,7 +122,7 @@ def compare(
     """Nodes and sharing configurations side by side, from MLflow (best first by
     cumulative_own_reward); optionally register the best node's model."""
     require("flows", "mlflow")
-    from flows.comparison import read_comparison, register_best_model
+    from flows.reports.compare import read_comparison, register_best_model
 
     made = guarded(lambda: read_comparison(mlflow, experiment_name))
     print("nodes:")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from flows import checkpoint
+from flows.node import checkpoint
 from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
 from sapo_core.learner import Learner
 from sapo_core.policy.loading import Policy, load_model, load_policy

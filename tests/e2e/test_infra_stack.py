@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from flows import deploy
-from flows import stack as stack_module
+from flows.services import deploy
+from flows.services import stack as stack_module
 from tests.conftest import stop_process_group
 from tests.e2e.test_deploy import _wait
 from tests.e2e.test_stop import processes_mentioning
@@ -161,7 +161,7 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
     by_name = {d["name"]: d for d in deployments}
     assert set(by_name) == {f"e2e-swarm-node-{i}" for i in range(3)}
     for name, d in by_name.items():
-        assert d["entrypoint"] == "flows.round.node_flow"
+        assert d["entrypoint"] == "flows.node.round.node_flow"
         # Nothing to fetch from the deployer's machine: no code path, no pull steps.
         assert d["path"] is None and not d["pull_steps"] and d["storage_document_id"] is None
         assert d["work_pool_name"] == "machines"

@@ -1,6 +1,6 @@
 """kill -9 at every step of a round, then resume: nothing lost, nothing written twice.
 
-A node runs 3 rounds (a checkpoint after each); the fault hook (flows.steps.fault_point)
+A node runs 3 rounds (a checkpoint after each); the fault hook (flows.node.steps.fault_point)
 makes it SIGKILL itself on entering one step of round 1. Resuming the node must leave every
 round's rollouts, training log and sample log in the ledger exactly once, and finish."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.steps import KILL_AT_ENV, ROUND
+from flows.node.steps import KILL_AT_ENV, ROUND
 from ledger import Ledger
 from tests.conftest import stop_process_group
 from tests.e2e.test_swarm import sapo, swarm_file, tiny_model  # noqa: F401 - fixture

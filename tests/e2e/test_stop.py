@@ -1,4 +1,4 @@
-"""Ctrl-C stops a local swarm quickly and cleanly (flows/stopping.py)."""
+"""Ctrl-C stops a local swarm quickly and cleanly (flows/swarm/stopping.py)."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flows import checkpoint
 from flows.cli import app
 from flows.config import SwarmConfig
-from flows.runtime import open_node
+from flows.node import checkpoint
+from flows.node.runtime import open_node
 from tests.integration.test_round_steps import make_swarm, run_round
 
 runner = CliRunner()
@@ -94,7 +94,7 @@ def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: 
     swarm = make_swarm(tmp_path, rounds=1, checkpoint_keep="final-model")
     finish_one_round(swarm, "a")
     config = swarm.workdir / "swarm.yaml"
-    from flows.swarm import write_resolved
+    from flows.swarm.launcher import write_resolved
 
     write_resolved(swarm, config)
     base = ["node", "--node-id", "a", "-c", str(config)]

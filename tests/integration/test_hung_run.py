@@ -17,7 +17,7 @@ from uuid import UUID
 import pytest
 import yaml
 
-from flows.watchdog import HANG_AT_ENV, STALL_EXIT_CODE
+from flows.node.watchdog import HANG_AT_ENV, STALL_EXIT_CODE
 from tests.integration.test_round_flow import prefect_harness  # noqa: F401  (fixture)
 from tests.tiny_models import build_tiny_model
 
@@ -112,7 +112,7 @@ def test_a_run_that_keeps_making_progress_is_not_marked(prefect_harness: None) -
 
 GIL_HANG = """
 import ctypes, time
-from flows.watchdog import Watchdog
+from flows.node.watchdog import Watchdog
 Watchdog(1.0, lambda why: print("the watchdog ran", flush=True), backstop_s=1.0).start()
 ctypes.PyDLL(None).sleep(60)  # libc's sleep holding the GIL: no Python thread runs
 """
@@ -156,7 +156,9 @@ def test_a_hung_node_run_is_marked_crashed_naming_its_step(
             }
         )
     )
-    runner = "import sys; from flows.round import node_flow; node_flow('a', swarm_file=sys.argv[1])"
+    runner = (
+        "import sys; from flows.node.round import node_flow; node_flow('a', swarm_file=sys.argv[1])"
+    )
     done = _python(["-c", runner, str(swarm)], hang_at="sample:0")
     assert done.returncode == STALL_EXIT_CODE, done.stderr[-3000:]
     found = re.search(r"sapo: (no progress for \d+ s in step sample of round 0);", done.stderr)

@@ -9,9 +9,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from flows import steps
-from flows.runtime import open_node
-from flows.steps import RoundState
+from flows.node import steps
+from flows.node.runtime import open_node
+from flows.node.steps import RoundState
 from tests.integration.test_round_steps import make_swarm
 from tests.netproxy import ToggleProxy
 

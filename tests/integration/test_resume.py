@@ -11,14 +11,14 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.cli.swarm import check_resume
 from flows.config import load_swarm
-from flows.runtime import node_config
+from flows.node.runtime import node_config
 
 runner = CliRunner()
 OLD = ["defaults.grpo.learning_rate=1e-5"]
 
 
 def checkpoint_at(workdir: Path, node_id: str, next_round: int, config: dict[str, str]) -> None:
-    """A node's checkpoint as `flows.checkpoint.write` leaves it (its state; no weights are
+    """A node's checkpoint as `flows.node.checkpoint.write` leaves it (its state; no weights are
     read before a resume is allowed)."""
     path = workdir / "nodes" / node_id / "checkpoints" / f"round-{next_round:06d}"
     path.mkdir(parents=True)

@@ -47,9 +47,9 @@ def test_rounds_are_flows_of_the_papers_steps(tmp_path: Path, prefect_harness: N
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    from flows import steps
     from flows.config import load_swarm
-    from flows.round import node_flow
+    from flows.node import steps
+    from flows.node.round import node_flow
 
     model = build_tiny_model(tmp_path / "model")
     text = swarm_text(tmp_path, model)
@@ -89,9 +89,9 @@ def test_a_scheduled_run_adds_its_rounds_up_to_the_swarms_last_in_the_workers_fo
     model, unless the model is missing from MLflow: then it logs it."""
     from mlflow.tracking import MlflowClient
 
-    from flows import checkpoint
     from flows.config import load_swarm, swarm_yaml
-    from flows.round import node_flow
+    from flows.node import checkpoint
+    from flows.node.round import node_flow
     from flows.tracking import MODEL_PATH_TAG
 
     model = build_tiny_model(tmp_path / "model")

@@ -8,11 +8,11 @@ import pytest
 import torch
 import yaml
 
-from flows import checkpoint as checkpoints
-from flows import steps
 from flows.config import SwarmConfig, load_swarm
-from flows.runtime import NodeRuntime, open_node
-from flows.steps import RoundState
+from flows.node import checkpoint as checkpoints
+from flows.node import steps
+from flows.node.runtime import NodeRuntime, open_node
+from flows.node.steps import RoundState
 from tests.tiny_models import build_tiny_model
 
 

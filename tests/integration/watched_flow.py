@@ -14,7 +14,7 @@ import time
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.watchdog import Watchdog, current_flow_run_id, watching
+from flows.node.watchdog import Watchdog, current_flow_run_id, watching
 
 _dog: list[Watchdog] = []
 

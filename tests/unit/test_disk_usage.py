@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flows.swarm import disk_line, disk_usage
+from flows.swarm.launcher import disk_line, disk_usage
 
 
 def test_disk_usage_per_top_level_entry_counts_linked_files_once(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.experiment import ExperimentConfig, format_plan, load_experiment, plan
+from flows.experiments.sweep import ExperimentConfig, format_plan, load_experiment, plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

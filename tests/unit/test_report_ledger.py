@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 import dashboards
-from flows import reporting
-from flows.reporting import report_ledger
+from flows.reports import report as reporting
+from flows.reports.report import report_ledger
 from ledger import Ledger, NodeManifest, parse_policy
 from ledger.synthetic import synthetic_round
 from tests.conftest import LedgerSite

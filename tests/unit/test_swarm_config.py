@@ -117,7 +117,7 @@ def test_ids_follow_the_ledgers_one_rule_when_the_file_loads(change: dict) -> No
 
 
 def test_an_experiments_name_follows_the_same_rule(tmp_path: Path) -> None:
-    from flows.experiment import load_experiment
+    from flows.experiments.sweep import load_experiment
 
     path = tmp_path / "exp.yaml"
     path.write_text(

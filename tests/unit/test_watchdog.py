@@ -1,4 +1,4 @@
-"""The hung-run decision (flows/watchdog.py): what counts as progress, where the node was,
+"""The hung-run decision (flows/node/watchdog.py): what counts as progress, where the node was,
 when it is stalled; and the setting that bounds it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from flows.config import ConfigError, load_swarm
-from flows.watchdog import OPENING, Mark, Watchdog, advance, stall
+from flows.node.watchdog import OPENING, Mark, Watchdog, advance, stall
 
 
 def test_progress_events_say_where_the_node_is() -> None:

@@ -4,7 +4,7 @@ update, then checkpoint and track.
 Each step takes the node's runtime and the round's `RoundState` (what one step hands the
 next inside the node's process: the model's output is too large to pass between Prefect
 tasks) and returns something small: a count, keys, group ids. The Prefect tasks in
-flows/round.py are one-line calls of these; tests call them directly, without Prefect.
+flows/node/round.py are one-line calls of these; tests call them directly, without Prefect.
 A round's metrics are built in one place, `round_metrics`, from the state the steps left.
 """
 
@@ -21,9 +21,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import polars as pl
 
-from flows import checkpoint as checkpoints
-from flows.backlog import log_writer, riding_out
-from flows.runtime import NodeRuntime, node_config
+from flows.node import checkpoint as checkpoints
+from flows.node.backlog import log_writer, riding_out
+from flows.node.runtime import NodeRuntime, node_config
 from ledger import StorageError
 from sapo_core.assembly import TrainingSet
 from sapo_core.evaluation import overall_accuracy
@@ -467,7 +467,7 @@ def run_round(
     node: NodeRuntime, state: RoundState, call: StepCall = call_directly
 ) -> dict[str, float]:
     """Run ``ROUND``'s steps that are due, each through ``call`` (a Prefect task in
-    flows/round.py; directly in tests); the round's metrics (``track``'s)."""
+    flows/node/round.py; directly in tests); the round's metrics (``track``'s)."""
     metrics: dict[str, float] = {}
     for step in ROUND:
         if step.due(node, state):

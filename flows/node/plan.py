@@ -1,11 +1,11 @@
 """What a run of a node does, decided from its checkpoint, its swarm and its arguments:
 which rounds it runs, and how it finishes (a final evaluation, its model logged, the node
-marked finished). Plain functions: the node flow (flows/round.py) asks, tests check."""
+marked finished). Plain functions: the node flow (flows/node/round.py) asks, tests check."""
 
 from __future__ import annotations
 
-from flows import checkpoint
 from flows.config import SwarmConfig
+from flows.node import checkpoint
 
 
 def rounds_to_run(start: int, end: int, until_round: int | None, more_rounds: int | None) -> range:

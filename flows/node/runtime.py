@@ -3,7 +3,7 @@
 `open_node` opens the ledger and writes the node's manifest to it (who it is, its I, J and
 sampling policy), restores the node from its newest checkpoint (or starts it fresh) and
 opens its MLflow run; `NodeRuntime.finish` logs the final model and closes the run.
-What a round does with it lives in flows/steps.py; the Prefect flows in flows/round.py
+What a round does with it lives in flows/node/steps.py; the Prefect flows in flows/node/round.py
 only call those steps.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from flows import checkpoint
-from flows.backlog import Backlog
 from flows.config import NodeSpec, SwarmConfig
-from flows.files import write_atomically
+from flows.node import checkpoint
+from flows.node.backlog import Backlog
+from flows.node.files import write_atomically
 from flows.progress import NodeProgress
 from flows.tracking import MODEL_PATH_TAG, Tracker, flatten, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
@@ -74,7 +74,7 @@ class NodeRuntime:
 
     @property
     def backlog(self) -> Backlog:
-        """What this node could not write to an unreachable ledger (flows/backlog.py)."""
+        """What this node could not write to an unreachable ledger (flows/node/backlog.py)."""
         return Backlog(checkpoint.node_dir(self.workdir, self.node_id) / "backlog")
 
     def checkpoint_written(self) -> None:

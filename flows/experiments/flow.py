@@ -15,8 +15,8 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
-from flows.experiment import ExperimentConfig, is_complete, load_experiment
-from flows.swarm import run_swarm, write_resolved
+from flows.experiments.sweep import ExperimentConfig, is_complete, load_experiment
+from flows.swarm.launcher import run_swarm, write_resolved
 
 
 @task(name="run-configuration", cache_policy=NONE)
@@ -36,7 +36,7 @@ def run_configuration(
 
 @task(name="report", cache_policy=NONE)
 def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dict[str, Any]:
-    from flows.reporting import report_ledger, report_replicates
+    from flows.reports.report import report_ledger, report_replicates
 
     exp = load_experiment(experiment_file, overrides)
     report = report_ledger(
@@ -53,7 +53,7 @@ def report_task(experiment_file: str, overrides: list[str], out_dir: str) -> dic
 
 
 def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
-    from flows.runtime import open_swarm_tracker
+    from flows.node.runtime import open_swarm_tracker
 
     # The experiment's run lives where its swarms' runs do, so they can nest under it.
     first = exp.swarm_config(exp.configurations[0])

@@ -16,7 +16,7 @@ Each scheduled run runs `rounds_per_run` rounds past the node's checkpoint, up t
 swarm's rounds, so a schedule advances the node step by step and a missed run loses nothing;
 a run whose process dies is marked Crashed when its heartbeats stop
 (`ensure_crash_detection`), one that hangs while it beats is ended by its watchdog
-(flows/watchdog.py), and the next one resumes the node.
+(flows/node/watchdog.py), and the next one resumes the node.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def deployments(
     rounds_per_run: int,
 ) -> list[Any]:
     """One RunnerDeployment per node (not yet registered)."""
-    from flows.round import node_flow
+    from flows.node.round import node_flow
 
     made = per_node(config, cron=cron, interval_s=interval_s, rounds_per_run=rounds_per_run)
     return [node_flow.to_deployment(**kwargs) for kwargs in made]
@@ -102,7 +102,7 @@ def register_with_pool(
     """Register the deployments with a process work pool on the Prefect server (created if
     missing); returns their ids.
 
-    The entrypoint is the flow's module path (``flows.round.node_flow``), which every
+    The entrypoint is the flow's module path (``flows.node.round.node_flow``), which every
     machine with sapo installed imports: workers need no copy of this checkout. ``queues``
     pins nodes to machines: node id -> the work queue a machine's worker polls
     (``prefect worker start --pool P --work-queue Q``); other nodes go to the default queue.
@@ -112,7 +112,7 @@ def register_with_pool(
     from prefect.deployments.runner import EntrypointType
     from prefect.exceptions import ObjectAlreadyExists
 
-    from flows.round import node_flow
+    from flows.node.round import node_flow
 
     unknown = sorted(set(queues or {}) - {spec.node_id for spec in config.nodes})
     if unknown:
@@ -194,7 +194,7 @@ def local_prefect_server(home: Path) -> Iterator[str]:
     """A Prefect server on 127.0.0.1 (a free port, its database under ``home``), for as
     long as the block runs; yields its API URL. It stays in this process's group, so a
     Ctrl-C or a stop of the group stops it with the deployments it serves."""
-    from flows.stack import free_port, wait_for_http
+    from flows.services.stack import free_port, wait_for_http
 
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()

@@ -1,8 +1,8 @@
 """Prefect flows: one node's round ([evaluate ->] generate -> publish -> sample -> reward ->
 update, then checkpoint and track), and a node that runs rounds until its budget is spent.
 
-Each task is a step of flows/steps.py's ``ROUND`` (tested there without Prefect), and how a
-run finishes is decided by the plain functions of flows/plan.py.
+Each task is a step of flows/node/steps.py's ``ROUND`` (tested there without Prefect), and how a
+run finishes is decided by the plain functions of flows/node/plan.py.
 The node's runtime and the round's state live in this process (the model, the round's
 groups) and are handed to the tasks as arguments; flow runs record only the node id and
 the round, and find the runtime in the context `node_flow` opens (`running`).
@@ -25,13 +25,13 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 from prefect.utilities.annotations import quote
 
-from flows import checkpoint, plan, steps
 from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
 from flows.env import apply_offline_defaults
+from flows.node import checkpoint, plan, steps
+from flows.node.runtime import NodeRuntime, open_node
+from flows.node.steps import RoundState
+from flows.node.watchdog import watching
 from flows.progress import NodeProgress
-from flows.runtime import NodeRuntime, open_node
-from flows.steps import RoundState
-from flows.watchdog import watching
 
 # The node a node flow runs, for its round flows (set only inside `running`).
 _RUNNING: ContextVar[NodeRuntime] = ContextVar("sapo_running_node")
@@ -59,7 +59,7 @@ def _as_task(step: steps.Step) -> Any:
 
 
 TASKS: dict[str, Any] = {step.name: _as_task(step) for step in steps.ROUND}
-"""A Prefect task per step of the round (flows/steps.py ``ROUND``), named as the step."""
+"""A Prefect task per step of the round (flows/node/steps.py ``ROUND``), named as the step."""
 
 
 @task(name="final-evaluation", cache_policy=NONE)
@@ -120,7 +120,7 @@ def node_flow(
         return {"node_id": node_id, "rounds": [], "metrics": []}
     progress = NodeProgress.for_process(node_id)
     # A run that stops making progress while its process lives (and beats) is ended, so
-    # that the node's next run can go (flows/watchdog.py).
+    # that the node's next run can go (flows/node/watchdog.py).
     with watching(swarm.stall_timeout_s, grace={"sample": swarm.peer_wait_s}) as dog:
         progress.watch(dog.saw)
         node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)

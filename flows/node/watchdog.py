@@ -1,7 +1,7 @@
 """A node run that stops making progress while its process lives is ended, so that its
 node's next scheduled run can go.
 
-A deployed node run beats every 30 s from a thread of its own (flows/deploy.py), and the
+A deployed node run beats every 30 s from a thread of its own (flows/services/deploy.py), and the
 server marks it Crashed when the beats stop: its process or machine is gone. A run that
 hangs (a deadlocked step, a storage call that never returns, a verifier that loops) keeps
 beating, and keeps its node's one-run slot for ever. So the run watches itself: every step
@@ -50,7 +50,7 @@ OPENING = "opening the node"
 HANG_AT_ENV = "SAPO_TEST_HANG_AT"
 """Fault injection for tests: ``<step>:<round>`` makes a node block for ever on entering
 that step of that round, its other threads (heartbeats, the watchdog) running; the
-counterpart of flows/steps.py's SAPO_TEST_KILL_AT."""
+counterpart of flows/node/steps.py's SAPO_TEST_KILL_AT."""
 
 Event = Mapping[str, Any]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from flows.files import write_atomically
+from flows.node.files import write_atomically
 from ledger import Ledger, StorageError, StoreUnusable
 from ledger.records import to_table
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from flows.config import SwarmConfig, swarm_yaml
-from flows.files import write_atomically
+from flows.node.files import write_atomically
 from flows.progress import PROGRESS_ENV, SwarmProgress
-from flows.stopping import NodeStopper, SwarmStopped, stopped_lines
+from flows.swarm.stopping import NodeStopper, SwarmStopped, stopped_lines
 
 if TYPE_CHECKING:
     from flows.tracking import Tracker
@@ -41,7 +41,7 @@ def open_parent_run(
     nested under `parent_run_id` (an experiment's run) when given."""
     if not config.tracking.enabled:
         return None
-    from flows.runtime import open_swarm_tracker
+    from flows.node.runtime import open_swarm_tracker
 
     tracker = open_swarm_tracker(config)
     params = {
@@ -158,7 +158,7 @@ def _start_node(
     stopping: threading.Event,
 ) -> tuple[subprocess.Popen[str], threading.Thread]:
     """One node process (in its own process group, with the Prefect server it starts; see
-    flows/stopping.py) and the thread that streams its output."""
+    flows/swarm/stopping.py) and the thread that streams its output."""
     cmd = [
         sys.executable,
         "-P",

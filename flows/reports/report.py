@@ -15,7 +15,7 @@ from dashboards.figures import configuration_curves
 from dashboards.replicates import replicate_tables, write_replicate_report
 from dashboards.report import Report, cross_check, render_report, report_tables
 from flows.config import SwarmConfig
-from flows.experiment import ExperimentConfig
+from flows.experiments.sweep import ExperimentConfig
 from ledger import Ledger
 
 CHECKED_METRICS = ("own_reward", "training_reward")

@@ -25,7 +25,6 @@ from typing import Any, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from flows import checkpoint
 from flows.config import (
     DEFAULT_POLICY,
     ConfigError,
@@ -36,6 +35,7 @@ from flows.config import (
     read_yaml_mapping,
     validate_swarm,
 )
+from flows.node import checkpoint
 from ledger.schema import check_id
 from sapo_core.config import Strict
 

@@ -3,7 +3,7 @@ nodes on many machines log, or a local file), each sharing configuration's mean,
 best node's model registered.
 
 The runs are found by the tags every node run carries (`sapo.node_id`, `sapo.swarm_id`,
-`sapo.sharing`, `sapo.sampling_policy`: flows/runtime.py), so nodes started by `sapo swarm`,
+`sapo.sharing`, `sapo.sampling_policy`: flows/node/runtime.py), so nodes started by `sapo swarm`,
 by `sapo node` on other machines or by scheduled deployments compare alike.
 """
 

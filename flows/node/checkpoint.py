@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flows.files import write_atomically
+from flows.node.files import write_atomically
 
 STATE = "state.json"
 KEEP = 1
