@@ -28,6 +28,11 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from flows.limits import MAX_NODES
+from flows.yaml_config import (
+    ConfigError,
+    apply_overrides,
+    parse_yaml_mapping,
+)
 from ledger.config import LedgerConfig
 from ledger.policies import AnyPolicy, PaperPolicy, SamplingPolicy
 from ledger.retrying import RetryPolicy
@@ -44,10 +49,6 @@ TRACKING_RETRY = RetryPolicy(attempts=5, initial_wait_s=0.2, max_wait_s=5.0, jit
 """MLflow calls: a busy SQLite file or a restarting server usually answers within seconds."""
 WORKDIR_ENV = "SAPO_WORKDIR"
 """Where a worker machine's nodes keep their state, over the deployed swarm's workdir."""
-
-
-class ConfigError(ValueError):
-    """A swarm or experiment file that cannot run; the message is one line naming the key."""
 
 
 class TrackingConfig(Strict):
@@ -297,48 +298,6 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
 # -- reading files --------------------------------------------------------------------------
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """`a.b.c=value` pairs onto a config dict; values are parsed as YAML (numbers, lists...)."""
-    out = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not key=value")
-        parts = key.split(".")
-        target: Any = out
-        for part in parts[:-1]:
-            target = _child(target, part, item)
-        if isinstance(target, list):
-            target[_index(target, parts[-1], item)] = _yaml_value(raw, item)
-        else:
-            target[parts[-1]] = _yaml_value(raw, item)
-    return out
-
-
-def _yaml_value(raw: str, item: str) -> Any:
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: the value is not YAML ({_first_line(exc)})") from exc
-
-
-def _index(items: list[Any], part: str, item: str) -> int:
-    if not part.isdigit() or int(part) >= len(items):
-        raise ConfigError(f"override {item!r}: {part!r} is not an index of a {len(items)}-list")
-    return int(part)
-
-
-def _child(target: Any, part: str, item: str) -> Any:
-    """One step down a key path: a mapping's key (created if absent) or a list's index."""
-    if isinstance(target, list):
-        nxt = target[_index(target, part, item)]
-    else:
-        nxt = target.setdefault(part, {})
-    if not isinstance(nxt, dict | list):
-        raise ConfigError(f"override {item!r}: {part!r} is not a mapping or a list")
-    return nxt
-
-
 def read_yaml_mapping(path: str | Path | None, *, what: str = "swarm file") -> dict[str, Any]:
     """A YAML file's top-level mapping (default: the embedded CPU swarm); errors name the file."""
     name = str(path) if path else f"embedded {DEFAULT_SWARM}"
@@ -347,19 +306,6 @@ def read_yaml_mapping(path: str | Path | None, *, what: str = "swarm file") -> d
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read the {what}: {exc.strerror or exc}") from exc
     return parse_yaml_mapping(text, name, what=what)
-
-
-def parse_yaml_mapping(text: str, name: str, *, what: str = "swarm file") -> dict[str, Any]:
-    """YAML text's top-level mapping (empty text: none); errors name its source."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{name}: not valid YAML: {_first_line(exc)}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{name}: a {what} is a mapping of keys, not {type(data).__name__}")
-    return data
 
 
 def describe_validation_error(
@@ -419,15 +365,6 @@ def _has(tree: Any, path: list[str]) -> bool:
 
 def _short(value: Any) -> bool:
     return isinstance(value, str | int | float | bool) and len(repr(value)) <= 60
-
-
-def _first_line(exc: Exception) -> str:
-    """One line for an error; for YAML, its problem and where (not PyYAML's multi-line
-    excerpt, whose caret means nothing on one line)."""
-    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
-    if problem and mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(exc).split())[:200]
 
 
 def default_swarm_text() -> str:

@@ -28,8 +28,9 @@ from prefect.utilities.annotations import quote
 from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
 from flows.env import apply_offline_defaults
 from flows.node import checkpoint, plan, steps
+from flows.node.metrics import describe
 from flows.node.runtime import NodeRuntime, open_node
-from flows.node.steps import RoundState
+from flows.node.state import RoundState
 from flows.node.watchdog import watching
 from flows.progress import NodeProgress
 
@@ -134,7 +135,7 @@ def node_flow(
                     last = round_ == stop - 1
                     metrics = round_flow(node_id, round_, last, started_at=time.perf_counter())
                     progress.emit("done", round=round_)
-                    print(steps.describe(metrics, node_id, round_), flush=True)
+                    print(describe(metrics, node_id, round_), flush=True)
                     history.append(metrics)
                 dog.entering("the final evaluation")
                 if plan.reached_the_end(node.next_round, swarm.rounds) and not steps.evaluated(

@@ -16,18 +16,19 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import polars as pl
 
 from flows.node import checkpoint as checkpoints
 from flows.node.backlog import log_writer, riding_out
+from flows.node.metrics import round_metrics
 from flows.node.runtime import NodeRuntime, node_config
+from flows.node.state import RoundState, require
 from ledger import StorageError
-from sapo_core.assembly import TrainingSet
 from sapo_core.evaluation import overall_accuracy
-from sapo_core.learner import Generated, RoundReport, round_seed
+from sapo_core.learner import round_seed
 from sapo_core.rollouts import RECORD_FIELDS, Group, from_records, group_rollouts
 
 log = logging.getLogger(__name__)
@@ -35,26 +36,6 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 PEER_POLL_S = 0.5
-
-
-@dataclass
-class RoundState:
-    """What one round carries from step to step."""
-
-    round: int
-    started: float = field(default_factory=time.perf_counter)
-    last: bool = False  # the run's last round: its checkpoint is forced
-    generated: Generated | None = None
-    external: list[Group] = field(default_factory=list)
-    chosen: TrainingSet | None = None
-    flagged: int = 0
-    report: RoundReport | None = None
-    checkpoint: str | None = None
-    evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
-    ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
-    peers_excluded: int = 0  # peers this node's reputation of them excludes from sampling
-    peer_rows_dropped: int = 0  # drawn peers' rows that could not be converted
-    seconds: dict[str, float] = field(default_factory=dict)  # per step
 
 
 KILL_AT_ENV = "SAPO_TEST_KILL_AT"
@@ -163,7 +144,7 @@ def publish(node: NodeRuntime, state: RoundState) -> list[str]:
     """Write the backlog, then the round's groups, to the ledger (a retry writes nothing);
     returns keys. An unreachable ledger keeps the round's groups in the backlog (none
     returned): the node trains on, and they are written when the ledger answers again."""
-    generated = _require(state.generated, state, "publish", "generate")
+    generated = require(state.generated, state, "publish", "generate")
     rows = [
         r.to_record() | {"swarm_id": node.swarm.swarm_id}
         for g in generated.groups
@@ -264,7 +245,7 @@ def wait_for_peers(node: NodeRuntime, seed: int) -> None:
 @timed("reward")
 def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     """Score own and peers' groups with this node's verifier; assemble I + J."""
-    generated = _require(state.generated, state, "reward", "generate")
+    generated = require(state.generated, state, "reward", "generate")
     state.chosen, state.flagged = node.learner.select(state.round, generated.groups, state.external)
     reputation = node.reputation()
     reputation.update(state.chosen.peer_evidence)
@@ -278,8 +259,8 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     """The GRPO step; adds the round's own and training rewards to the node's running
     sums and records in the ledger which groups it trained on (for the sharing
     diagnostics)."""
-    chosen = _require(state.chosen, state, "update", "reward")
-    generated = _require(state.generated, state, "update", "generate")
+    chosen = require(state.chosen, state, "update", "reward")
+    generated = require(state.generated, state, "update", "generate")
     node.checkpoint_written()  # never step while a write reads the weights (see below)
     state.report = node.learner.update(state.round, chosen, state.flagged)
     write_node_log(node, "training", state.round, chosen.records())
@@ -329,60 +310,6 @@ def checkpoint_wait(node: NodeRuntime, state: RoundState) -> None:
     node.checkpoint_written()
 
 
-def round_metrics(
-    node: NodeRuntime, state: RoundState, *, now: float | None = None
-) -> dict[str, float]:
-    """Every figure of a finished round, by its MLflow name: rewards, training, timings.
-
-    `seconds_<step>` for each step that ran and `seconds_orchestration` for the rest of
-    the round's wall time so far (Prefect's task bookkeeping, the flow's own work)."""
-    report = _require(state.report, state, "metrics", "update")
-    generated = _require(state.generated, state, "metrics", "generate")
-    metrics: dict[str, float] = {
-        # The names of README's "Rewards, by name". Own: the mean over everything the node
-        # generated (and published, as its claim) this round: the policy's own accuracy.
-        "own_reward": generated.own_reward,
-        # Training: the mean over the training set (own and peers' groups kept for the
-        # update), both scored by this node's verifier.
-        "training_reward": report.training_reward,
-        **node.totals.as_metrics(),
-        "zero_variance_fraction": report.zero_variance_fraction,
-        "external_groups_used": float(report.external_groups_used),
-        "groups_trained": float(report.groups_trained),
-        "flagged_rows": float(report.flagged_rows),
-        "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
-        "policy_version": float(node.learner.policy_version),
-        "ledger_unreachable": float(state.ledger_down),
-        "peers_excluded": float(state.peers_excluded),
-        "peer_rows_dropped": float(state.peer_rows_dropped),
-        "backlog_files": float(len(node.backlog)),
-    }
-    if report.training_reward_local is not None:
-        metrics["training_reward_local"] = report.training_reward_local
-    if report.training_reward_external is not None:
-        metrics["training_reward_external"] = report.training_reward_external
-    for key, name in UPDATE_METRICS.items():
-        if key in report.update:
-            metrics[name] = report.update[key]
-    metrics.update(state.evaluation)
-    for step, seconds in state.seconds.items():
-        metrics[f"seconds_{step}"] = seconds
-    wall = (time.perf_counter() if now is None else now) - state.started
-    metrics["seconds_orchestration"] = max(wall - sum(state.seconds.values()), 0.0)
-    return metrics
-
-
-# The update's figures under their MLflow names.
-UPDATE_METRICS = {
-    "loss": "loss",
-    "clip_fraction": "clip_fraction",
-    "ratio_mean": "ratio_mean",
-    "kl": "kl",
-    "grad_norm": "grad_norm",
-    "tokens_per_s": "update_tokens_per_s",
-}
-
-
 def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     """The round's metrics, logged to the node's MLflow run (when tracking is on)."""
     fault_point("track", state.round)
@@ -390,36 +317,6 @@ def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     if node.run is not None:
         node.run.tracker.log_metrics(node.run.run_id, metrics, step=state.round)
     return metrics
-
-
-def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:
-    """The one-line summary printed after each round."""
-
-    def share(name: str) -> str:
-        value = metrics.get(name)
-        return "-" if value is None else f"{value:.3f}"
-
-    return (
-        f"{node_id} round {round_}: own_reward {metrics['own_reward']:.3f} "
-        f"(cumulative {metrics['cumulative_own_reward']:.2f}), "
-        f"training_reward {metrics['training_reward']:.3f} "
-        f"(local {share('training_reward_local')}, external {share('training_reward_external')}, "
-        f"{plural(int(metrics['external_groups_used']), 'peer group')}), "
-        f"{sum(v for k, v in metrics.items() if k.startswith('seconds_')):.1f}s"
-    )
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-T = TypeVar("T")
-
-
-def _require(value: T | None, state: RoundState, step: str, before: str) -> T:
-    if value is None:
-        raise RuntimeError(f"round {state.round}: {step} before {before}")
-    return value
 
 
 def wait_and_update(node: NodeRuntime, state: RoundState) -> dict[str, float]:

@@ -14,7 +14,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from flows.node.steps import RoundState, peer_groups
+from flows.node.state import RoundState
+from flows.node.steps import peer_groups
 from flows.reports.report import report_ledger
 from ledger import validation as v
 from ledger.records import to_table

@@ -11,7 +11,7 @@ import pytest
 
 from flows.node import steps
 from flows.node.runtime import open_node
-from flows.node.steps import RoundState
+from flows.node.state import RoundState
 from tests.integration.test_round_steps import make_swarm
 from tests.netproxy import ToggleProxy
 

@@ -11,8 +11,9 @@ import yaml
 from flows.config import SwarmConfig, load_swarm
 from flows.node import checkpoint as checkpoints
 from flows.node import steps
+from flows.node.metrics import describe
 from flows.node.runtime import NodeRuntime, open_node
-from flows.node.steps import RoundState
+from flows.node.state import RoundState
 from tests.tiny_models import build_tiny_model
 
 
@@ -93,7 +94,7 @@ def test_a_round_publishes_samples_peers_trains_and_reports(tmp_path: Path) -> N
         # training_reward_local covers only the own groups kept for the update
         own = chosen.rewards("local")
         assert metrics["training_reward_local"] == pytest.approx(sum(own) / len(own))
-        line = steps.describe(metrics, "b", 0)
+        line = describe(metrics, "b", 0)
         assert line.startswith(f"b round 0: own_reward {metrics['own_reward']:.3f} (cumulative ")
         assert f"training_reward {metrics['training_reward']:.3f} (local " in line
     finally:

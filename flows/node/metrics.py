@@ -1,0 +1,85 @@
+"""A finished round's figures: every metric by its MLflow name (``round_metrics``), and the
+one line printed after each round (``describe``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flows.node.runtime import NodeRuntime
+from flows.node.state import RoundState, require
+
+
+def round_metrics(
+    node: NodeRuntime, state: RoundState, *, now: float | None = None
+) -> dict[str, float]:
+    """Every figure of a finished round, by its MLflow name: rewards, training, timings.
+
+    `seconds_<step>` for each step that ran and `seconds_orchestration` for the rest of
+    the round's wall time so far (Prefect's task bookkeeping, the flow's own work)."""
+    report = require(state.report, state, "metrics", "update")
+    generated = require(state.generated, state, "metrics", "generate")
+    metrics: dict[str, float] = {
+        # The names of README's "Rewards, by name". Own: the mean over everything the node
+        # generated (and published, as its claim) this round: the policy's own accuracy.
+        "own_reward": generated.own_reward,
+        # Training: the mean over the training set (own and peers' groups kept for the
+        # update), both scored by this node's verifier.
+        "training_reward": report.training_reward,
+        **node.totals.as_metrics(),
+        "zero_variance_fraction": report.zero_variance_fraction,
+        "external_groups_used": float(report.external_groups_used),
+        "groups_trained": float(report.groups_trained),
+        "flagged_rows": float(report.flagged_rows),
+        "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
+        "policy_version": float(node.learner.policy_version),
+        "ledger_unreachable": float(state.ledger_down),
+        "peers_excluded": float(state.peers_excluded),
+        "peer_rows_dropped": float(state.peer_rows_dropped),
+        "backlog_files": float(len(node.backlog)),
+    }
+    if report.training_reward_local is not None:
+        metrics["training_reward_local"] = report.training_reward_local
+    if report.training_reward_external is not None:
+        metrics["training_reward_external"] = report.training_reward_external
+    for key, name in UPDATE_METRICS.items():
+        if key in report.update:
+            metrics[name] = report.update[key]
+    metrics.update(state.evaluation)
+    for step, seconds in state.seconds.items():
+        metrics[f"seconds_{step}"] = seconds
+    wall = (time.perf_counter() if now is None else now) - state.started
+    metrics["seconds_orchestration"] = max(wall - sum(state.seconds.values()), 0.0)
+    return metrics
+
+
+# The update's figures under their MLflow names.
+UPDATE_METRICS = {
+    "loss": "loss",
+    "clip_fraction": "clip_fraction",
+    "ratio_mean": "ratio_mean",
+    "kl": "kl",
+    "grad_norm": "grad_norm",
+    "tokens_per_s": "update_tokens_per_s",
+}
+
+
+def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:
+    """The one-line summary printed after each round."""
+
+    def share(name: str) -> str:
+        value = metrics.get(name)
+        return "-" if value is None else f"{value:.3f}"
+
+    return (
+        f"{node_id} round {round_}: own_reward {metrics['own_reward']:.3f} "
+        f"(cumulative {metrics['cumulative_own_reward']:.2f}), "
+        f"training_reward {metrics['training_reward']:.3f} "
+        f"(local {share('training_reward_local')}, external {share('training_reward_external')}, "
+        f"{plural(int(metrics['external_groups_used']), 'peer group')}), "
+        f"{sum(v for k, v in metrics.items() if k.startswith('seconds_')):.1f}s"
+    )
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

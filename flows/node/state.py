@@ -1,0 +1,41 @@
+"""What one round of a node carries from step to step (inside the node's process: the
+model's output is too large to pass between Prefect tasks)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from sapo_core.assembly import TrainingSet
+from sapo_core.learner import Generated, RoundReport
+from sapo_core.rollouts import Group
+
+T = TypeVar("T")
+
+
+@dataclass
+class RoundState:
+    """What one round carries from step to step."""
+
+    round: int
+    started: float = field(default_factory=time.perf_counter)
+    last: bool = False  # the run's last round: its checkpoint is forced
+    generated: Generated | None = None
+    external: list[Group] = field(default_factory=list)
+    chosen: TrainingSet | None = None
+    flagged: int = 0
+    report: RoundReport | None = None
+    checkpoint: str | None = None
+    evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
+    ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
+    peers_excluded: int = 0  # peers this node's reputation of them excludes from sampling
+    peer_rows_dropped: int = 0  # drawn peers' rows that could not be converted
+    seconds: dict[str, float] = field(default_factory=dict)  # per step
+
+
+def require(value: T | None, state: RoundState, step: str, before: str) -> T:
+    """``value``, which step ``before`` sets; a clear error if it did not run."""
+    if value is None:
+        raise RuntimeError(f"round {state.round}: {step} before {before}")
+    return value
