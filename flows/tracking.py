@@ -217,9 +217,6 @@ class Tracker:
         version = self.client.create_model_version(name, source, run_id=run_id)
         return str(version.version)
 
-    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
-        return [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
-
 
 def sharing_tags(local_groups: int, external_groups: int, policy: str) -> dict[str, str]:
     """Tags that line runs up in MLflow's compare view by sharing configuration."""

@@ -82,7 +82,7 @@ class Catalog:
         store: Store,
         con: duckdb.DuckDBPyConnection,
         limits: RowLimits,
-        signatures: str = "swarm",
+        check_signatures: str = "swarm",
         copies: LocalCopies | None = None,
     ) -> None:
         self.store = store
@@ -91,9 +91,10 @@ class Catalog:
         None: DuckDB reads them in the store."""
         self.con = con
         self.limits = limits
-        self.signatures = signatures
-        """'swarm' (check where the swarm's rules require it), 'required' or 'off'."""
-        self.identities = IdentityIndex(store, signatures)
+        self.check_signatures = check_signatures
+        """What this reader requires signed: 'swarm' (where the swarm's rules require it),
+        'required' or 'off' (LedgerConfig.check_signatures)."""
+        self.identities = IdentityIndex(store, check_signatures)
         self.admission = Admission(store, con, limits, self.identities, copies)
         self.groups = GroupIndex(con, limits)
         self.node_logs = [NodeLogIndex(n, store, con, self.identities) for n in node_logs.ALL]

@@ -233,7 +233,7 @@ def compact(
             parts.node_id,
         )
         if (
-            catalog.registry.must_sign(parts.swarm_id, parts.node_id, catalog.signatures)
+            catalog.registry.must_sign(parts.swarm_id, parts.node_id, catalog.check_signatures)
             and not own
         ):
             log.warning(

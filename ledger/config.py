@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from ledger.retrying import RetryPolicy
 
@@ -113,11 +113,12 @@ class LedgerConfig(_Strict):
         "every read (0: always list). SAPO nodes never wait for each other, so a few seconds "
         "of staleness cost nothing and spare a large bucket's listing.",
     )
-    signatures: Literal["swarm", "required", "off"] = Field(
+    check_signatures: Literal["swarm", "required", "off"] = Field(
         "swarm",
-        description="Which rollout files must be signed by their node's registered key "
-        "(ledger/identity.py): 'swarm' as each swarm's rules say, 'required' every file, "
-        "'off' none (trust the paths).",
+        validation_alias=AliasChoices("check_signatures", "signatures"),  # its former name
+        description="What this reader requires signed by each node's registered key "
+        "(ledger/identity.py): 'swarm' what each swarm's rules say (a swarm's own rule is "
+        "the swarm file's `signatures`), 'required' every file, 'off' none (trust the paths).",
     )
     memory_limit_mb: int = Field(
         1024,

@@ -90,7 +90,7 @@ class LedgerHandle:
             self.store,
             self.con,
             config.limits,
-            signatures=config.signatures,
+            check_signatures=config.check_signatures,
             copies=self._local_copies(),
         )
         if self.catalog.copies is not None:

@@ -92,7 +92,7 @@ class NodeLogIndex:
             elif refused := registry.not_a_member(key):
                 self._problem(key, Problem(*refused))
             elif place is not None and registry.must_sign_reports(
-                *place, self.identities.signatures
+                *place, self.identities.check_signatures
             ):
                 signed.append(key)
             else:

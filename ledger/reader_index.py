@@ -51,7 +51,7 @@ def fingerprint(catalog: Catalog) -> str:
             "format": FORMAT,
             "url": catalog.store.url,
             "limits": catalog.limits.model_dump(mode="json"),
-            "signatures": catalog.signatures,
+            "signatures": catalog.check_signatures,
             "copies": catalog.copies is not None and str(catalog.copies.folder),
         },
         sort_keys=True,

@@ -203,10 +203,11 @@ class IdentityIndex:
 
     name = "identities"
 
-    def __init__(self, store: Store, signatures: str) -> None:
+    def __init__(self, store: Store, check_signatures: str) -> None:
         self.store = store
-        self.signatures = signatures
-        """'swarm' (check where the swarm's rules require it), 'required' or 'off'."""
+        self.check_signatures = check_signatures
+        """What this reader requires signed: 'swarm' (where the swarm's rules require it),
+        'required' or 'off' (LedgerConfig.check_signatures)."""
         self.registry = Registry()
         self.objects: dict[str, bytes | None] = {}
         """The key and rules objects read, as read (None: unreadable): a saved index
@@ -277,7 +278,7 @@ class IdentityIndex:
     def must_sign_file(self, key: str) -> bool:
         """Whether the rollout file at ``key`` must carry its node's signature."""
         place = object_place(key)
-        return place is not None and self.registry.must_sign(*place, self.signatures)
+        return place is not None and self.registry.must_sign(*place, self.check_signatures)
 
     def vouch(self, key: str, data: bytes) -> tuple[str, str] | None:
         """Why a node log or manifest's ``data`` at ``key`` cannot be taken as its node's
@@ -287,7 +288,7 @@ class IdentityIndex:
         if refused is not None:
             return refused
         place = object_place(key)
-        if place is None or not self.registry.must_sign_reports(*place, self.signatures):
+        if place is None or not self.registry.must_sign_reports(*place, self.check_signatures):
             return None
         return self.registry.vouch(key, data, self.signature_of(key, data))
 

@@ -57,6 +57,8 @@ def round_metrics(
 UPDATE_METRICS = {
     "loss": "loss",
     "clip_fraction": "clip_fraction",
+    "clip_low_fraction": "clip_low_fraction",
+    "clip_high_fraction": "clip_high_fraction",
     "ratio_mean": "ratio_mean",
     "kl": "kl",
     "grad_norm": "grad_norm",

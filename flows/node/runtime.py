@@ -77,7 +77,7 @@ class NodeRuntime:
         """What this node could not write to an unreachable ledger (flows/node/backlog.py)."""
         return Backlog(checkpoint.node_dir(self.workdir, self.node_id) / "backlog")
 
-    def checkpoint_written(self) -> None:
+    def wait_for_checkpoint(self) -> None:
         """Wait for the checkpoint being written in the background, if any; from then on
         it is where the node resumes."""
         saved = self.writer.wait()
@@ -88,7 +88,7 @@ class NodeRuntime:
         """Close the node's run; log its final model (the newest checkpoint). A node done
         with its rounds under `checkpoint_keep: final-model` then keeps only that model:
         in MLflow when it was logged there, else in its checkpoint directory."""
-        self.checkpoint_written()
+        self.wait_for_checkpoint()
         saved = checkpoint.latest(self.workdir, self.node_id)
         if saved is not None:
             logged_at = None
@@ -124,7 +124,7 @@ class NodeRuntime:
 
     def close(self) -> None:
         try:
-            self.checkpoint_written()  # a node stopped by an error still finishes its write
+            self.wait_for_checkpoint()  # a node stopped by an error still finishes its write
         except Exception as exc:
             log.warning("%s: its last checkpoint was not written: %s", self.node_id, exc)
         finally:

@@ -261,7 +261,7 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     diagnostics)."""
     chosen = require(state.chosen, state, "update", "reward")
     generated = require(state.generated, state, "update", "generate")
-    node.checkpoint_written()  # never step while a write reads the weights (see below)
+    node.wait_for_checkpoint()  # never step while a write reads the weights (see below)
     state.report = node.learner.update(state.round, chosen, state.flagged)
     write_node_log(node, "training", state.round, chosen.records())
     node.totals.add(own_reward=generated.own_reward, training_reward=state.report.training_reward)
@@ -298,7 +298,7 @@ def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> 
     )
     node.writer.start(pending)
     if force:
-        node.checkpoint_written()
+        node.wait_for_checkpoint()
     state.checkpoint = str(pending.checkpoint.path)
     return state.checkpoint
 
@@ -307,7 +307,7 @@ def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> 
 def checkpoint_wait(node: NodeRuntime, state: RoundState) -> None:
     """Wait for the previous round's checkpoint, written while this round generated: the
     update must not change the weights and optimizer state while a write reads them."""
-    node.checkpoint_written()
+    node.wait_for_checkpoint()
 
 
 def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:

@@ -118,9 +118,12 @@ def grpo_update(
             )
             (loss * weight).backward()
             release_free_memory()  # this micro-batch's activations, before the next's
+            # The loss logged is the objective optimised (the micro-batches' losses as the
+            # gradient weighs them), per iteration; the other figures are token means.
+            sums["loss"] = sums.get("loss", 0.0) + float(loss) * weight / config.iterations
             share = float(mask.sum()) / (total_tokens * config.iterations)
             for key, value in metrics.items():
-                if key != "tokens":
+                if key not in ("tokens", "loss"):
                     sums[key] = sums.get(key, 0.0) + value * share
         if config.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)

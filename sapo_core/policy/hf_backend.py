@@ -112,13 +112,18 @@ class TransformersBackend:
         groups: list[list[Completion]] = []
         total = len(prompts) * n
         model = self.policy.sampler()
-        for start in range(0, len(prompts), per_call):
-            report = _offset_progress(on_progress, start * n, total)
-            with self.policy.precision():
-                flat = self._sample(
-                    model, prompts[start : start + per_call], n, config, generator, report
-                )
-            groups.extend(flat[i * n : (i + 1) * n] for i in range(len(flat) // n))
+        was_training = model.training
+        model.eval()
+        try:
+            for start in range(0, len(prompts), per_call):
+                report = _offset_progress(on_progress, start * n, total)
+                with self.policy.precision():
+                    flat = self._sample(
+                        model, prompts[start : start + per_call], n, config, generator, report
+                    )
+                groups.extend(flat[i * n : (i + 1) * n] for i in range(len(flat) // n))
+        finally:
+            model.train(was_training)  # whatever stopped the sampling
         del model  # a reduced copy's pages go back with the caches'
         release_free_memory()  # before the update needs its own
         return groups
@@ -139,8 +144,6 @@ class TransformersBackend:
         the compute on short answers); rows that finished leave the batch, so the tail of a
         batch where one completion runs long costs one row per step, not the whole batch.
         """
-        was_training = model.training
-        model.eval()
         device = self.policy.device
         enc = {key: value.to(device) for key, value in self._left_padded(prompts).items()}
         stop_ids = self.stop_ids.to(device)
@@ -194,7 +197,6 @@ class TransformersBackend:
             )
             cache = out.cache
             logits = out.logits[:, -1, :]
-        model.train(was_training)
         return self._unpack(tokens, logprobs, lengths)
 
     def _left_padded(self, prompts: Sequence[Prompt]) -> dict[str, Tensor]:

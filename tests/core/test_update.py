@@ -165,6 +165,23 @@ def test_generation_reports_progress_up_to_every_completion(tiny_policy: Any) ->
     assert quiet == groups  # reporting changes nothing
 
 
+def test_a_generation_that_fails_leaves_the_model_in_its_mode(tiny_policy: Any) -> None:
+    backend = TransformersBackend(tiny_policy)
+    model = tiny_policy.sampler()
+    model.train()
+
+    def interrupted(done: int, total: int) -> None:
+        raise KeyboardInterrupt  # Ctrl-C mid-generation
+
+    with pytest.raises(KeyboardInterrupt):
+        backend.generate(
+            ["What is 2+2?"], GenerationConfig(completions_per_question=2, max_new_tokens=8),
+            seed=0, on_progress=interrupted,
+        )  # fmt: skip
+    assert model.training  # dropout stays on for the update that follows
+    model.eval()
+
+
 def test_generation_is_reproducible_by_seed(tiny_policy: Any) -> None:
     backend = TransformersBackend(tiny_policy)
     cfg = GenerationConfig(completions_per_question=2, max_new_tokens=5)
@@ -217,6 +234,29 @@ def test_one_step_changes_parameters(tiny_model_dir: Any) -> None:
     changed = [not torch.equal(a, b) for a, b in zip(before, after, strict=True)]
     assert all(changed)
     assert result.tokens == 12 and result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "expected"),
+    [
+        # At the first step the ratio is 1, so each token's loss is -advantage; the
+        # sequences' advantages are 1, -.5, -.5, .7, -.7 over 3, 1, 2, 4, 2 tokens.
+        ("grpo", 0.0),  # mean over sequences of their token means: -mean(advantages)
+        ("dr_grpo", -2.9 / (5 * 8)),  # token sum over B x max_completion_length
+        ("dapo", -2.9 / 12),  # token sum over the batch's tokens
+    ],
+)
+def test_the_logged_loss_is_the_objective_optimised(
+    tiny_model_dir: Any, loss_type: str, expected: float
+) -> None:
+    policy = _fresh_policy(tiny_model_dir)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-3)
+    cfg = GRPOConfig(micro_batch_size=2, loss_type=loss_type)  # several micro-batches
+    result = grpo_update(
+        policy.model, optimizer, _segments(policy), cfg,
+        temperature=1.0, pad_id=PAD, max_completion_length=8,
+    )  # fmt: skip
+    assert result.metrics["loss"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_second_iteration_moves_the_ratio_and_clips(tiny_model_dir: Any) -> None:

@@ -154,7 +154,7 @@ def test_a_node_never_signs_a_merge_of_files_it_did_not_sign(site, swarm):
     # ledger that indexes it (signature checks off) will not merge it under a's signature.
     later = datetime(2100, 1, 1, tzinfo=UTC).date()
     site.open().publish(round_rows("a", 3, [[1, 0]]))
-    own = site.open(signer=swarm["a"], signatures="off").compact(["a"], before=later)
+    own = site.open(signer=swarm["a"], check_signatures="off").compact(["a"], before=later)
     assert own.jobs == 0 and own.skipped_partitions
     reader = site.open()
     assert list(statuses(reader).values()) == [ident.UNSIGNED]
@@ -183,7 +183,7 @@ def test_a_node_that_declared_signatures_required_keeps_requiring_them(site, swa
 def test_open_swarms_serve_unsigned_files_unless_the_reader_requires_signatures(site):
     site.open().publish(round_rows("a", 0, [[1, 0]], swarm_id="open"))
     assert served_nodes(site.open()) == {"a"}
-    strict = site.open(signatures="required")
+    strict = site.open(check_signatures="required")
     assert served_nodes(strict) == set()
     assert set(statuses(strict).values()) == {ident.UNKNOWN_SIGNER}
 

@@ -124,7 +124,7 @@ def test_checkpoint_cadence_and_resume(tmp_path: Path) -> None:
         run_round(node, 0)
         assert checkpoints.latest(swarm.workdir, "a") is None
         run_round(node, 1)  # its checkpoint is written in the background
-        node.checkpoint_written()
+        node.wait_for_checkpoint()
         saved = checkpoints.latest(swarm.workdir, "a")
         assert saved is not None and saved.next_round == 2 == node.next_round
         totals = node.totals
