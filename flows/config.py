@@ -36,7 +36,7 @@ from flows.yaml_config import (
 from ledger.config import LedgerConfig
 from ledger.policies import AnyPolicy, PaperPolicy, SamplingPolicy
 from ledger.retrying import RetryPolicy
-from ledger.schema import check_id
+from ledger.schema import MAX_COUNTER, check_id
 from sapo_core.config import NodeConfig, Strict
 
 DEFAULT_SWARM = "cpu.yaml"
@@ -210,6 +210,15 @@ class SwarmConfig(Strict):
         # Ids name the ledger's folders and objects: the ledger's one rule for them, here
         # where the swarm loads, so that a node never starts with one its ledger refuses.
         ids = [check_id("node_id", spec.node_id) for spec in self.nodes]
+        most = self.ledger.limits.max_id_chars
+        for spec in self.nodes:
+            longest = longest_rollout_id(self.swarm_id, spec.node)
+            if len(longest) > most:
+                raise ValueError(
+                    f"swarm_id and node_id {spec.node_id!r} are too long together: the node's "
+                    f"rollout ids (such as {longest!r}, {len(longest)} characters) would "
+                    f"exceed ledger.limits.max_id_chars ({most})"
+                )
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
             raise ValueError(f"node ids repeat: {repeated}")
@@ -244,6 +253,13 @@ class SwarmConfig(Strict):
         if self.tracks_on_server():
             return None
         return (self.workdir / "mlartifacts").as_uri()
+
+
+def longest_rollout_id(swarm_id: str, node: NodeConfig) -> str:
+    """The longest rollout id the node can write (sapo_core/learner.py names them
+    ``<swarm>.<node>.r<round>.q<k>.c<j>``), at the largest round a ledger accepts."""
+    questions, completions = node.questions, node.generation.completions_per_question
+    return f"{swarm_id}.{node.node_id}.r{MAX_COUNTER}.q{questions - 1}.c{completions - 1}"
 
 
 def node_entries(data: dict[str, Any]) -> list[Any]:

@@ -1,5 +1,9 @@
 """Offline, telemetry-free defaults that every entry point applies before heavy imports,
-for itself and every process it starts."""
+for itself and every process it starts.
+
+(Processes sapo starts itself run with ``python -P``, and deployed runs with PYTHONSAFEPATH,
+so that a folder where the user stands named like a package, such as a swarm's `ledger/`
+data folder, never stands in for the installed one.)"""
 
 from __future__ import annotations
 
@@ -16,10 +20,6 @@ OFFLINE_DEFAULTS = {
     # Prefect's ephemeral server gets 20 s to start by default; a busy 2-core machine
     # starting several nodes at once needs more
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
-    # Processes started from here (nodes, servers, deployed runs) import the installed
-    # packages, never a folder where the user stands that is named like one: a swarm's
-    # working directory holds its ledger's data in `ledger/`.
-    "PYTHONSAFEPATH": "1",
 }
 
 

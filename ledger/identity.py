@@ -26,7 +26,7 @@ credentials``, infra/README.md) stop a peer from writing under another node's pr
 **Which swarms require signatures.** The first node of a swarm writes its rules object,
 once; ``sapo`` nodes declare ``signatures: required`` unless configured ``open``. Readers
 then skip every file of that swarm that is unsigned, signed by a key other than the
-registered one, or signed for other bytes (``LedgerConfig.signatures`` can also require
+registered one, or signed for other bytes (``LedgerConfig.check_signatures`` can also require
 them everywhere, or turn the check off). A swarm with no rules object is open: ledgers
 written by hand, the synthetic demo, older versions.
 

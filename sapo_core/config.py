@@ -273,7 +273,12 @@ class NodeConfig(Strict):
         description="Questions generated (and published) per round; default I + J, so every "
         "configuration spends the same generation compute.",
     )
-    seed: int = Field(0, ge=0, description="Seeds questions, sampling and initial state.")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=2**42,  # a round's seed (seed * 1_000_003 + round) stays within what logs record
+        description="Seeds questions, sampling and initial state.",
+    )
     tasks: TaskConfig = Field(default_factory=TaskConfig)
     prompt: PromptConfig = Field(default_factory=PromptConfig)  # type: ignore[arg-type]
     reward: RewardConfig = Field(default_factory=RewardConfig)  # type: ignore[arg-type]

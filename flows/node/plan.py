@@ -4,6 +4,8 @@ marked finished). Plain functions: the node flow (flows/node/round.py) asks, tes
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flows.config import SwarmConfig
 from flows.node import checkpoint
 
@@ -49,17 +51,19 @@ def logs_its_model(
     rounds: int,
     until_round: int | None,
     ran_rounds: bool,
-    model_missing: bool,
+    model_missing: Callable[[], bool],
 ) -> bool:
     """Whether a run logs the node's model as it closes: when models are logged and the node
     reached its last round (or a run without a bound went past it), not after every
     scheduled run of a few rounds; by the run that ran rounds, or by a later one when the
-    one that reached the end did not log it (it stopped before, or the upload failed)."""
+    one that reached the end did not log it (it stopped before, or the upload failed).
+    ``model_missing`` is asked only when that decides (it asks MLflow)."""
     reached = reached_the_end(next_round, rounds) or until_round is None
-    return log_models and reached and (ran_rounds or model_missing)
+    return log_models and reached and (ran_rounds or model_missing())
 
 
-def finished(next_round: int, rounds: int, model_missing: bool) -> bool:
+def finished(next_round: int, rounds: int, model_missing: Callable[[], bool]) -> bool:
     """Whether the node is marked finished (later runs asked for no more rounds stop at
-    once): all rounds run and, where a model is due in MLflow, its model there."""
-    return reached_the_end(next_round, rounds) and not model_missing
+    once): all rounds run and, where a model is due in MLflow, its model there (asked only
+    then)."""
+    return reached_the_end(next_round, rounds) and not model_missing()

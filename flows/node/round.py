@@ -152,10 +152,10 @@ def node_flow(
                 rounds=swarm.rounds,
                 until_round=until_round,
                 ran_rounds=stop > start,
-                model_missing=node.final_model_missing(),
+                model_missing=node.final_model_missing,
             )
             node.finish(log_model=log_model)
-            if plan.finished(node.next_round, swarm.rounds, node.final_model_missing()):
+            if plan.finished(node.next_round, swarm.rounds, node.final_model_missing):
                 checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
             return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
         finally:

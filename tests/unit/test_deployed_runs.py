@@ -45,23 +45,33 @@ def test_the_end_of_a_swarm_is_its_last_round() -> None:
 def test_when_a_run_logs_the_nodes_model(
     next_round: int, until: int | None, ran: bool, missing: bool, log_models: bool, expected: bool
 ) -> None:
-    assert (
-        logs_its_model(
-            log_models=log_models,
-            next_round=next_round,
-            rounds=3,
-            until_round=until,
-            ran_rounds=ran,
-            model_missing=missing,
-        )
-        is expected
+    asked: list[bool] = []
+
+    def model_missing() -> bool:
+        asked.append(missing)  # an MLflow call: asked only when it decides
+        return missing
+
+    decision = logs_its_model(
+        log_models=log_models,
+        next_round=next_round,
+        rounds=3,
+        until_round=until,
+        ran_rounds=ran,
+        model_missing=model_missing,
     )
+    assert decision is expected
+    reached = next_round >= 3 or until is None
+    assert bool(asked) == (log_models and reached and not ran)
 
 
 def test_a_node_is_finished_when_its_rounds_ran_and_its_model_is_where_it_should_be() -> None:
-    assert finished(3, 3, model_missing=False)
-    assert not finished(3, 3, model_missing=True)  # the next run logs it, then finishes
-    assert not finished(2, 3, model_missing=False)
+    assert finished(3, 3, model_missing=lambda: False)
+    assert not finished(3, 3, model_missing=lambda: True)  # the next run logs it, then finishes
+
+    def never() -> bool:
+        raise AssertionError("MLflow asked about a node that has rounds to run")
+
+    assert not finished(2, 3, model_missing=never)
 
 
 def test_the_tracking_store_is_the_files_else_the_environments_else_a_local_file(

@@ -116,6 +116,17 @@ def test_ids_follow_the_ledgers_one_rule_when_the_file_loads(change: dict) -> No
         load_swarm(text=yaml.safe_dump({**SWARM, **change}))
 
 
+def test_ids_too_long_together_for_the_rollout_ids_fail_at_load() -> None:
+    # Each id alone is legal (128 characters at most), but a rollout id joins them.
+    with pytest.raises(ConfigError, match="too long together"):
+        load_swarm(
+            text=yaml.safe_dump({**SWARM, "swarm_id": "s" * 64, "nodes": [{"node_id": "n" * 60}]})
+        )
+    load_swarm(
+        text=yaml.safe_dump({**SWARM, "swarm_id": "s" * 40, "nodes": [{"node_id": "n" * 40}]})
+    )
+
+
 def test_an_experiments_name_follows_the_same_rule(tmp_path: Path) -> None:
     from flows.experiments.sweep import load_experiment
 
