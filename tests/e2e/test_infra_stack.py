@@ -171,7 +171,11 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
         limit = d.get("concurrency_limit") or (d.get("global_concurrency_limit") or {}).get("limit")
         assert limit == 1
         assert d["schedules"][0]["schedule"]["interval"] == 3600
-        assert d["job_variables"]["env"] == {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
+        # It beats every 30 s, and imports the installed packages whatever the worker's folder.
+        assert d["job_variables"]["env"] == {
+            "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
+            "PYTHONSAFEPATH": "1",
+        }
     pool = httpx.get(f"{api}/work_pools/machines", timeout=30).json()
     assert pool["type"] == "process"
     bad = _sapo("deploy", "-c", str(swarm), "--work-pool", "machines", "--interval", "60",
