@@ -148,6 +148,42 @@ class RewardConfig(Strict):
     )
 
 
+class VLLMConfig(Strict):
+    """The vLLM engine (``generation.backend: vllm``), in its own environment."""
+
+    python: str | None = Field(
+        None,
+        description="The vLLM environment's Python; default: the one `sapo vllm install` "
+        "makes (~/.cache/sapo/vllm/bin/python).",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="The engine's weights and activations."
+    )
+    max_model_len: int = Field(
+        2048, ge=64, le=131_072, description="Longest prompt plus completion, in tokens."
+    )
+    kv_cache_mb: int | None = Field(
+        None,
+        ge=16,
+        description="The KV cache on a CPU, in MB. Default: what one generation call holds "
+        "(batch_size sequences of max_model_len tokens), never vLLM's own default (most of "
+        "the machine's memory).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0.0,
+        le=0.95,
+        description="On a GPU: the share of its memory the engine may take (weights and KV "
+        "cache); the rest is the training's (the engine shares the device with it).",
+    )
+    enforce_eager: bool = Field(
+        True, description="No graph capture or compilation (slower steps, a fast start)."
+    )
+    reply_timeout_s: float = Field(
+        1800.0, gt=0.0, description="Longest a call of the engine may take before it is killed."
+    )
+
+
 class GenerationConfig(Strict):
     """Sampling of completions."""
 
@@ -157,6 +193,7 @@ class GenerationConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(256, ge=1, le=32_768)
     batch_size: int = Field(32, ge=1, description="Sequences per generation call.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)  # type: ignore[arg-type]
 
 
 class ComputeConfig(Strict):

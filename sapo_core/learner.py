@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from sapo_core.assembly import TrainingSet, assemble, choose_local
-from sapo_core.config import NodeConfig
+from sapo_core.config import GenerationConfig, NodeConfig
 from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
 from sapo_core.grpo.segments import Segment
@@ -41,15 +41,15 @@ from sapo_core.tasks import Question, TaskSource
 log = logging.getLogger(__name__)
 
 
-def make_backend(name: str, policy: Policy) -> GenerationBackend:
+def make_backend(generation: GenerationConfig, policy: Policy) -> GenerationBackend:
     """The generation backend a config names."""
-    if name == "transformers":
-        from sapo_core.policy.hf_backend import TransformersBackend
+    if generation.backend == "vllm":
+        from sapo_core.policy.vllm_backend import VLLMBackend
 
-        return TransformersBackend(policy)
-    raise NotImplementedError(
-        f"generation backend {name!r} is not available in this build; use 'transformers'"
-    )
+        return VLLMBackend(policy, generation)
+    from sapo_core.policy.hf_backend import TransformersBackend
+
+    return TransformersBackend(policy)
 
 
 @dataclass
@@ -119,7 +119,7 @@ class Learner:
         self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
         self.policy = policy or load_policy(config.model, compute=config.compute)
-        self.backend = backend or make_backend(config.generation.backend, self.policy)
+        self.backend = backend or make_backend(config.generation, self.policy)
         self.optimizer = make_optimizer(self.policy.model, config.grpo)
         self.policy_version = 0
         self.ref_model: Any = None
@@ -186,6 +186,18 @@ class Learner:
             groups.append(Group(group_id, "local", tuple(rollouts)))
         tokens = sum(len(c.token_ids) for cs in sampled for c in cs)
         return Generated(groups, time.perf_counter() - started, tokens)
+
+    def _weights_changed(self) -> None:
+        """Tell a backend that keeps its own copy of the weights (vLLM) that they moved."""
+        changed = getattr(self.backend, "weights_changed", None)
+        if changed is not None:
+            changed()
+
+    def close(self) -> None:
+        """Stop what the backend started (vLLM's worker); the learner stays usable."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
     def evaluate(self) -> list[TaskScore]:
         """Score the current policy on the held-out set (same questions and seed each time)."""
@@ -258,7 +270,7 @@ class Learner:
         if own and rollout.token_ids is not None and rollout.logprobs is not None:
             # Under reduced precision generation's log-probs are not the training forward's:
             # the update recomputes them (as it does for peers' rows), so the ratio starts at 1.
-            exact = self.policy.exact_behaviour
+            exact = self.policy.exact_behaviour and getattr(self.backend, "exact_logprobs", True)
             return list(rollout.token_ids), list(rollout.logprobs) if exact else None
         text = rollout.completion
         prefill = self.config.prompt.prefill
@@ -292,6 +304,7 @@ class Learner:
             )
         if segments:
             self.policy_version += cfg.grpo.iterations
+            self._weights_changed()
         return RoundReport(
             round=round_,
             training_reward=_mean(chosen.rewards()) or 0.0,

@@ -1,7 +1,7 @@
 """The `sapo` command line: a thin layer over the ledger and the flows.
 
-One module per command group (ledger, swarm, sweep, infra). Heavy libraries are imported inside
-the commands, so `sapo --help` stays quick and `sapo ledger ...` runs on the base install
+One module per command group (ledger, swarm, sweep, infra, vllm). Heavy libraries are imported
+inside the commands, so `sapo --help` stays quick and `sapo ledger ...` runs on the base install
 (no torch, Prefect or MLflow).
 """
 
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import infra, ledger, swarm, sweep
+from flows.cli import infra, ledger, swarm, sweep, vllm
 from flows.cli.common import parse_storage_options
 from flows.env import apply_offline_defaults
 
@@ -28,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(infra.app, name="infra")
+app.add_typer(vllm.app, name="vllm")
 for command in (
     swarm.swarm,
     swarm.node,

@@ -128,6 +128,7 @@ class NodeRuntime:
         except Exception as exc:
             log.warning("%s: its last checkpoint was not written: %s", self.node_id, exc)
         finally:
+            self.learner.close()
             self.ledger.close()
 
 

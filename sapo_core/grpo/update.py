@@ -120,7 +120,7 @@ def grpo_update(
             release_free_memory()  # this micro-batch's activations, before the next's
             # The loss logged is the objective optimised (the micro-batches' losses as the
             # gradient weighs them), per iteration; the other figures are token means.
-            sums["loss"] = sums.get("loss", 0.0) + float(loss) * weight / config.iterations
+            sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight / config.iterations
             share = float(mask.sum()) / (total_tokens * config.iterations)
             for key, value in metrics.items():
                 if key not in ("tokens", "loss"):
