@@ -154,7 +154,7 @@ class VLLMConfig(Strict):
     python: str | None = Field(
         None,
         description="The vLLM environment's Python; default: the one `sapo vllm install` "
-        "makes (~/.cache/sapo/vllm/bin/python).",
+        "makes ($SAPO_CACHE/vllm/bin/python, ~/.cache/sapo/vllm by default).",
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="The engine's weights and activations."

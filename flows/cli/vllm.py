@@ -31,9 +31,9 @@ BREAKS_IMPORT = ("torchvision", "torchaudio", "torchcodec")
 
 
 def default_path() -> Path:
-    from sapo_core.policy.vllm_backend import DEFAULT_ENV
+    from sapo_core.policy.vllm_backend import default_env
 
-    return DEFAULT_ENV
+    return default_env()
 
 
 def install_steps(path: Path, *, gpu: bool, python: str = sys.executable) -> list[list[str]]:
@@ -58,7 +58,8 @@ CHECK = "import vllm, torch; print(vllm.__version__, torch.__version__)"
 def install(
     gpu: Annotated[bool, typer.Option(help="vLLM for CUDA instead of the CPU build.")] = False,
     path: Annotated[
-        Path | None, typer.Option(help="Where to make it (default ~/.cache/sapo/vllm).")
+        Path | None,
+        typer.Option(help="Where to make it (default $SAPO_CACHE/vllm, ~/.cache/sapo/vllm)."),
     ] = None,
 ) -> None:
     """Make the vLLM environment (several GB; minutes), then check that it imports."""

@@ -32,14 +32,21 @@ from typing import IO, Any
 
 from sapo_core.config import GenerationConfig, VLLMConfig
 from sapo_core.policy.backend import Completion, ProgressCallback, Prompt
+from sapo_core.policy.bundled import cache_dir
 from sapo_core.policy.hf_backend import stop_token_ids
 from sapo_core.policy.loading import Policy
 
 log = logging.getLogger(__name__)
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-DEFAULT_ENV = Path.home() / ".cache" / "sapo" / "vllm"
-"""Where `sapo vllm install` makes the vLLM environment (``generation.vllm.python``)."""
+
+
+def default_env() -> Path:
+    """Where `sapo vllm install` makes the vLLM environment: ``$SAPO_CACHE/vllm`` (default
+    ~/.cache/sapo/vllm), whose Python is ``generation.vllm.python``'s default."""
+    return cache_dir() / "vllm"
+
+
 INSTALL_HINT = "run `sapo vllm install` (CPU) or `sapo vllm install --gpu` (CUDA)"
 
 
@@ -49,7 +56,7 @@ class VLLMUnavailable(RuntimeError):
 
 def worker_python(config: VLLMConfig) -> Path:
     """The vLLM environment's interpreter, or VLLMUnavailable saying how to make one."""
-    python = Path(config.python) if config.python else DEFAULT_ENV / "bin" / "python"
+    python = Path(config.python) if config.python else default_env() / "bin" / "python"
     if not python.is_file():
         raise VLLMUnavailable(
             f"generation.backend is vllm but {python} does not exist: {INSTALL_HINT}"

@@ -19,15 +19,15 @@ import torch
 from flows.cli.vllm import BREAKS_IMPORT, CPU_TORCH, CPU_VLLM, install_steps
 from sapo_core.config import GenerationConfig, NodeConfig, VLLMConfig
 from sapo_core.policy.vllm_backend import (
-    DEFAULT_ENV,
     VLLMBackend,
     VLLMUnavailable,
+    default_env,
     kv_cache_bytes,
     worker_python,
 )
 from tests.tiny_models import build_tiny_model
 
-PYTHON = Path(os.environ.get("SAPO_VLLM_PYTHON", DEFAULT_ENV / "bin" / "python"))
+PYTHON = Path(os.environ.get("SAPO_VLLM_PYTHON", default_env() / "bin" / "python"))
 needs_vllm = pytest.mark.skipif(
     not PYTHON.is_file(), reason=f"no vLLM environment at {PYTHON}: `sapo vllm install`"
 )
