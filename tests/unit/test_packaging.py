@@ -94,11 +94,18 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+OWN_ENVIRONMENT = {"sapo_core/policy/vllm_worker.py"}
+"""Programs run by another environment's Python (`sapo vllm install` makes vLLM's): their
+imports are that environment's, not this package's."""
+
+
 def _third_party_imports() -> dict[str, set[str]]:
     """Top-level names imported by the packages, outside the standard library: name -> files."""
     found: dict[str, set[str]] = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
+            if str(path.relative_to(ROOT)) in OWN_ENVIRONMENT:
+                continue
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
                     modules = [alias.name for alias in node.names]
@@ -127,6 +134,19 @@ def test_the_base_install_is_the_ledger_and_every_import_is_declared() -> None:
         if not candidates & declared:
             missing[name] = sorted(files)
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_a_program_of_another_environment_imports_nothing_of_sapo() -> None:
+    """The vLLM worker runs where sapo is not installed: the standard library and vLLM only."""
+    for name in OWN_ENVIRONMENT:
+        tree = ast.parse((ROOT / name).read_text())
+        imported = {
+            (alias.name if isinstance(node, ast.Import) else node.module or "").partition(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        assert imported - sys.stdlib_module_names <= {"vllm", "torch"}, (name, imported)
 
 
 def test_package_data_ships_every_file_the_packages_read() -> None:
