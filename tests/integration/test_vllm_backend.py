@@ -1,9 +1,9 @@
 """Generation on vLLM for real: its CPU build in its own environment (`sapo vllm install`),
 driven by the node's backend, on a tiny random model built offline.
 
-The tests that need the engine run where the vLLM environment exists (CI makes it; see
-.ci/run) and say why they are skipped elsewhere. One engine serves the module: it takes
-20-30 s to start on two cores.
+The tests that need the engine are in the slow suite (`pytest -m slow`), and run where the
+vLLM environment exists (CI makes it; see .ci/run); elsewhere they say why they are
+skipped. One engine serves the module: it takes 20-30 s to start on two cores.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ def _prompts(policy: Any) -> list[list[int]]:
     ]
 
 
+@pytest.mark.slow  # each starts or drives an engine: the slow suite
 @needs_vllm
 def test_vllm_samples_groups_of_completions_by_the_nodes_rules(served: Any) -> None:
     policy, generation, backend = served
@@ -110,6 +111,7 @@ def test_vllm_samples_groups_of_completions_by_the_nodes_rules(served: Any) -> N
     assert [c.token_ids for c in same[0]] != [c.token_ids for c in same[1]]
 
 
+@pytest.mark.slow  # each starts or drives an engine: the slow suite
 @needs_vllm
 def test_updated_weights_reach_the_engine_in_place(served: Any, tiny_dir: Path) -> None:
     policy, generation, backend = served
@@ -145,6 +147,7 @@ def _trainer_logprobs(policy: Any, prompt: list[int], completions: list[Any]) ->
     return [logprobs[i, : len(row)].tolist() for i, row in enumerate(ids)]
 
 
+@pytest.mark.slow  # each starts or drives an engine: the slow suite
 @needs_vllm
 def test_the_engines_logprobs_move_with_the_trainers_after_an_update(served: Any) -> None:
     """A completion's log-probs under vLLM equal the trainer's (both fp32 here), before and
@@ -172,6 +175,7 @@ def test_the_engines_logprobs_move_with_the_trainers_after_an_update(served: Any
         backend.weights_changed()
 
 
+@pytest.mark.slow  # each starts or drives an engine: the slow suite
 @needs_vllm
 def test_a_worker_that_dies_is_started_again_with_the_current_weights(served: Any) -> None:
     policy, generation, backend = served
@@ -182,6 +186,7 @@ def test_a_worker_that_dies_is_started_again_with_the_current_weights(served: An
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
 
 
+@pytest.mark.slow  # each starts or drives an engine: the slow suite
 @needs_vllm
 def test_the_engine_takes_what_one_call_needs_not_the_machine(served: Any) -> None:
     import psutil
@@ -193,6 +198,7 @@ def test_the_engine_takes_what_one_call_needs_not_the_machine(served: Any) -> No
     assert rss < 3 * 2**30, f"{rss / 2**30:.2f} GiB"  # vLLM's own default took 16.75 GiB
 
 
+@pytest.mark.slow  # each starts or drives an engine: the slow suite
 @needs_vllm
 def test_a_learner_on_vllm_trains_on_its_own_samples_with_the_trainers_logprobs(
     tiny_dir: Path,
