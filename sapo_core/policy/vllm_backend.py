@@ -173,7 +173,7 @@ class VLLMBackend:
     def _ensure_started(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             return
-        self._write_weights(with_config=True)
+        self._write_weights(with_tokenizer=True)
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         with open(self._log, "a") as err:
             self._proc = subprocess.Popen(
@@ -204,14 +204,15 @@ class VLLMBackend:
         self._stale = False  # it loaded the weights just written
 
     def _sync_weights(self) -> None:
-        self._write_weights(with_config=False)
+        self._write_weights(with_tokenizer=False)
         self._call({"op": "load", "path": str(self._folder)})
         self._stale = False
 
-    def _write_weights(self, *, with_config: bool) -> None:
-        """The policy as a model folder vLLM reads (config and tokenizer with the first)."""
+    def _write_weights(self, *, with_tokenizer: bool) -> None:
+        """The policy as a model folder vLLM reads (config and weights; the tokenizer too when
+        the engine starts on it)."""
         model = self.policy.model
-        if with_config:
+        if with_tokenizer:
             self.policy.tokenizer.save_pretrained(self._folder)
         # save_pretrained writes tied weights once and in the names vLLM's loaders expect
         model.save_pretrained(self._folder, safe_serialization=True)
