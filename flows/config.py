@@ -118,12 +118,14 @@ class SwarmConfig(Strict):
     checkpoint_every: int = Field(
         1, ge=1, description="Checkpoint every K rounds; always at the end."
     )
-    checkpoint_keep: Literal["resume", "final-model"] = Field(
+    checkpoint_keep: Literal["resume", "final-model", "nothing"] = Field(
         "resume",
         description="What a node keeps when it finishes its rounds: 'resume' (its newest "
-        "checkpoint: weights, optimizer and RNG state, so --rounds N continues it) or "
+        "checkpoint: weights, optimizer and RNG state, so --rounds N continues it), "
         "'final-model' (the final fp32 model only: in MLflow when it was logged there, else "
-        "in its checkpoint directory; a third of the disk, and the swarm cannot be continued).",
+        "in its checkpoint directory; a third of the disk, and the swarm cannot be continued) "
+        "or 'nothing' (no model: the record that it finished; for sweeps that compare "
+        "metrics, whose models would fill a disk: 40 runs of 3 nodes keep 65 GB at 135M).",
     )
     peer_wait_s: float = Field(
         0.0,

@@ -11,6 +11,7 @@ from ledger.identity import IdentityError, NodeKey
 from ledger.ledger import Ledger, ValidationReport
 from ledger.manifests import NodeManifest
 from ledger.policies import (
+    FreshPolicy,
     PaperPolicy,
     RewardFilteredPolicy,
     SamplingPolicy,
@@ -26,6 +27,7 @@ __all__ = [
     "COLUMN_NAMES",
     "SCHEMA_VERSION",
     "CompactionReport",
+    "FreshPolicy",
     "IdentityError",
     "Ledger",
     "LedgerConfig",

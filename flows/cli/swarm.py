@@ -61,6 +61,7 @@ class Keep(StrEnum):
 
     resume = "resume"
     final_model = "final-model"
+    nothing = "nothing"
 
 
 KeepOpt = Annotated[
@@ -68,7 +69,8 @@ KeepOpt = Annotated[
     typer.Option(
         "--keep",
         help="What a node keeps when done: 'resume' (training state too: --rounds N "
-        "continues) or 'final-model' (the final model only: a quarter of the disk).",
+        "continues), 'final-model' (the final model only: a quarter of the disk) or "
+        "'nothing' (no model, only the record that it finished).",
     ),
 ]
 

@@ -15,7 +15,12 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
-from flows.experiments.sweep import ExperimentConfig, is_complete, load_experiment
+from flows.experiments.sweep import (
+    ExperimentConfig,
+    is_complete,
+    load_experiment,
+    record_progress,
+)
 from flows.swarm.launcher import run_swarm, write_resolved
 
 
@@ -28,9 +33,12 @@ def run_configuration(
     swarm = exp.swarm_config(conf, seed)
     if is_complete(swarm):
         print(f"{swarm.swarm_id}: every node finished {swarm.rounds} rounds; skipped")
+        record_progress(exp, swarm.swarm_id, "skipped")
         return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
     print(f"{swarm.swarm_id}: {conf.label} with {conf.policy_kind(exp.swarm)} sampling")
+    record_progress(exp, swarm.swarm_id, "started")
     failed = run_swarm(swarm, write_resolved(swarm), parent_run_id=parent_run_id)
+    record_progress(exp, swarm.swarm_id, "finished" if failed == 0 else "failed", failed=failed)
     return {"swarm_id": swarm.swarm_id, "skipped": False, "failed": failed}
 
 

@@ -20,6 +20,8 @@ so seeds, tasks, models and compute per node are identical by construction.
 from __future__ import annotations
 
 import copy
+import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -36,6 +38,7 @@ from flows.config import (
     validate_swarm,
 )
 from flows.node import checkpoint
+from flows.node.files import write_atomically
 from ledger.schema import check_id
 from sapo_core.config import Strict
 
@@ -278,3 +281,30 @@ def format_plan(exp: ExperimentConfig) -> str:
     lines.append(f"models: {first['models']}")
     lines.append(f"tasks: {first['tasks']}")
     return "\n".join(lines)
+
+
+PROGRESS_FILE = "progress.json"
+
+
+def record_progress(exp: ExperimentConfig, swarm_id: str, event: str, **facts: Any) -> Path:
+    """Note in `<workdir>/progress.json` that a run started, finished or was skipped, with
+    the time: whoever resumes a sweep of many hours sees where it stands, which runs took
+    how long and which were interrupted (started again without a finish in between)."""
+    path = exp.workdir_path() / PROGRESS_FILE
+    try:
+        progress = json.loads(path.read_text())
+    except (OSError, ValueError):
+        progress = {}
+    if not isinstance(progress, dict) or not isinstance(progress.get("runs"), dict):
+        progress = {"experiment": exp.experiment, "runs": {}}
+    labels = exp.replicates()
+    entry = progress["runs"].setdefault(swarm_id, {})
+    if swarm_id in labels:
+        entry["configuration"], entry["seed"] = labels[swarm_id]
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    entry.setdefault("events", []).append({"event": event, "at": now, **facts})
+    entry["state"] = event
+    done = sum(1 for e in progress["runs"].values() if e.get("state") in ("finished", "skipped"))
+    progress["summary"] = f"{done} of {len(labels)} runs done; last update {now}"
+    write_atomically(path, json.dumps(progress, indent=1, sort_keys=True) + "\n")
+    return path

@@ -8,7 +8,8 @@ the 135M model one checkpoint is ~1.6 GB (fp32 weights plus Adam's two moments).
 
 A node that finishes under ``checkpoint_keep: final-model`` keeps only its final model
 (`keep_final_model`): the training state goes, and so do the weights when the model was
-logged to MLflow (state.json then names where it is). Such a checkpoint cannot be resumed.
+logged to MLflow (state.json then names where it is). Under ``nothing`` the weights go in
+any case. Such a checkpoint cannot be resumed.
 """
 
 from __future__ import annotations
@@ -238,16 +239,19 @@ def model_files(checkpoint: Path) -> list[Path]:
     return sorted(p for p in checkpoint.iterdir() if p.is_file() and p.name not in rest)
 
 
-def keep_final_model(saved: Checkpoint, logged_at: str | None) -> Checkpoint:
+def keep_final_model(
+    saved: Checkpoint, logged_at: str | None, *, weights: bool = True
+) -> Checkpoint:
     """Drop what only a resume needs (optimizer and RNG state, ~2/3 of a checkpoint), and
-    the model files too when ``logged_at`` says the model is kept elsewhere. state.json is
+    the model files too when ``logged_at`` says the model is kept elsewhere or ``weights``
+    is false (`checkpoint_keep: nothing`). state.json is
     rewritten first (atomically), so a kill midway leaves a checkpoint that says what it
     lacks, never one that claims files it no longer has."""
     data = json.loads((saved.path / STATE).read_text())
     data.update(resumable=False, final_model=logged_at)
     write_atomically(saved.path / STATE, json.dumps(data))
     gone = [saved.path / name for name in TRAINING_STATE]
-    if logged_at is not None:
+    if logged_at is not None or not weights:
         gone += model_files(saved.path)
     for path in gone:
         path.unlink(missing_ok=True)

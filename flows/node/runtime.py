@@ -87,7 +87,8 @@ class NodeRuntime:
     def finish(self, *, log_model: bool) -> None:
         """Close the node's run; log its final model (the newest checkpoint). A node done
         with its rounds under `checkpoint_keep: final-model` then keeps only that model:
-        in MLflow when it was logged there, else in its checkpoint directory."""
+        in MLflow when it was logged there, else in its checkpoint directory; under
+        `nothing`, only the record that it finished (and the model in MLflow if logged)."""
         self.wait_for_checkpoint()
         saved = checkpoint.latest(self.workdir, self.node_id)
         if saved is not None:
@@ -104,9 +105,11 @@ class NodeRuntime:
                     path=model_path(saved.next_round),
                 )
             done = saved.next_round >= self.swarm.rounds
-            if done and saved.resumable and self.swarm.checkpoint_keep == "final-model":
-                kept = checkpoint.keep_final_model(saved, logged_at)
-                log.info("%s keeps only its final model: %s", self.node_id, logged_at or kept.path)
+            keep = self.swarm.checkpoint_keep
+            if done and saved.resumable and keep != "resume":
+                kept = checkpoint.keep_final_model(saved, logged_at, weights=keep == "final-model")
+                where = logged_at or (kept.path if keep == "final-model" else "nowhere")
+                log.info("%s keeps %s; its final model: %s", self.node_id, keep, where)
         if self.run is not None:
             self.run.tracker.finish(self.run.run_id)
 
@@ -164,7 +167,8 @@ def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str
     who = ", ".join([node_id, *also])
     return (
         f"{who} finished round {saved.next_round - 1} keeping only the final model "
-        f"(--keep final-model; {node_id}'s is at {where}), so the swarm cannot train on: "
+        f"(--keep final-model or nothing; {node_id}'s is at {where}), so the swarm cannot "
+        "train on: "
         "start afresh with another --workdir (with --keep resume, or checkpoint_keep: "
         "resume in the file, to be able to continue it later)"
     )

@@ -13,6 +13,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+MaxAge = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        description="Only groups published this many seconds before now (by the earlier of "
+        "the publisher's stamp and the reader's first sight of the group).",
+    ),
+]
+"""A policy's recency window (NULL in SQL: no window)."""
+
 
 class _Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -82,12 +92,7 @@ class RewardFilteredPolicy(_Policy):
     min_mean_reward: float = Field(0.0, ge=0.0, le=1.0, description="Lowest group mean reward.")
     max_mean_reward: float = Field(1.0, ge=0.0, le=1.0, description="Highest group mean reward.")
     require_variance: bool = Field(True, description="Drop groups whose rewards all agree.")
-    max_age_s: float | None = Field(
-        None,
-        gt=0,
-        description="Only groups published this many seconds before now (by the earlier of "
-        "the publisher's stamp and the reader's first sight of the group).",
-    )
+    max_age_s: MaxAge = None
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> RewardFilteredPolicy:
@@ -116,12 +121,7 @@ class VarianceWeightedPolicy(_Policy):
     min_std: float = Field(
         0.0, ge=0.0, lt=0.5, description="Drop groups whose reward std is at most this."
     )
-    max_age_s: float | None = Field(
-        None,
-        gt=0,
-        description="Only groups published this many seconds before now (by the earlier of "
-        "the publisher's stamp and the reader's first sight of the group).",
-    )
+    max_age_s: MaxAge = None
 
     def parameters(self, now: datetime) -> dict[str, Any]:
         return {
@@ -131,7 +131,22 @@ class VarianceWeightedPolicy(_Policy):
         }
 
 
-AnyPolicy = PaperPolicy | RewardFilteredPolicy | VarianceWeightedPolicy
+class FreshPolicy(_Policy):
+    """Peers' informative groups the receiver never drew before, newest first; fewer than
+    asked for when peers have not published that many (see fresh.sql).
+
+    Beyond the paper: at high J the uniform draw serves the same stale groups over and
+    over (the pool degrades when nodes take more than they give); this takes each group
+    at most once, and no more than the peers' fresh supply."""
+
+    kind: Literal["fresh"] = "fresh"
+    max_age_s: MaxAge = None
+
+    def parameters(self, now: datetime) -> dict[str, Any]:
+        return {"max_age_s": self.max_age_s, "now": now}
+
+
+AnyPolicy = PaperPolicy | RewardFilteredPolicy | VarianceWeightedPolicy | FreshPolicy
 SamplingPolicy = Annotated[AnyPolicy, Field(discriminator="kind")]
 """Any sampling policy; YAML picks one with ``kind``."""
 
@@ -149,6 +164,7 @@ def parse_policy(value: str | dict[str, Any] | _Policy) -> AnyPolicy:
 
 __all__ = [
     "AnyPolicy",
+    "FreshPolicy",
     "PaperPolicy",
     "RewardFilteredPolicy",
     "SamplingPolicy",

@@ -186,3 +186,8 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     # Running it again resumes: both configurations are complete, so nothing trains.
     again = sapo("experiment", "-c", str(path), timeout=600)
     assert again.count("skipped") == 4 and "round 0:" not in again
+    # The progress file says where the sweep stands: every run started, finished, skipped.
+    progress = json.loads((work / "progress.json").read_text())
+    assert progress["summary"].startswith("4 of 4 runs done")
+    events = [[e["event"] for e in r["events"]] for r in progress["runs"].values()]
+    assert events == [["started", "finished", "skipped"]] * 4

@@ -256,7 +256,7 @@ def test_version_and_unexpected_errors(monkeypatch, capsys):
     ("argv", "said"),
     [
         (["demo", "--keep", "nonsense"], "Invalid value for '--keep': 'nonsense' is not one of "
-         "'resume', 'final-model'. (see `sapo demo --help`)"),
+         "'resume', 'final-model', 'nothing'. (see `sapo demo --help`)"),
         (["node"], "Missing option '--node-id'. (see `sapo node --help`)"),
         (["swarm", "--rounds", "0"], "Invalid value for '--rounds': "),
         (["ledger", "qurey", "x"], "No such command 'qurey'."),

@@ -56,6 +56,21 @@ def test_without_mlflow_the_checkpoint_keeps_the_model_and_drops_the_training_st
         open_node(more, "a")
 
 
+def test_keeping_nothing_leaves_the_record_that_the_node_finished(tmp_path: Path) -> None:
+    swarm = make_swarm(tmp_path, rounds=1, checkpoint_keep="nothing")
+    node = open_node(swarm, "a")
+    try:
+        run_round(node, 0, force=True)
+        node.finish(log_model=True)
+    finally:
+        node.close()
+    after = checkpoint.latest(swarm.workdir, "a")
+    assert after is not None and (after.resumable, after.next_round) == (False, 1)
+    assert set(sizes(after.path)) == {"state.json"}  # no weights, no training state
+    with pytest.raises(checkpoint.NotResumable, match="--keep final-model or nothing"):
+        open_node(make_swarm(tmp_path, rounds=2, checkpoint_keep="nothing"), "a")
+
+
 def test_with_mlflow_the_model_lives_only_there(tmp_path: Path) -> None:
     import mlflow
     import transformers
@@ -103,9 +118,9 @@ def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: 
     kept = checkpoint.latest(swarm.workdir, "a")
     assert kept is not None
     assert more.output.strip().startswith(
-        "error: a finished round 0 keeping only the final model (--keep final-model; a's is "
-        f"at {kept.path}), so the swarm cannot train on: start afresh with another --workdir "
-        "(with --keep resume"
+        "error: a finished round 0 keeping only the final model (--keep final-model or "
+        f"nothing; a's is at {kept.path}), so the swarm cannot train on: start afresh with "
+        "another --workdir (with --keep resume"
     )
     extra = runner.invoke(app, [*base, "--more-rounds", "1"])
     assert extra.exit_code == 2 and "cannot train on" in extra.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,13 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.experiments.sweep import ExperimentConfig, format_plan, load_experiment, plan
+from flows.experiments.sweep import (
+    ExperimentConfig,
+    format_plan,
+    load_experiment,
+    plan,
+    record_progress,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -90,7 +97,7 @@ def test_plan_lists_configurations_and_rollouts() -> None:
     assert "sweep-2x2-variance-weighted" in format_plan(make())
 
 
-@pytest.mark.parametrize("name", ["paper.yaml", "paper-cpu.yaml"])
+@pytest.mark.parametrize("name", ["paper.yaml", "paper-cpu.yaml", "paper-table-cpu.yaml"])
 def test_shipped_sweeps_pass_dry_run(name: str) -> None:
     result = CliRunner().invoke(app, ["experiment", "-c", str(EXAMPLES / name), "--dry-run"])
     assert result.exit_code == 0, result.output
@@ -109,6 +116,37 @@ def test_paper_sweep_is_the_papers_design() -> None:
     assert node.model.startswith("Qwen/Qwen2.5-0.5B")
     assert len(node.tasks.specs) == 9 and node.generation.completions_per_question == 8
     assert (node.grpo.beta, node.grpo.eps_low, node.grpo.eps_high) == (0.0, 0.2, 0.28)
+
+
+def test_paper_table_sweep_is_fixed_as_its_file_says() -> None:
+    exp = load_experiment(EXAMPLES / "paper-table-cpu.yaml")
+    labels = [exp.label(c) for c in exp.configurations]
+    assert labels == ["4/0", "3/1", "2/2", "1/3", "1/3-fresh"]
+    assert exp.seeds == list(range(8)) and exp.baseline_label() == "4/0"
+    swarm = exp.swarm_config(exp.configurations[4], 7)
+    node = swarm.nodes[0].node
+    assert swarm.rounds == 12 and len(swarm.nodes) == 3
+    assert {s.sampling.kind for s in swarm.nodes} == {"fresh"}
+    assert node.generation.backend == "transformers" and node.questions == 4
+    assert node.evaluation.due(12, 12) and node.evaluation.due(6, 12)
+
+
+def test_progress_file_says_where_a_sweep_stands(tmp_path: Path) -> None:
+    exp = make(workdir=str(tmp_path), seeds=[0, 1])
+    first, second = exp.swarm_id(exp.configurations[0], 0), exp.swarm_id(exp.configurations[1], 0)
+    record_progress(exp, first, "started")
+    record_progress(exp, first, "finished", failed=0)
+    path = record_progress(exp, second, "started")
+    progress = json.loads(path.read_text())
+    assert progress["summary"].startswith("1 of 6 runs done")
+    run = progress["runs"][first]
+    assert (run["configuration"], run["seed"], run["state"]) == ("4/0", 0, "finished")
+    assert [e["event"] for e in run["events"]] == ["started", "finished"]
+    assert progress["runs"][second]["state"] == "started"
+    path.write_text("{not json")  # a torn or foreign file is started over, not a crash
+    assert json.loads(record_progress(exp, first, "skipped").read_text())["summary"].startswith(
+        "1 of 6"
+    )
 
 
 def test_bad_sweep_is_a_clear_error() -> None:

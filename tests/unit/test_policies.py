@@ -8,7 +8,14 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from ledger import Ledger, PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy, parse_policy
+from ledger import (
+    FreshPolicy,
+    Ledger,
+    PaperPolicy,
+    RewardFilteredPolicy,
+    VarianceWeightedPolicy,
+    parse_policy,
+)
 from tests.factories import T0, group_rows, round_rows
 
 
@@ -266,3 +273,39 @@ def test_a_draw_from_the_lowest_draws_is_the_draw_over_every_candidate(tmp_path,
     assert draws(16) == everything
     assert {len(d) for d in everything} >= {1, 3, 8}
     led.close()
+
+
+def test_fresh_takes_each_peer_group_once_newest_first_and_no_more_than_there_is(ledger):
+    policy = FreshPolicy(max_peer_share=None)
+    # Newest first: a's and b's groups (published at T0) before c's (two days older).
+    first = ledger.sample_group_ids("me", 3, policy, seed=3, swarm_id="sw")
+    assert set(first) == {"sw.a.r0.g0", "sw.a.r0.g1", "sw.b.r0.g0"}
+    drawn = ledger.sample("me", 3, policy, seed=3, swarm_id="sw")
+    ledger.write_sample("sw", "me", 0, drawn, policy="fresh", seed=3)
+    # What the receiver drew before is never drawn again: only c's three are left, and
+    # asking for five returns those three (J adapts to what peers give).
+    second = ledger.sample_group_ids("me", 5, policy, seed=4, swarm_id="sw")
+    assert sorted(second) == ["sw.c.r0.g0", "sw.c.r0.g1", "sw.c.r0.g2"]
+    # Another receiver's log, or the same node id's log in another swarm, changes nothing.
+    for_x = ledger.sample_group_ids("x", 4, policy, seed=3, swarm_id="sw")
+    assert set(for_x) == {*first, "sw.me.r0.g0"}
+    ledger.write_sample("other", "me", 0, drawn, policy="fresh", seed=3)
+    assert sorted(ledger.sample_group_ids("me", 5, policy, seed=4, swarm_id="sw")) == sorted(second)
+    ledger.publish(round_rows("a", 1, [[0, 1]], published_at=T0 + timedelta(hours=1)))
+    assert ledger.sample_group_ids("me", 1, policy, seed=5, swarm_id="sw") == ["sw.a.r1.g0"]
+
+
+def test_fresh_keeps_the_paper_filter_the_caps_and_a_window(ledger):
+    everything = _groups(ledger.sample("me", 100, FreshPolicy(), swarm_id="sw"))
+    assert everything == MIXED_PEERS  # agreeing groups and own groups never come back
+    capped = FreshPolicy(max_per_peer=1)
+    per_peer = ledger.sample("me", 100, capped, swarm_id="sw").group_by("node_id").len()
+    assert sorted(per_peer.get_column("node_id")) == ["a", "b", "c"]
+    # The default soft cap: with two asked for, one peer supplies one while others have any.
+    pair = ledger.sample("me", 2, FreshPolicy(), seed=1, swarm_id="sw")
+    assert pair.get_column("node_id").n_unique() == 2
+    now = T0 + timedelta(hours=1)
+    recent = FreshPolicy(max_age_s=3 * 3600)
+    got = _groups(ledger.sample("me", 100, recent, swarm_id="sw", now=now))
+    assert got == {"sw.a.r0.g0", "sw.a.r0.g1", "sw.b.r0.g0"}
+    assert parse_policy("fresh") == FreshPolicy()
