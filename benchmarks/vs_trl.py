@@ -123,7 +123,8 @@ def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from sapo_core.policy.loading import BUNDLED_MODEL, load_model, load_tokenizer
+    from sapo_core.config import BUNDLED_MODEL
+    from sapo_core.policy.loading import load_model, load_tokenizer
     from sapo_core.prompts import extract_answer
 
     questions = reasoning_gym.create_dataset(

@@ -34,7 +34,8 @@ every file would otherwise be typed JSON)::
     FROM read_json('<root>/_manifests/*/*/*.jsonl', format = 'newline_delimited',
         columns = {swarm_id: 'VARCHAR', node_id: 'VARCHAR', experiment: 'VARCHAR',
                    local_groups: 'INTEGER', external_groups: 'INTEGER', policy: 'VARCHAR',
-                   policy_params: 'VARCHAR', model_id: 'VARCHAR', seed: 'BIGINT',
+                   policy_params: 'VARCHAR', model_id: 'VARCHAR', prompt_format: 'VARCHAR',
+                   seed: 'BIGINT',
                    written_at: 'TIMESTAMPTZ', schema_version: 'INTEGER'})
     QUALIFY row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at) = 1;
 
@@ -51,7 +52,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import duckdb
 import pyarrow as pa
@@ -123,6 +124,11 @@ class NodeManifest(BaseModel):
         description="The policy's parameters as a JSON object (text), kind excluded.",
     )
     model_id: str = Field(min_length=1, max_length=1024, description="Model id or path.")
+    prompt_format: Literal["chat", "plain"] | None = Field(
+        None,
+        description="How the node prompted its model: its tokenizer's chat template, or plain "
+        "text for a base model (sapo_core/prompts.py); None in manifests written before it.",
+    )
     seed: int = Field(ge=-MAX_SEED, le=MAX_SEED, description="The node's seed.")
     written_at: datetime = Field(description="When the node first wrote this manifest (UTC).")
     schema_version: int = Field(
@@ -175,6 +181,7 @@ class NodeManifest(BaseModel):
         policy: BaseModel,
         model_id: str,
         seed: int,
+        prompt_format: Literal["chat", "plain"] | None = None,
         written_at: datetime | None = None,
     ) -> NodeManifest:
         """The manifest of a starting node; ``policy`` is a sampling policy model (the
@@ -189,13 +196,16 @@ class NodeManifest(BaseModel):
             policy=str(getattr(policy, "kind")),  # noqa: B009 - every policy declares it
             policy_params=json.dumps(params, sort_keys=True),
             model_id=model_id,
+            prompt_format=prompt_format,
             seed=seed,
             written_at=written_at or datetime.now(UTC),
         )
 
     def identity(self) -> str:
-        """Digest of every field but ``written_at``: equal configurations, equal keys."""
-        fields = self.model_dump(mode="json", exclude={"written_at"})
+        """Digest of every field but ``written_at``: equal configurations, equal keys. An
+        unset ``prompt_format`` is left out, so manifests written before it keep their keys."""
+        left_out = {"written_at"} | ({"prompt_format"} if self.prompt_format is None else set())
+        fields = self.model_dump(mode="json", exclude=left_out)
         return digest([json.dumps(fields, sort_keys=True)])
 
 
@@ -272,6 +282,7 @@ TABLE_COLUMNS: Final = (
     ("policy", pa.string(), "VARCHAR"),
     ("policy_params", pa.string(), "VARCHAR"),
     ("model_id", pa.string(), "VARCHAR"),
+    ("prompt_format", pa.string(), "VARCHAR"),
     ("seed", pa.int64(), "BIGINT"),
     ("written_at", pa.timestamp("us", tz="UTC"), "TIMESTAMPTZ"),
     ("schema_version", pa.int32(), "INTEGER"),

@@ -99,6 +99,14 @@ class PromptConfig(Strict):
         description="Few-shot turns before the question: how an answer looks, without giving "
         "away the format in the assistant's own turn (as a prefill would).",
     )
+    format: Literal["auto", "chat", "plain"] = Field(
+        "auto",
+        description="chat: the tokenizer's chat template; plain: text a base model continues "
+        "(system prompt, then 'Question: ...' / 'Answer: ...' for each example and the "
+        "question), generation stopping at '</answer>'; auto: what a bundled model's entry "
+        "says, else chat when the tokenizer has a chat template. The format used is recorded "
+        "in the node's manifest.",
+    )
 
 
 class RewardConfig(Strict):
@@ -298,7 +306,8 @@ class NodeConfig(Strict):
     )
     model: str = Field(
         BUNDLED_MODEL,
-        description=f"Hugging Face id, local directory, or {BUNDLED_MODEL!r} (offline).",
+        description="Hugging Face id, local directory, or a bundled model that runs offline "
+        "(`bundled:smollm2-135m-instruct`, `bundled:gemma3-270m`; sapo_core/policy/bundled.py).",
     )
     local_groups: int = Field(8, ge=0, le=1024, description="I: own groups trained on per round.")
     external_groups: int = Field(
@@ -326,6 +335,12 @@ class NodeConfig(Strict):
 
     @model_validator(mode="after")
     def _batch_is_consistent(self) -> Self:
+        from sapo_core.policy import bundled
+
+        try:
+            bundled.lookup(self.model)
+        except bundled.BundledModelError as exc:
+            raise ValueError(str(exc)) from None
         if self.local_groups + self.external_groups == 0:
             raise ValueError("local_groups + external_groups (I + J) must be at least 1")
         if self.questions_per_round is not None and self.questions_per_round < self.local_groups:

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +31,10 @@ from sapo_core.grpo.update import (
     make_optimizer,
     reference_logprobs,
 )
+from sapo_core.policy import bundled
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_model, load_policy
-from sapo_core.prompts import prompt_ids, text_ids
+from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
 from sapo_core.reputation import evidence
 from sapo_core.rewards import ConfigBounds, ScoredGroup, score_groups, verify
 from sapo_core.rollouts import Group, Rollout
@@ -41,15 +43,18 @@ from sapo_core.tasks import Question, TaskSource
 log = logging.getLogger(__name__)
 
 
-def make_backend(generation: GenerationConfig, policy: Policy) -> GenerationBackend:
-    """The generation backend a config names."""
+def make_backend(
+    generation: GenerationConfig, policy: Policy, stop_texts: tuple[str, ...] = ()
+) -> GenerationBackend:
+    """The generation backend a config names; `stop_texts` end a completion besides the
+    tokenizer's stop ids (the plain prompt format's closing tag)."""
     if generation.backend == "vllm":
         from sapo_core.policy.vllm_backend import VLLMBackend
 
-        return VLLMBackend(policy, generation)
+        return VLLMBackend(policy, generation, stop_texts=stop_texts)
     from sapo_core.policy.hf_backend import TransformersBackend
 
-    return TransformersBackend(policy)
+    return TransformersBackend(policy, stop_texts=stop_texts)
 
 
 @dataclass
@@ -82,6 +87,19 @@ class RoundReport:
     flagged_rows: int
     update_s: float
     update: dict[str, float] = field(default_factory=dict)
+    rows_skipped: dict[str, int] = field(default_factory=dict)  # reason -> completions
+
+
+TOO_LONG = "too_long"
+"""A completion longer, in this node's tokens, than its own max_new_tokens."""
+EMPTY = "empty"
+
+
+def _unusable(completion: Sequence[int], limit: int) -> str | None:
+    """Why a completion's tokens cannot be trained on, or None."""
+    if not completion:
+        return EMPTY
+    return TOO_LONG if len(completion) > limit else None
 
 
 def round_seed(node_seed: int, round_: int) -> int:
@@ -119,7 +137,13 @@ class Learner:
         self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
         self.policy = policy or load_policy(config.model, compute=config.compute)
-        self.backend = backend or make_backend(config.generation, self.policy)
+        entry = bundled.lookup(config.model)
+        self.prompt_format: PromptFormat = resolve_format(
+            config.prompt, self.policy.tokenizer, entry.prompt_format if entry else None
+        )
+        self.backend = backend or make_backend(
+            config.generation, self.policy, stop_texts(self.prompt_format)
+        )
         self.optimizer = make_optimizer(self.policy.model, config.grpo)
         self.policy_version = 0
         self.ref_model: Any = None
@@ -153,7 +177,9 @@ class Learner:
     def prompt_ids(self, question: Question) -> list[int]:
         """The question's prompt as generation and the update see it: the question's text
         (a peer's as much as our own) encoded as text, the template's tokens as tokens."""
-        return prompt_ids(self.policy.tokenizer, question.question, self.config.prompt)
+        return prompt_ids(
+            self.policy.tokenizer, question.question, self.config.prompt, self.prompt_format
+        )
 
     def generate(self, round_: int, on_progress: ProgressCallback | None = None) -> Generated:
         """Sample L completions for each of the round's questions; score them locally."""
@@ -244,28 +270,37 @@ class Learner:
 
     def segments(self, groups: Sequence[ScoredGroup]) -> list[Segment]:
         """Re-encode groups with this node's tokenizer and template; attach advantages."""
+        return self.encode(groups)[0]
+
+    def encode(self, groups: Sequence[ScoredGroup]) -> tuple[list[Segment], Counter[str]]:
+        """`segments`, and the peers' completions left out, by reason: one that this node's
+        tokenizer makes longer than its own `max_new_tokens`, or empty, is skipped (cut, it
+        would train on text without the answer its reward was for)."""
         cfg = self.config
         rewards = torch.tensor([r for g in groups for r in g.rewards])
         ids = dense_group_ids([g.group.group_id for g in groups for _ in g.rewards])
         advantages = group_advantages(rewards, ids, cfg.grpo.scale_rewards).tolist()
         out, i = [], 0
+        skipped: Counter[str] = Counter()
         for g in groups:
             seg = Segment(self.prompt_ids(g.group.question), [], [], [])
             for rollout in g.rollouts:
                 completion, behaviour = self._completion_tokens(rollout)
-                if completion:
+                reason = _unusable(completion, cfg.generation.max_new_tokens)
+                if reason is None:
                     seg.completion_ids.append(completion)
                     seg.behaviour_logprobs.append(behaviour)
                     seg.advantages.append(advantages[i])
+                else:
+                    skipped[reason] += 1
                 i += 1
             if len(seg):
                 out.append(seg)
-        return out
+        return out, skipped
 
     def _completion_tokens(self, rollout: Rollout) -> tuple[list[int], list[float] | None]:
         """Own rows keep their sampled tokens and log-probs; peers' text is re-encoded as
         text: a `<|im_end|>` in it is its characters' tokens, never the end of a turn."""
-        limit = self.config.generation.max_new_tokens
         own = rollout.node_id == self.config.node_id and rollout.model_id == self.policy.model_id
         if own and rollout.token_ids is not None and rollout.logprobs is not None:
             # Under reduced precision generation's log-probs are not the training forward's:
@@ -276,12 +311,12 @@ class Learner:
         prefill = self.config.prompt.prefill
         if prefill and text.startswith(prefill):
             text = text[len(prefill) :]  # our prompt already ends with it
-        return text_ids(self.policy.tokenizer, text)[:limit], None
+        return text_ids(self.policy.tokenizer, text), None
 
     def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:
         """Take the GRPO step on an assembled training set; returns the round's figures."""
         cfg = self.config
-        segments = self.segments(chosen.trained)
+        segments, skipped = self.encode(chosen.trained)
         pad_id = int(self.policy.tokenizer.pad_token_id)
         temperature = cfg.generation.temperature
         with self.policy.precision():
@@ -316,6 +351,7 @@ class Learner:
             flagged_rows=flagged,
             update_s=result.seconds,
             update=result.metrics,
+            rows_skipped=dict(skipped),
         )
 
     def train(

@@ -14,9 +14,41 @@ from typing import Any, Literal
 
 from sapo_core.config import PromptConfig
 
+PromptFormat = Literal["chat", "plain"]
+PLAIN_STOP: tuple[str, ...] = ("</answer>",)
+"""Where a plain-format completion ends: a base model has no end-of-turn token and would
+go on writing questions of its own. The closing tag is the completion's last text, so the
+verifier's last answer is its first, and the model learns to stop there."""
+
 _TAGGED = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 _OPEN_TAG = "<answer>"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
+def resolve_format(
+    config: PromptConfig, tokenizer: Any, default: str | None = None
+) -> PromptFormat:
+    """The format a node prompts in: the config's, else ``default`` (a bundled model's
+    entry), else chat when the tokenizer has a chat template (a base model has none)."""
+    if config.format != "auto":
+        return config.format
+    if default in ("chat", "plain"):
+        return default  # type: ignore[return-value]
+    return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+
+
+def stop_texts(fmt: PromptFormat) -> tuple[str, ...]:
+    """Texts that end a completion besides the tokenizer's stop ids."""
+    return PLAIN_STOP if fmt == "plain" else ()
+
+
+def plain_text(question: str, config: PromptConfig) -> str:
+    """The plain format: the system prompt, each example as 'Question: ...' and 'Answer:
+    ...', then the question, ending where the answer begins (with the prefill)."""
+    parts = [config.system_prompt] if config.system_prompt else []
+    parts += [f"Question: {e.question}\nAnswer: {e.completion}" for e in config.examples]
+    parts.append(f"Question: {question}\nAnswer:")
+    return "\n\n".join(parts) + config.prefill
 
 
 def messages(question: str, config: PromptConfig) -> list[dict[str, str]]:
@@ -28,11 +60,16 @@ def messages(question: str, config: PromptConfig) -> list[dict[str, str]]:
     return [*turns, {"role": "user", "content": question}]
 
 
-def render_prompt(tokenizer: Any, question: str, config: PromptConfig) -> str:
-    """The prompt text through the tokenizer's chat template, with the prefill appended.
+def render_prompt(
+    tokenizer: Any, question: str, config: PromptConfig, fmt: PromptFormat = "chat"
+) -> str:
+    """The prompt text through the tokenizer's chat template (or the plain format), with
+    the prefill appended.
 
     A text to read, not to encode: `prompt_ids` is the model's input.
     """
+    if fmt == "plain":
+        return plain_text(question, config)
     return _render(tokenizer, messages(question, config), config.prefill)
 
 
@@ -61,16 +98,29 @@ def special_strings(tokenizer: Any) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
-def prompt_ids(tokenizer: Any, question: str, config: PromptConfig) -> list[int]:
+def bos_ids(tokenizer: Any) -> list[int]:
+    """The beginning-of-sequence token the tokenizer puts before a text, if it puts one
+    (Gemma and Llama do; SmolLM2 and Qwen do not)."""
+    bos = tokenizer.bos_token_id
+    added = tokenizer("", add_special_tokens=True)["input_ids"]
+    return [bos] if bos is not None and bos in added else []
+
+
+def prompt_ids(
+    tokenizer: Any, question: str, config: PromptConfig, fmt: PromptFormat = "chat"
+) -> list[int]:
     """The model's input for a question: `render_prompt`'s text, with the chat template's
     own special tokens (role markers) as tokens and the question, system prompt and
     examples as text (see `text_ids`). The prefill, this node's own, is template text.
+    In the plain format everything is text, after the tokenizer's own BOS token.
 
     Special tokens' strings in the turns are swapped for stand-ins, characters found
     nowhere in the template or the turns, before the template runs; each stand-in is then
     encoded as its string's text and the rest as the template's text. A prompt without such
     strings thus encodes exactly as `tokenizer(render_prompt(...), add_special_tokens=False)`.
     """
+    if fmt == "plain":
+        return bos_ids(tokenizer) + text_ids(tokenizer, plain_text(question, config))
     turns = messages(question, config)
     strings = special_strings(tokenizer)
     if not strings:

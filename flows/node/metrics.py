@@ -8,6 +8,9 @@ from typing import Any
 
 from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
+from sapo_core.learner import EMPTY, TOO_LONG
+
+SKIP_REASONS = (TOO_LONG, EMPTY)
 
 
 def round_metrics(
@@ -38,6 +41,10 @@ def round_metrics(
         "peer_rows_dropped": float(state.peer_rows_dropped),
         "backlog_files": float(len(node.backlog)),
     }
+    # Completions of the training set left out, by reason (sapo_core.learner: a peer's
+    # text longer than this node's limit in its own tokens, or empty); always logged.
+    for reason in SKIP_REASONS:
+        metrics[f"rows_skipped_{reason}"] = float(report.rows_skipped.get(reason, 0))
     if report.training_reward_local is not None:
         metrics["training_reward_local"] = report.training_reward_local
     if report.training_reward_external is not None:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from flows.config import NodeSpec, SwarmConfig
 from flows.node import checkpoint
@@ -196,11 +197,12 @@ def open_node(
     )
     try:
         # The swarm's rule (first node wins) and this node's key (first key wins), then
-        # the manifest: a restart with the same config writes nothing.
+        # the learner (its prompt format depends on the model's tokenizer) and the
+        # manifest: a restart with the same config writes nothing.
         ledger.declare_swarm(swarm.swarm_id, swarm.signatures, swarm.members())
         ledger.register_key(key)
-        ledger.write_manifest(manifest(swarm, spec))
         learner, saved = restore_learner(swarm, spec)
+        ledger.write_manifest(manifest(swarm, spec, learner.prompt_format))
         runtime = NodeRuntime(
             swarm=swarm,
             spec=spec,
@@ -220,8 +222,11 @@ def open_node(
     return runtime
 
 
-def manifest(swarm: SwarmConfig, spec: NodeSpec) -> NodeManifest:
-    """What the node publishes about itself: the report reads I, J and policy from it."""
+def manifest(
+    swarm: SwarmConfig, spec: NodeSpec, prompt_format: Literal["chat", "plain"] | None = None
+) -> NodeManifest:
+    """What the node publishes about itself: the report reads I, J, policy, model and
+    prompt format from it."""
     node = spec.node
     return NodeManifest.for_node(
         swarm_id=swarm.swarm_id,
@@ -231,6 +236,7 @@ def manifest(swarm: SwarmConfig, spec: NodeSpec) -> NodeManifest:
         external_groups=node.external_groups,
         policy=spec.sampling,
         model_id=node.model,
+        prompt_format=prompt_format,
         seed=node.seed,
     )
 

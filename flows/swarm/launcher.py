@@ -95,13 +95,14 @@ def _pump(
 
 
 def prepare_models(config: SwarmConfig, out: Callable[[str], None] = print) -> None:
-    """Convert the bundled model once, before nodes start (else each would convert it)."""
-    from sapo_core.config import BUNDLED_MODEL
+    """Fetch and convert each bundled model the nodes name once, before they start (else
+    each node would convert it)."""
+    from sapo_core.policy import bundled
 
-    if any(s.node.model == BUNDLED_MODEL for s in config.nodes):
-        from sapo_core.policy import bundled
-
-        out(f"bundled model: {bundled.model_dir()}")
+    for name in sorted({s.node.model for s in config.nodes}):
+        found = bundled.lookup(name)
+        if found is not None:
+            out(f"bundled model {found.id}: {bundled.model_dir(found)} ({found.licence})")
 
 
 def run_swarm(

@@ -1,10 +1,11 @@
-"""The generation interface. Backends: transformers (here); vLLM is not built yet (GPU only)."""
+"""The generation interface, and what every backend shares. Backends: the transformers
+loop (hf_backend.py) and vLLM (vllm_backend.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sapo_core.config import GenerationConfig
 
@@ -20,7 +21,7 @@ class Completion:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    finished: bool  # ended with the end-of-turn token rather than the length limit
+    finished: bool  # ended with a stop token or stop text rather than the length limit
 
 
 # Called as completions finish: (completions done, completions asked for in this call).
@@ -42,3 +43,22 @@ class GenerationBackend(Protocol):
         seed: int,
         on_progress: ProgressCallback | None = None,
     ) -> list[list[Completion]]: ...
+
+
+def stop_window(stop_texts: Sequence[str]) -> int:
+    """Tokens a stop text can span: each token decodes to at least one character but a
+    byte-fallback piece, so a few more than its characters cover it."""
+    return max((len(t) for t in stop_texts), default=0) + 4
+
+
+def stop_text_end(tokenizer: Any, ids: Sequence[int], stop_texts: Sequence[str]) -> int | None:
+    """How many of `ids` to keep so that the text ends with its first stop text (the
+    token that completes it included), or None when no stop text occurs."""
+    if not stop_texts:
+        return None
+    window = stop_window(stop_texts)
+    for end in range(1, len(ids) + 1):
+        text = tokenizer.decode(list(ids[max(0, end - window) : end]), skip_special_tokens=True)
+        if any(stop in text for stop in stop_texts):
+            return end
+    return None

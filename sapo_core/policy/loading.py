@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sapo_core.config import BUNDLED_MODEL, ComputeConfig
+from sapo_core.config import ComputeConfig
 
 
 @dataclass
@@ -109,23 +109,20 @@ def sampling_dtype(compute: ComputeConfig, device: str, autocast: Any) -> Any:
 
 def resolve(model: str) -> str:
     """The path or hub id transformers should load for a configured model name."""
-    if model == BUNDLED_MODEL:
-        from sapo_core.policy import bundled
+    from sapo_core.policy import bundled
 
-        return str(bundled.model_dir())
-    return model
+    found = bundled.lookup(model)
+    return model if found is None else str(bundled.model_dir(found))
 
 
 def load_tokenizer(model: str) -> Any:
-    """The tokenizer alone (the bundled one does not need the weights converted)."""
+    """The tokenizer alone (a bundled one does not need the weights converted)."""
     from transformers import AutoTokenizer
 
-    if model == BUNDLED_MODEL:
-        from sapo_core.policy import bundled
+    from sapo_core.policy import bundled
 
-        path = str(bundled.tokenizer_dir())
-    else:
-        path = resolve(model)
+    found = bundled.lookup(model)
+    path = resolve(model) if found is None else str(bundled.tokenizer_dir(found))
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sapo_core.config import GenerationConfig, VLLMConfig
-from sapo_core.policy.backend import Completion, ProgressCallback, Prompt
+from sapo_core.policy.backend import Completion, ProgressCallback, Prompt, stop_text_end
 from sapo_core.policy.bundled import cache_dir
 from sapo_core.policy.hf_backend import stop_token_ids
 from sapo_core.policy.loading import Policy
@@ -85,8 +85,13 @@ class VLLMBackend:
     exact_logprobs = False
     """vLLM's log-probs are not the training forward's: the update recomputes them."""
 
-    def __init__(self, policy: Policy, generation: GenerationConfig) -> None:
+    def __init__(
+        self, policy: Policy, generation: GenerationConfig, *, stop_texts: Sequence[str] = ()
+    ) -> None:
         self.policy = policy
+        # Stop texts are cut in the node with its own tokenizer (the worker does not
+        # detokenize): vLLM samples to a stop token or the limit, the rest is dropped.
+        self.stop_texts = tuple(stop_texts)
         self.config = generation.vllm
         self.python = worker_python(self.config)
         self.stop_ids = sorted(stop_token_ids(policy.tokenizer, policy.model))
@@ -260,10 +265,13 @@ class VLLMBackend:
 
     def _completion(self, raw: dict[str, Any]) -> Completion:
         ids = tuple(int(i) for i in raw["ids"])
+        logprobs = tuple(float(x) for x in raw["logprobs"])
+        finished = bool(raw["finished"])
+        end = stop_text_end(self.policy.tokenizer, ids, self.stop_texts)
+        if end is not None:
+            ids, logprobs, finished = ids[:end], logprobs[:end], True
         text = self.policy.tokenizer.decode(list(ids), skip_special_tokens=True)
-        return Completion(
-            text, ids, tuple(float(x) for x in raw["logprobs"]), bool(raw["finished"])
-        )
+        return Completion(text, ids, logprobs, finished)
 
 
 class WorkerDied(RuntimeError):

@@ -137,3 +137,24 @@ def test_plain_duckdb_reads_manifests_as_the_docstring_says(local_site: LedgerSi
     con.execute(recipe.replace("<root>", local_site.url))
     rows = con.execute("SELECT * FROM manifests ORDER BY node_id").pl().to_dicts()
     assert rows == [{**m.model_dump(), "revisions": 1} for m in written]
+
+
+def test_the_prompt_format_is_recorded_and_older_manifests_keep_their_keys(
+    local_site: LedgerSite,
+) -> None:
+    plain, chat, older = (
+        manifest("node-0", prompt_format="plain"),
+        manifest("node-1", prompt_format="chat"),
+        manifest("node-2"),
+    )
+    # A manifest written before the field existed: its key's digest left the field out.
+    body = {k: v for k, v in json.loads(older.model_dump_json()).items() if k != "prompt_format"}
+    assert mf.parse(mf.manifest_key(older), json.dumps(body).encode()) == older
+    assert mf.manifest_key(plain) != mf.manifest_key(manifest("node-0"))
+    with local_site.open() as led:
+        for m in (plain, chat, older):
+            led.write_manifest(m)
+        rows = led.query("SELECT node_id, prompt_format FROM manifests ORDER BY node_id").rows()
+    assert rows == [("node-0", "plain"), ("node-1", "chat"), ("node-2", None)]
+    with pytest.raises(ValueError):
+        manifest("node-3", prompt_format="markdown")
