@@ -213,7 +213,8 @@ def node_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
             r["node_id"],
             sharing(r) + _revised(r),
             _fmt(r["policy"], ""),
-            _fmt(r["model_id"], ""),
+            _fmt(r["model_id"], "")
+            + (f" ({r['prompt_format']})" if r.get("prompt_format") else ""),
             str(r["rounds"]),
             _fmt(r["cumulative_claimed_reward"], ".2f"),
             _fmt(r["mean_claimed_reward"], ".3f"),

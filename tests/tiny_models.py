@@ -99,7 +99,16 @@ def build_tiny_model(
         "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }[family]
-    extra: dict[str, Any] = {"head_dim": hidden // 4} if family == "gemma3" else {}
+    extra: dict[str, Any] = {}
+    if family == "gemma3":
+        # A window of 4 positions, so that short test sequences cross it, and both kinds of
+        # layer (Gemma 3 mixes sliding-window and full attention).
+        extra = {
+            "head_dim": hidden // 4,
+            "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention"][:layers]
+            + ["sliding_attention"] * max(0, layers - 2),
+        }
     config = config_class(
         vocab_size=len(tok),
         hidden_size=hidden,

@@ -36,6 +36,7 @@ SELECT
     m.external_groups,
     m.policy,
     m.model_id,
+    m.prompt_format,
     m.revisions                  AS manifest_revisions,
     p.rounds,
     p.cumulative_claimed_reward,

@@ -137,7 +137,7 @@ def compare(
         raise fail("no node run logged a model: nothing to register")
     best, version = found
     print(
-        f"registered {best['node_id']} of {best['swarm_id']} ({best['model']}, "
+        f"registered {best['node_id']} of {best['swarm_id']} ({best['logged_model']}, "
         f"cumulative_own_reward {best['cumulative_own_reward']:.3f}) as {register!r} "
         f"version {version}"
     )

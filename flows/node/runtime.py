@@ -215,7 +215,7 @@ def open_node(
             runtime.totals = replace(saved.totals)
             log.info("%s resumes at round %d from %s", node_id, saved.next_round, saved.path)
         if swarm.tracking.enabled:
-            runtime.run = open_node_run(swarm, spec, parent_run_id)
+            runtime.run = open_node_run(swarm, spec, parent_run_id, learner.prompt_format)
     except BaseException:
         ledger.close()
         raise
@@ -267,7 +267,9 @@ def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:
     )
 
 
-def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None) -> NodeRun | None:
+def open_node_run(
+    swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None, prompt_format: str = "chat"
+) -> NodeRun | None:
     """The node's MLflow run (found again on a resume), with its config as params; None,
     with a warning, when the tracking store stays unreachable: tracking never stops a node."""
     try:
@@ -283,5 +285,7 @@ def open_node_run(swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None)
     if run_id is None:
         return None
     extra = sharing_tags(node.local_groups, node.external_groups, spec.sampling.kind)
-    tracker.set_tags(run_id, {**extra, "sapo.model": node.model})
+    tracker.set_tags(
+        run_id, {**extra, "sapo.model": node.model, "sapo.prompt_format": prompt_format}
+    )
     return NodeRun(tracker, run_id)

@@ -29,9 +29,11 @@ NODE_SCHEMA: dict[str, Any] = {
     "node_id": pl.String,
     "sharing": pl.String,
     "policy": pl.String,
+    "model": pl.String,
+    "prompt_format": pl.String,
     "rounds": pl.Int64,
     **{name: pl.Float64 for name in COMPARED},
-    "model": pl.String,
+    "logged_model": pl.String,
     "run_id": pl.String,
 }
 
@@ -46,8 +48,9 @@ class Comparison:
 
 def node_rows(runs: list[Any], experiments: dict[str, str], rounds: dict[str, int]) -> pl.DataFrame:
     """MLflow runs (``mlflow.entities.Run``) of nodes as rows; ``experiments``: id -> name;
-    ``rounds``: run id -> rounds logged. `model` is the artifact path of the run's newest
-    logged model (null: none)."""
+    ``rounds``: run id -> rounds logged. `model` is what the node ran (its configured model:
+    a hub id, a path or a bundled name) and `prompt_format` how it prompted it;
+    `logged_model` is the artifact path of the run's newest logged model (null: none)."""
     rows = []
     for run in runs:
         tags, metrics = run.data.tags, run.data.metrics
@@ -58,9 +61,11 @@ def node_rows(runs: list[Any], experiments: dict[str, str], rounds: dict[str, in
                 "node_id": tags["sapo.node_id"],
                 "sharing": tags.get("sapo.sharing", ""),
                 "policy": tags.get("sapo.sampling_policy", ""),
+                "model": tags.get("sapo.model"),
+                "prompt_format": tags.get("sapo.prompt_format"),
                 "rounds": rounds.get(run.info.run_id),
                 **{name: metrics.get(name) for name in COMPARED},
-                "model": tags.get(MODEL_PATH_TAG),
+                "logged_model": tags.get(MODEL_PATH_TAG),
                 "run_id": run.info.run_id,
             }
         )
@@ -72,11 +77,13 @@ def node_rows(runs: list[Any], experiments: dict[str, str], rounds: dict[str, in
 
 
 def configurations(nodes: pl.DataFrame) -> pl.DataFrame:
-    """Each swarm's sharing configurations (I/J and policy): node count and mean rewards."""
+    """Each swarm's sharing configurations (I/J and policy): node count, the models its
+    nodes ran, and mean rewards."""
     return (
         nodes.group_by(["experiment", "swarm_id", "sharing", "policy"])
         .agg(
             pl.len().alias("nodes"),
+            pl.col("model").drop_nulls().unique().sort().str.join(", ").alias("models"),
             pl.col("rounds").max(),
             *[pl.col(name).mean() for name in COMPARED],
         )
@@ -86,7 +93,7 @@ def configurations(nodes: pl.DataFrame) -> pl.DataFrame:
 
 def best_with_model(nodes: pl.DataFrame) -> dict[str, Any] | None:
     """The best ranked node run that logged a model (None: no run did)."""
-    eligible = nodes.filter(pl.col("model").is_not_null() & pl.col(RANKED_BY).is_not_null())
+    eligible = nodes.filter(pl.col("logged_model").is_not_null() & pl.col(RANKED_BY).is_not_null())
     return eligible.row(0, named=True) if eligible.height else None
 
 
@@ -163,4 +170,4 @@ def register_best_model(
         return None
     with _one_line(tracking_uri):
         tracker = open_tracker(tracking_uri, best["experiment"], None)
-        return best, tracker.register(name, best["run_id"], best["model"])
+        return best, tracker.register(name, best["run_id"], best["logged_model"])

@@ -129,14 +129,20 @@ class _Packed:
     targets: list[int]  # the token it predicts
     cells: tuple[list[int], list[int]]  # where it goes in the [B, T] output
 
-    def attention_mask(self, additive: torch.dtype | None) -> Tensor:
+    def attention_mask(self, additive: torch.dtype | None, window: int | None = None) -> Tensor:
         """[R, 1, L, L]: a position sees earlier positions of its prompt and of its own
         completion (padding sees the prompt and padding, and is never read). Boolean (True:
-        seen) for SDPA; with `additive`, 0 or that dtype's minimum, for eager attention."""
+        seen) for SDPA; with `additive`, 0 or that dtype's minimum, for eager attention.
+        With `window`, a sliding-window layer's: only keys fewer than `window` positions
+        back (positions, not columns: those are the unpacked sequence's indices)."""
         column = torch.arange(self.ids.size(1))
         seen = (column[None, :] <= column[:, None])[None]  # [1, L, L] causal
         key, query = self.blocks[:, None, :], self.blocks[:, :, None]  # [R, 1, L], [R, L, 1]
-        seen = (seen & ((key == -1) | (key == query)))[:, None]  # [R, 1, L, L]
+        seen = seen & ((key == -1) | (key == query))  # [R, L, L]
+        if window is not None:
+            back = self.positions[:, :, None] - self.positions[:, None, :]  # [R, L, L]
+            seen = seen & (back < window)
+        seen = seen[:, None]  # [R, 1, L, L]
         if additive is None:
             return seen
         return torch.zeros(seen.shape, dtype=additive).masked_fill_(
@@ -176,6 +182,18 @@ def _pack(segments: Sequence[Segment], pad_id: int) -> _Packed:
     return _Packed(ids, positions, blocks, predictors, targets, cells)
 
 
+def _masks(config: Any, packed: _Packed, dtype: torch.dtype, device: Any) -> Any:
+    """The packed block mask as the decoder takes it: one tensor, or, for a family that
+    mixes sliding-window and full layers (Gemma 3), a mask per layer type."""
+    additive = dtype if config._attn_implementation == "eager" else None
+    full = packed.attention_mask(additive).to(device)
+    layer_types = getattr(config, "layer_types", None) or ()
+    if "sliding_attention" not in layer_types:
+        return full
+    window = packed.attention_mask(additive, window=config.sliding_window).to(device)
+    return {"full_attention": full, "sliding_attention": window}
+
+
 def shared_prompt_logprobs(
     model: Any, segments: Sequence[Segment], temperature: float, pad_id: int
 ) -> tuple[Tensor, Tensor]:
@@ -193,12 +211,15 @@ def shared_prompt_logprobs(
     """
     packed = _pack(segments, pad_id)
     body = model.get_decoder()  # the transformer without its vocabulary head
-    embedding = model.get_input_embeddings().weight
-    device = embedding.device
-    eager = model.config._attn_implementation == "eager"
+    embedding = model.get_input_embeddings()
+    device = embedding.weight.device
+    inputs = embedding_rows(embedding.weight, packed.ids.to(device))
+    scale = getattr(embedding, "embed_scale", None)  # Gemma scales by sqrt(hidden) inside
+    if scale is not None:
+        inputs = inputs * scale.to(inputs.dtype)
     hidden = body(
-        inputs_embeds=embedding_rows(embedding, packed.ids.to(device)),
-        attention_mask=packed.attention_mask(embedding.dtype if eager else None).to(device),
+        inputs_embeds=inputs,
+        attention_mask=_masks(model.config, packed, embedding.weight.dtype, device),
         position_ids=packed.positions.to(device),
         use_cache=False,
     ).last_hidden_state  # [R, L, H]
@@ -219,7 +240,12 @@ def shared_prompt_logprobs(
 
 # Families whose causal-LM forward is decoder -> output head with nothing after the head,
 # checked by reading their modeling code; a family not listed takes the plain path.
-SHARED_PROMPT_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+SHARED_PROMPT_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3_text"}
+)
+"""gemma3_text: its embedding scales by sqrt(hidden) (applied here as its module does) and
+its sliding-window layers get their own mask; a soft-capped config still takes the plain
+path (LOGIT_POSTPROCESSING)."""
 # Attention implementations that take the packed sequences' 4D block mask as given.
 PACKED_ATTENTION = frozenset({"sdpa", "eager"})
 # Config fields through which some families change logits after the head (Gemma2/3 soft-cap,

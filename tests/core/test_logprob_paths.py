@@ -21,7 +21,8 @@ from sapo_core.grpo.update import reference_logprobs
 
 PAD = 2  # any id works as padding: it is masked
 # One tiny model of every family on the shared-prompt allow-list (SHARED_PROMPT_MODEL_TYPES).
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "smollm3"]  # llama: SmolLM2's family
+# gemma3: a scaled embedding and sliding-window layers (a window of 4 positions here).
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3"]  # llama: SmolLM2's
 
 
 def _segments(tokenizer: Any) -> list[Segment]:

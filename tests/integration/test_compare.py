@@ -29,7 +29,8 @@ def _store(tmp_path: Path) -> str:
     for node, ((i, j), rewards, model) in NODES.items():
         run_id = tracker.run(node, {"sapo.swarm_id": "s", "sapo.node_id": node})
         assert run_id is not None
-        tracker.set_tags(run_id, sharing_tags(i, j, "paper"))
+        family = "bundled:gemma3-270m" if node == "c" else "bundled:smollm2-135m-instruct"
+        tracker.set_tags(run_id, {**sharing_tags(i, j, "paper"), "sapo.model": family})
         total = 0.0
         for step, reward in enumerate(rewards):
             total += reward
@@ -61,11 +62,13 @@ def test_nodes_best_first_configurations_averaged_best_model_registered(tmp_path
     assert nodes["cumulative_own_reward"].to_list() == pytest.approx([2.1, 1.6, 0.6])
     assert nodes["rounds"].to_list() == [3, 3, 3]
     assert nodes["sharing"].to_list() == ["4/4", "4/4", "8/0"]
+    assert nodes["model"].to_list()[1:] == ["bundled:smollm2-135m-instruct", "bundled:gemma3-270m"]
     configs = pl.read_csv(
         io.StringIO(configurations_csv.split("\n", 1)[1].rsplit("registered", 1)[0])
     )
     assert configs["sharing"].to_list() == ["4/4", "8/0"]
     assert configs["nodes"].to_list() == [2, 1]
+    assert configs["models"].to_list() == ["bundled:smollm2-135m-instruct", "bundled:gemma3-270m"]
     assert configs["cumulative_own_reward"].to_list() == pytest.approx([1.85, 0.6])
     # a ranks first but logged no model: b's is registered
     assert (
