@@ -3,14 +3,18 @@ with 95% intervals over seeds, and the diagnostics of the mechanism.
 
 The experiment file fixes, before anything runs, the configurations, the seeds, the rounds
 and the baseline; this module only reads what the ledger holds for those runs (a run is one
-configuration with one replicate seed: one swarm). Two metrics, both decided up front:
+configuration with one replicate seed: one swarm). The metrics, decided up front:
 
-- cumulative claimed reward: the paper's measure, here each node's claimed_reward (the
-  mean reward of its own completions as it published them) summed over its rounds,
-  averaged over the swarm's nodes (the policy's skill on fresh questions, the same measure
-  whatever the configuration);
+- cumulative claimed reward: each node's claimed_reward (the mean reward of its own
+  completions as it published them) summed over its rounds, averaged over the swarm's
+  nodes (the policy's skill on fresh questions, the same measure whatever the configuration);
+- cumulative training reward: the paper's measure, the mean reward of everything a node
+  trained on (its own and peers' groups as its verifier scored them) summed over its rounds,
+  averaged over nodes;
 - final held-out accuracy: the mean over nodes of the last evaluation (the policy after
-  the last round) on the fixed evaluation set.
+  the last round) on the fixed evaluation set;
+- oscillation and compute (tokens generated, tokens trained on, update seconds): described
+  per configuration, not compared.
 
 The unit of replication is the swarm seed; nodes of one swarm train on each other's groups,
 so they are not independent samples (dashboards/statistics.py).
@@ -28,8 +32,9 @@ import dashboards
 from dashboards.statistics import paired_gains, per_configuration
 
 Query = Callable[[str], pl.DataFrame]
-METRICS = ("cumulative_claimed_reward", "final_accuracy")
-DESCRIBED = (*METRICS, "oscillation")  # intervals per configuration; gains for METRICS only
+METRICS = ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy")
+COMPUTE = ("tokens_generated", "tokens_trained", "update_seconds")  # per run, summed
+DESCRIBED = (*METRICS, "oscillation", *COMPUTE)  # intervals per configuration; gains: METRICS
 
 
 @dataclass
@@ -51,20 +56,36 @@ def _runs_frame(replicates: dict[str, tuple[str, int]]) -> pl.DataFrame:
     )
 
 
-def node_rounds(query: Query, runs: pl.DataFrame) -> pl.DataFrame:
-    """Per run, node and round: own reward, held-out accuracy where evaluated, and the
-    informative groups trained (own and from peers)."""
+def node_rounds(
+    query: Query, runs: pl.DataFrame, update_seconds: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """Per run, node and round: own reward, training reward, held-out accuracy where
+    evaluated, the informative groups trained (own and from peers), and compute: tokens
+    generated and trained on, and (from ``update_seconds``, MLflow's ``seconds_update``
+    per swarm_id, node_id and node_round, when given) the update's seconds."""
     keys = ["swarm_id", "node_id", "node_round"]
-    rewards = query(dashboards.query("reward_per_node_round")).select(*keys, "claimed_reward")
+    rewards = query(dashboards.query("reward_per_node_round")).select(
+        *keys, "claimed_reward", "tokens_generated"
+    )
+    trained = query(dashboards.query("training_compute")).select(
+        *keys, "training_reward", "tokens_trained"
+    )
     accuracy = query(dashboards.query("heldout_accuracy")).select(*keys, "accuracy")
     informative = query(dashboards.query("informative_groups")).select(
         *keys, "informative_trained", "informative_local", "informative_external"
     )
     # Full joins first (the final evaluation sits one round past the last training round,
     # with no reward row), then the run's labels onto every row.
-    measured = rewards.join(informative, on=keys, how="left").join(
-        accuracy, on=keys, how="full", coalesce=True
+    measured = (
+        rewards.join(informative, on=keys, how="left")
+        .join(trained, on=keys, how="left")
+        .join(accuracy, on=keys, how="full", coalesce=True)
     )
+    seconds = update_seconds.select(*keys, "seconds_update") if update_seconds is not None else None
+    if seconds is not None:
+        measured = measured.join(seconds, on=keys, how="left")
+    else:
+        measured = measured.with_columns(pl.lit(None, pl.Float64).alias("seconds_update"))
     frame = runs.join(measured, on="swarm_id", how="inner")
     return frame.sort(["configuration", "seed", "node_id", "node_round"])
 
@@ -75,13 +96,27 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
 
     A run missing nodes (fewer than `nodes`), rounds or final evaluations gets null metrics
     and `complete` false: a partial sum would bias the comparison, so it is left out of
-    the pairing visibly rather than averaged in."""
+    the pairing visibly rather than averaged in. Rows without the training and compute
+    columns (a frame made by hand) get them empty."""
+    optional = {"training_reward": pl.Float64, "tokens_generated": pl.Int64,
+                "tokens_trained": pl.Int64, "seconds_update": pl.Float64}  # fmt: skip
+    rows = rows.with_columns(
+        pl.lit(None, dtype).alias(name) for name, dtype in optional.items() if name not in rows
+    )
     trained = rows.filter(pl.col("node_round") < rounds, pl.col("claimed_reward").is_not_null())
     per_node = (
         trained.sort("node_round")
         .group_by("configuration", "seed", "swarm_id", "node_id")
         .agg(
             pl.col("claimed_reward").sum().alias("cumulative_claimed_reward"),
+            # a round without a training set (nothing informative) trained on nothing: 0
+            pl.col("training_reward").fill_null(0.0).sum().alias("cumulative_training_reward"),
+            pl.col("tokens_generated").sum(),
+            pl.col("tokens_trained").fill_null(0).sum(),
+            # null unless every round's update time is known
+            pl.when(pl.col("seconds_update").is_not_null().all())
+            .then(pl.col("seconds_update").sum())
+            .alias("update_seconds"),
             pl.len().alias("rounds_done"),
             # the paper's instability at high J: how much reward jumps from round to round
             pl.col("claimed_reward").diff().std().alias("oscillation"),
@@ -98,7 +133,13 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
         per_node.group_by("configuration", "seed", "swarm_id")
         .agg(
             pl.col("cumulative_claimed_reward").mean(),
+            pl.col("cumulative_training_reward").mean(),
             pl.col("oscillation").mean(),
+            pl.col("tokens_generated").sum(),
+            pl.col("tokens_trained").sum(),
+            pl.when(pl.col("update_seconds").is_not_null().all())
+            .then(pl.col("update_seconds").sum())
+            .alias("update_seconds"),
             pl.len().alias("nodes"),
             pl.col("rounds_done").min(),
         )
@@ -110,9 +151,10 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     trained_all = (pl.col("rounds_done") >= rounds) & (pl.col("nodes") >= expected)
     evaluated_all = pl.col("evaluated_nodes").fill_null(0) >= expected
     return summary.with_columns(
-        pl.when(trained_all)
-        .then(pl.col("cumulative_claimed_reward"))
-        .alias("cumulative_claimed_reward"),
+        *[
+            pl.when(trained_all).then(pl.col(name)).alias(name)
+            for name in ("cumulative_claimed_reward", "cumulative_training_reward", *COMPUTE)
+        ],
         pl.when(trained_all & evaluated_all).then(pl.col("final_accuracy")).alias("final_accuracy"),
         (trained_all & evaluated_all).alias("complete"),
     )
@@ -153,10 +195,12 @@ def replicate_tables(
     baseline: str,
     rounds: int,
     nodes: int | None = None,
+    update_seconds: pl.DataFrame | None = None,
 ) -> ReplicateTables:
-    """Everything the experiment's statistics need, from ledger SQL (`Ledger.query`)."""
+    """Everything the experiment's statistics need, from ledger SQL (`Ledger.query`), and
+    the update's seconds from MLflow when given (see `node_rounds`)."""
     runs = _runs_frame(replicates)
-    rows = node_rounds(query, runs)
+    rows = node_rounds(query, runs, update_seconds)
     if rows.is_empty():
         raise ValueError("none of the experiment's runs has rounds in this ledger")
     metrics = run_metrics(rows, rounds, nodes)
@@ -189,7 +233,7 @@ def _num(value: object, spec: str = ".3f") -> str:
     return format(value, spec) if isinstance(value, float) else str(value)
 
 
-def _table(frame: pl.DataFrame, columns: dict[str, str]) -> list[str]:
+def table_lines(frame: pl.DataFrame, columns: dict[str, str]) -> list[str]:
     head = "| " + " | ".join(columns.values()) + " |"
     rule = "|" + "---|" * len(columns)
     body = [
@@ -218,15 +262,17 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         lines.append(f"Incomplete runs, left out of the statistics: {', '.join(missing)}.")
     names = {
         "cumulative_claimed_reward": "cumulative claimed reward",
+        "cumulative_training_reward": "cumulative training reward (own and peers' groups "
+        "as the node scored them: the paper's measure)",
         "final_accuracy": "final held-out accuracy",
     }
     for metric, name in names.items():
         if metric not in tables.gains:
             continue
         lines += ["", f"### {name}", ""]
-        lines += _table(tables.configurations[metric], INTERVAL_COLUMNS)
+        lines += table_lines(tables.configurations[metric], INTERVAL_COLUMNS)
         lines += [""]
-        lines += _table(
+        lines += table_lines(
             tables.gains[metric],
             {"configuration": "vs " + baseline, "diff_mean": "gain", "diff_low": "95% low",
              "diff_high": "95% high", "rel_gain": "relative", "per_seed": "gain per seed",
@@ -234,9 +280,16 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         )  # fmt: skip
     if "oscillation" in tables.configurations:
         lines += ["", "### oscillation (std of a node's round-to-round reward change)", ""]
-        lines += _table(tables.configurations["oscillation"], INTERVAL_COLUMNS)
+        lines += table_lines(tables.configurations["oscillation"], INTERVAL_COLUMNS)
+    compute = [m for m in COMPUTE if m in tables.configurations]
+    if compute:
+        lines += ["", "### compute per run (sums over nodes and rounds; mean over seeds)", ""]
+        lines += table_lines(_compute_frame(tables, compute), {
+            "configuration": "configuration", "n_seeds": "seeds",
+            **{m: m.replace("_", " ") for m in compute},
+        })  # fmt: skip
     lines += ["", "### mechanism (per configuration, pooled over seeds and nodes)", ""]
-    lines += _table(
+    lines += table_lines(
         tables.mechanism,
         {"configuration": "configuration", "informative_per_round": "informative groups/round",
          "from_peers_per_round": "of them from peers", "rounds_without_gradient":
@@ -246,6 +299,18 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
          "never_rewarded": "never rewarded"},
     )  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _compute_frame(tables: ReplicateTables, metrics: list[str]) -> pl.DataFrame:
+    """One row per configuration: the mean over seeds of each compute figure."""
+    frames = [
+        tables.configurations[m].select("configuration", "n_seeds", pl.col("mean").alias(m))
+        for m in metrics
+    ]
+    joined = frames[0]
+    for frame in frames[1:]:
+        joined = joined.join(frame.drop("n_seeds"), on="configuration", how="left")
+    return joined
 
 
 def write_replicate_report(tables: ReplicateTables, out_dir: Path, *, baseline: str) -> Path:

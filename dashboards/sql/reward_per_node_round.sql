@@ -9,7 +9,8 @@ SELECT
     node_round,
     avg(reward)               AS claimed_reward,
     count(DISTINCT group_id)  AS groups,
-    count(*)                  AS completions
+    count(*)                  AS completions,
+    sum(completion_tokens)    AS tokens_generated
 FROM rollouts
 GROUP BY swarm_id, node_id, node_round
 ORDER BY swarm_id, node_id, node_round;

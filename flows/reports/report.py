@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 
+from dashboards.families import family_markdown, family_tables
 from dashboards.figures import configuration_curves
 from dashboards.replicates import replicate_tables, write_replicate_report
 from dashboards.report import Report, cross_check, render_report, report_tables
@@ -21,8 +22,11 @@ from ledger import Ledger
 CHECKED_METRICS = ("own_reward", "training_reward")
 
 
-def tracked_metrics(tracking_uri: str, experiment: str | None = None) -> pl.DataFrame:
-    """Per node-round MLflow metrics of every node run (of one MLflow experiment, if named)."""
+def tracked_metrics(
+    tracking_uri: str, experiment: str | None = None, keys: tuple[str, ...] = CHECKED_METRICS
+) -> pl.DataFrame:
+    """Per node-round MLflow metrics ``keys`` of every node run (of one MLflow experiment,
+    if named)."""
     from flows.env import apply_offline_defaults
 
     apply_offline_defaults()
@@ -38,7 +42,7 @@ def tracked_metrics(tracking_uri: str, experiment: str | None = None) -> pl.Data
     runs = client.search_runs(ids, filter_string="tags.`sapo.node_id` != ''") if ids else []
     for run in runs:
         swarm, node = run.data.tags.get("sapo.swarm_id", ""), run.data.tags["sapo.node_id"]
-        for key in CHECKED_METRICS:
+        for key in keys:
             for metric in client.get_metric_history(run.info.run_id, key):
                 row = rows.setdefault(
                     (swarm, node, metric.step),
@@ -46,7 +50,7 @@ def tracked_metrics(tracking_uri: str, experiment: str | None = None) -> pl.Data
                 )
                 row[key] = metric.value
     schema = {"swarm_id": pl.String, "node_id": pl.String, "node_round": pl.Int64}
-    schema |= {key: pl.Float64 for key in CHECKED_METRICS}
+    schema |= {key: pl.Float64 for key in keys}
     return pl.DataFrame(list(rows.values()), schema=schema)
 
 
@@ -95,6 +99,10 @@ def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:
     if baseline is None:
         return None
     first = exp.swarm_config(*exp.runs()[0])
+    seconds = None
+    if first.tracking.enabled:
+        # The update's seconds are in MLflow only (a node's timings are not the ledger's).
+        seconds = tracked_metrics(exp.tracking_uri(), exp.experiment, ("seconds_update",))
     with Ledger(first.ledger) as ledger:
         tables = replicate_tables(
             ledger.query,
@@ -102,9 +110,20 @@ def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:
             baseline=baseline,
             rounds=first.rounds,
             nodes=len(first.nodes),
+            update_seconds=seconds,
         )
         tables.heldout_overlap = heldout_overlap(ledger, first, list(exp.replicates()))
+        mixed = len({spec.node.model for spec in first.nodes}) > 1
+        families = (
+            family_tables(ledger.query, tables.node_rounds, baseline=baseline, rounds=first.rounds)
+            if mixed
+            else None
+        )
     path = write_replicate_report(tables, out_dir, baseline=baseline)
+    if families is not None:
+        # A swarm of several models: each family against its own J = 0 runs as well.
+        families.runs.write_csv(out_dir / "families.csv")
+        path.write_text(path.read_text() + "\n" + family_markdown(families, baseline=baseline))
     done = tables.runs.filter(pl.col("complete"))["swarm_id"].implode()
     configuration_curves(
         tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "heldout.png"

@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -178,6 +179,9 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     db.close()
     assert kind == "markdown" and "cumulative claimed reward" in data and "| 2/0 |" in data
     assert "## Paired seeds" in data and "final held-out accuracy" in data
+    assert "cumulative training reward" in data and "### compute per run" in data
+    runs_csv = pl.read_csv(work / "reports" / "mini" / "runs.csv")
+    assert (runs_csv["tokens_generated"] > 0).all() and (runs_csv["update_seconds"] > 0).all()
 
     # A finished run keeps only its nodes' final models (in MLflow): no training state.
     kept = sorted(p.name for p in (work / "swarms").glob("*/nodes/*/checkpoints/*/*"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from dashboards.replicates import replicate_markdown, replicate_tables, write_replicate_report
@@ -91,6 +92,16 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
             (SHARED, 2): 0.5,
         }
     )
+    # Training reward: every trained group scores 0.5 (own and peers'), two rounds -> 1.0.
+    assert [v["cumulative_training_reward"] for v in runs.values()] == pytest.approx([1.0] * 6)
+    # Compute: 4 completions of 5 tokens a group; one group a node-round, two nodes, two
+    # rounds. Shared runs train two groups a round, but n0 of seed 0 only one in round 0.
+    assert {v["tokens_generated"] for v in runs.values()} == {80}
+    assert {k: v["tokens_trained"] for k, v in runs.items()} == {
+        (BASE, 0): 80, (BASE, 1): 80, (BASE, 2): 80,
+        (SHARED, 0): 140, (SHARED, 1): 160, (SHARED, 2): 160,
+    }  # fmt: skip
+    assert {v["update_seconds"] for v in runs.values()} == {None}  # not given: unknown
     assert {v["final_accuracy"] for k, v in runs.items() if k[0] == BASE} == {0.25}
     assert {v["final_accuracy"] for k, v in runs.items() if k[0] == SHARED} == {0.5}
     assert {v["initial_accuracy"] for v in runs.values()} == {0.125}
@@ -132,6 +143,8 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     md = replicate_markdown(tables, baseline=BASE)
     assert "| 1/1 | 0.333 |" in md and "s0 +0.5, s1 +0.5, s2 +0" in md
     assert "| 1/1 | 3 | 0.833 |" in md and "| yes |" in md and "| no |" in md
+    assert "cumulative training reward" in md and "### compute per run" in md
+    assert "| 1/1 | 3 | 80.000 | 153.333 |" in md  # tokens generated and trained, mean
     path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
     assert path.read_text() == md
     assert (tmp_path / "out" / "node_rounds.csv").read_text().count("\n") == 1 + 2 * 3 * 2 * 3
@@ -176,3 +189,64 @@ def test_run_metrics_average_nodes_and_measure_oscillation() -> None:
     assert run["initial_accuracy"] == pytest.approx(0.2)
     assert run["final_accuracy"] == pytest.approx(0.5)
     assert run["nodes"] == 2 and run["rounds_done"] == 3
+
+
+def test_update_seconds_come_from_mlflow_figures_per_node_round(ledger: Ledger) -> None:
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    seconds = pl.DataFrame(
+        [(sid, node, r, 1.5 if c == BASE else 2.5) for sid, (c, _) in replicates.items()
+         for node in NODES for r in (0, 1)],
+        schema=["swarm_id", "node_id", "node_round", "seconds_update"], orient="row",
+    )  # fmt: skip
+    tables = replicate_tables(
+        ledger.query, replicates, baseline=BASE, rounds=2, update_seconds=seconds
+    )
+    got = {(r["configuration"], r["seed"]): r["update_seconds"] for r in tables.runs.to_dicts()}
+    assert got == {(c, s): 6.0 if c == BASE else 10.0 for c in (BASE, SHARED) for s in SEEDS}
+    # A run missing one node-round's figure has no total rather than a low one.
+    partial = replicate_tables(
+        ledger.query, replicates, baseline=BASE, rounds=2, update_seconds=seconds.slice(1)
+    )
+    first = partial.runs.filter(pl.col("swarm_id") == seconds["swarm_id"][0])
+    assert first["update_seconds"].to_list() == [None]
+
+
+def test_a_mixed_swarms_families_are_compared_each_against_its_own_baseline(
+    ledger: Ledger,
+) -> None:
+    from dashboards.families import family_markdown, family_tables
+    from ledger import NodeManifest, parse_policy
+
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    for sid, (conf, seed) in replicates.items():
+        for node, model in (("n0", "family-a"), ("n1", "family-b")):
+            ledger.write_manifest(
+                NodeManifest.for_node(
+                    swarm_id=sid, node_id=node, experiment="x", local_groups=1,
+                    external_groups=0 if conf == BASE else 1, policy=parse_policy("paper"),
+                    model_id=model, seed=seed,
+                )
+            )  # fmt: skip
+    tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2)
+    families = family_tables(ledger.query, tables.node_rounds, baseline=BASE, rounds=2)
+    assert set(families.runs["model"]) == {"family-a", "family-b"}
+    assert families.runs.height == 2 * 3 * 2  # configurations x seeds x families
+    gains = {r["model"]: r for r in families.gains["cumulative_claimed_reward"].to_dicts()}
+    # n0 alone: 0.5 a run at 2/0; shared 1.0, 1.0, 0.5 (seed 2 stays at a quarter); n1 too.
+    for model in ("family-a", "family-b"):
+        assert gains[model]["per_seed"] == "s0 +0.5, s1 +0.5, s2 +0"
+        assert gains[model]["diff_mean"] == pytest.approx(1 / 3)
+    accuracy = families.gains["final_accuracy"].to_dicts()
+    assert [(r["model"], r["diff_mean"]) for r in accuracy] == [
+        ("family-a", pytest.approx(0.25)),
+        ("family-b", pytest.approx(0.25)),
+    ]
+    # Every peer group each node trained on came from the other family (two nodes, one each).
+    assert families.crossing.to_dicts() == [
+        {"configuration": SHARED, "model": "family-a", "peer_groups_trained": 6,
+         "from_other_family": 1.0},
+        {"configuration": SHARED, "model": "family-b", "peer_groups_trained": 6,
+         "from_other_family": 1.0},
+    ]  # fmt: skip
+    md = family_markdown(families, baseline=BASE)
+    assert "final held-out accuracy, per family" in md and "| family-b | 1/1 | 0.250 |" in md
