@@ -299,9 +299,11 @@ def plain_logprobs(
     input_ids = padded(sequences, length, pad_id, torch.long)  # [B, L]
     attention = padded([[1] * len(s) for s in sequences], length, 0, torch.long)  # [B, L]
     first = int(prompt_lens.min()) - 1  # the earliest position that predicts a completion token
-    logits = model(
-        input_ids=input_ids, attention_mask=attention, logits_to_keep=length - first
-    ).logits  # [B, S, V], S = L - first: positions first .. L - 1
+    # Positions as an index, not a count: a count slices the hidden states (a strided
+    # view), which a CPU output head multiplies far more slowly (hf_backend.last_position).
+    kept = torch.arange(first, length, device=input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=kept).logits
+    # [B, S, V], S = L - first: positions first .. L - 1
     completions = [c for _, c in rows]
     width = max(len(c) for c in completions)
     ids = padded(completions, width, pad_id, torch.long)  # [B, T]

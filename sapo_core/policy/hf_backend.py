@@ -73,6 +73,15 @@ def _offset_progress(
     return lambda done: callback(offset + done, total)
 
 
+def last_position(input_ids: Tensor) -> Tensor:
+    """`logits_to_keep` for the last position only, as an index: transformers then gathers
+    the hidden states (a contiguous copy) where an int would slice them (a strided view).
+    On a CPU, the output head over a strided [B, 1, H] view expands its weight per row
+    before multiplying: 21 s and 10 GB for 32 prompts under Gemma 3's 262k-token head in
+    bf16, against 0.05 s for the gathered copy."""
+    return torch.tensor([input_ids.size(1) - 1], device=input_ids.device)
+
+
 def stop_token_ids(tokenizer: Any, model: Any) -> list[int]:
     """The ids that end a completion: the tokenizer's eos and the generation config's.
 
@@ -156,7 +165,7 @@ class TransformersBackend:
             attention_mask=enc["attention_mask"],
             position_ids=(enc["attention_mask"].cumsum(-1) - 1).clamp(min=0),
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=last_position(enc["input_ids"]),
         )
         cache = out.cache
         cache.batch_repeat_interleave(n)

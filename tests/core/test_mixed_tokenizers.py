@@ -161,3 +161,17 @@ def test_a_completion_ends_at_its_first_stop_text(trained_model_dir: Path) -> No
     tokens = torch.tensor([ids])
     hits = [bool(backend._ends_in_stop_text(tokens, torch.tensor([0]), s)) for s in range(len(ids))]
     assert hits.index(True) == end - 1
+
+
+def test_the_prompt_forward_keeps_the_last_position_by_index(tiny_policy: Any) -> None:
+    from sapo_core.policy.hf_backend import last_position
+
+    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
+    kept = last_position(ids)
+    assert kept.tolist() == [3]
+    model = tiny_policy.model.eval()
+    with torch.no_grad():
+        by_index = model(input_ids=ids, logits_to_keep=kept).logits
+        by_count = model(input_ids=ids, logits_to_keep=1).logits
+    assert by_index.shape == by_count.shape == (2, 1, len(tiny_policy.tokenizer))
+    assert torch.allclose(by_index, by_count, atol=1e-6)
