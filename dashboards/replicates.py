@@ -109,8 +109,10 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
         .group_by("configuration", "seed", "swarm_id", "node_id")
         .agg(
             pl.col("claimed_reward").sum().alias("cumulative_claimed_reward"),
-            # a round without a training set (nothing informative) trained on nothing: 0
-            pl.col("training_reward").fill_null(0.0).sum().alias("cumulative_training_reward"),
+            # null unless every round's training log was read (no partial sums)
+            pl.when(pl.col("training_reward").is_not_null().all())
+            .then(pl.col("training_reward").sum())
+            .alias("cumulative_training_reward"),
             pl.col("tokens_generated").sum(),
             pl.col("tokens_trained").fill_null(0).sum(),
             # null unless every round's update time is known

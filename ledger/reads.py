@@ -37,6 +37,7 @@ class LedgerReads(LedgerHandle):
         now: datetime | None = None,
         exclude_nodes: Sequence[str] = (),
         known_nodes: Sequence[str] | None = None,
+        for_round: int | None = None,
     ) -> pl.DataFrame:
         """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
 
@@ -46,11 +47,13 @@ class LedgerReads(LedgerHandle):
         ``exclude_nodes``: peers the receiver no longer samples (its reputation of them);
         ``known_nodes``: peers it has verified enough of: groups of all other peers together
         come after the known ones' beyond the policy's ``max_unknown_share`` (None: every
-        peer counts as known).
+        peer counts as known); ``for_round``: the receiver's round this draw is for (policies
+        that remember earlier draws, `fresh`, count only those of earlier rounds, so a
+        retried round draws again what it drew the first time).
         """
         when = now or datetime.now(UTC)
         draw = self._draw(
-            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes
+            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes, for_round
         )
 
         def attempt() -> pl.DataFrame:
@@ -72,11 +75,12 @@ class LedgerReads(LedgerHandle):
         now: datetime | None = None,
         exclude_nodes: Sequence[str] = (),
         known_nodes: Sequence[str] | None = None,
+        for_round: int | None = None,
     ) -> list[str]:
         """The group ids ``sample`` would return, in draw order, without reading their rows."""
         when = now or datetime.now(UTC)
         draw = self._draw(
-            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes
+            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes, for_round
         )
         ids: list[str] = self._with_refresh(draw)
         return ids
@@ -91,6 +95,7 @@ class LedgerReads(LedgerHandle):
         when: datetime,
         exclude_nodes: Sequence[str] = (),
         known_nodes: Sequence[str] | None = None,
+        for_round: int | None = None,
     ) -> Callable[[], list[str]]:
         """A call that runs the policy's SQL: the drawn group ids in draw order."""
         chosen = parse_policy(policy)
@@ -103,6 +108,7 @@ class LedgerReads(LedgerHandle):
             "n_groups": int(n_groups),
             "excluded": [check_id("node_id", n) for n in exclude_nodes],
             "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
+            "node_round": None if for_round is None else int(for_round),
             **chosen.caps(int(n_groups)),
             **chosen.parameters(when),
         }

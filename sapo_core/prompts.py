@@ -48,7 +48,8 @@ def plain_text(question: str, config: PromptConfig) -> str:
     parts = [config.system_prompt] if config.system_prompt else []
     parts += [f"Question: {e.question}\nAnswer: {e.completion}" for e in config.examples]
     parts.append(f"Question: {question}\nAnswer:")
-    return "\n\n".join(parts) + config.prefill
+    # The examples read `Answer: <completion>`: a prefill starts where a completion would.
+    return "\n\n".join(parts) + (f" {config.prefill}" if config.prefill else "")
 
 
 def messages(question: str, config: PromptConfig) -> list[dict[str, str]]:

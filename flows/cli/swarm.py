@@ -214,8 +214,7 @@ def node(
     check_resume(cfg, [node_id], force, more_rounds)
     saved = checkpoint.latest(cfg.workdir, node_id)
     if saved is not None and not saved.resumable:  # and has nothing more to do
-        where = saved.final_model or saved.path
-        print(f"{node_id} has finished its {cfg.rounds} rounds; its final model is at {where}")
+        print(f"{node_id} has finished its {cfg.rounds} rounds; {checkpoint.kept_model(saved)}")
         return
     check_ledger(cfg)
     if os.environ.get("PREFECT_HOME"):

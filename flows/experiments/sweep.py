@@ -286,16 +286,31 @@ def format_plan(exp: ExperimentConfig) -> str:
 PROGRESS_FILE = "progress.json"
 
 
-def record_progress(exp: ExperimentConfig, swarm_id: str, event: str, **facts: Any) -> Path:
-    """Note in `<workdir>/progress.json` that a run started, finished or was skipped, with
-    the time: whoever resumes a sweep of many hours sees where it stands, which runs took
-    how long and which were interrupted (started again without a finish in between)."""
+def progress_path(exp: ExperimentConfig) -> Path:
+    """`<workdir>/progress.json`, or `progress-<experiment>.json` for a second experiment
+    sharing the working directory (each file counts one experiment's runs)."""
     path = exp.workdir_path() / PROGRESS_FILE
+    try:
+        owner = json.loads(path.read_text()).get("experiment")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner in (None, exp.experiment):
+        return path
+    return path.with_name(f"progress-{exp.experiment}.json")
+
+
+def record_progress(exp: ExperimentConfig, swarm_id: str, event: str, **facts: Any) -> Path:
+    """Note in the experiment's progress file that a run started, finished or was skipped,
+    with the time: whoever resumes a sweep of many hours sees where it stands, which runs
+    took how long and which were interrupted (started again without a finish in between).
+    A file that is not such a record (torn, foreign) is started over."""
+    path = progress_path(exp)
     try:
         progress = json.loads(path.read_text())
     except (OSError, ValueError):
         progress = {}
-    if not isinstance(progress, dict) or not isinstance(progress.get("runs"), dict):
+    runs = progress.get("runs") if isinstance(progress, dict) else None
+    if not isinstance(runs, dict) or not all(isinstance(e, dict) for e in runs.values()):
         progress = {"experiment": exp.experiment, "runs": {}}
     labels = exp.replicates()
     entry = progress["runs"].setdefault(swarm_id, {})
@@ -304,7 +319,11 @@ def record_progress(exp: ExperimentConfig, swarm_id: str, event: str, **facts: A
     now = datetime.now(UTC).isoformat(timespec="seconds")
     entry.setdefault("events", []).append({"event": event, "at": now, **facts})
     entry["state"] = event
-    done = sum(1 for e in progress["runs"].values() if e.get("state") in ("finished", "skipped"))
+    done = sum(
+        1
+        for run_id, e in progress["runs"].items()
+        if run_id in labels and e.get("state") in ("finished", "skipped")
+    )
     progress["summary"] = f"{done} of {len(labels)} runs done; last update {now}"
     write_atomically(path, json.dumps(progress, indent=1, sort_keys=True) + "\n")
     return path

@@ -239,6 +239,16 @@ def model_files(checkpoint: Path) -> list[Path]:
     return sorted(p for p in checkpoint.iterdir() if p.is_file() and p.name not in rest)
 
 
+def kept_model(saved: Checkpoint) -> str:
+    """Where a finished node's final model is, in words: in MLflow, in its checkpoint
+    directory, or nowhere (`checkpoint_keep: nothing` without MLflow)."""
+    if saved.final_model:
+        return f"its final model is at {saved.final_model}"
+    if model_files(saved.path):
+        return f"its final model is at {saved.path}"
+    return "its final model was not kept"
+
+
 def keep_final_model(
     saved: Checkpoint, logged_at: str | None, *, weights: bool = True
 ) -> Checkpoint:

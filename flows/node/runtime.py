@@ -164,11 +164,11 @@ def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
 def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str] = ()) -> str:
     """Why a node (and the nodes ``also`` in the same state) that kept only its final
     model cannot train on, and what to do."""
-    where = saved.final_model or str(saved.path)
+    kept = checkpoint.kept_model(saved).replace("its final model", f"{node_id}'s", 1)
     who = ", ".join([node_id, *also])
     return (
         f"{who} finished round {saved.next_round - 1} keeping only the final model "
-        f"(--keep final-model or nothing; {node_id}'s is at {where}), so the swarm cannot "
+        f"(--keep final-model or nothing; {kept}), so the swarm cannot "
         "train on: "
         "start afresh with another --workdir (with --keep resume, or checkpoint_keep: "
         "resume in the file, to be able to continue it later)"

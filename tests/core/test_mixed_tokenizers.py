@@ -134,14 +134,21 @@ def test_text_too_long_in_the_receivers_tokens_is_skipped_and_counted(
     trained_model_dir: Path,
 ) -> None:
     me = _learner(trained_model_dir, PromptConfig(), max_new_tokens=12)
-    fits = "<answer>7</answer>"
+    [question] = me.tasks.draw(0, 1)  # the question _peer_group's rows carry
+    fits = f"<answer>{question.answer}</answer>"  # the one right answer: reward 1
     assert len(text_ids(me.policy.tokenizer, fits)) <= 12
     long = "Let me think step by step about it. " * 3 + "<answer>7</answer>"
-    group = _peer_group(me, [fits, long, ""], "other")
+    # The kept rows sit after skipped ones: their advantages must stay theirs.
+    group = _peer_group(me, [long, fits, "", "no"], "other")
     chosen, _ = me.select(0, [], [group])
+    [scored] = chosen.trained
     [segment], skipped = me.encode(chosen.trained)
-    assert segment.completion_ids == [text_ids(me.policy.tokenizer, fits)]
+    assert segment.completion_ids == [text_ids(me.policy.tokenizer, t) for t in (fits, "no")]
     assert skipped == {TOO_LONG: 1, EMPTY: 1}
+    rewards = torch.tensor(scored.rewards)
+    expected = ((rewards - rewards.mean()) / (rewards.std() + 1e-4)).tolist()
+    assert scored.rewards[1] == 1.0 and expected[1] > 0 > expected[3]
+    assert segment.advantages == pytest.approx([expected[1], expected[3]], abs=1e-3)
     report = me.update(0, chosen)
     assert report.rows_skipped == {TOO_LONG: 1, EMPTY: 1} and report.groups_trained == 1
 

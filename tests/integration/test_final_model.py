@@ -67,7 +67,7 @@ def test_keeping_nothing_leaves_the_record_that_the_node_finished(tmp_path: Path
     after = checkpoint.latest(swarm.workdir, "a")
     assert after is not None and (after.resumable, after.next_round) == (False, 1)
     assert set(sizes(after.path)) == {"state.json"}  # no weights, no training state
-    with pytest.raises(checkpoint.NotResumable, match="--keep final-model or nothing"):
+    with pytest.raises(checkpoint.NotResumable, match="a's was not kept"):
         open_node(make_swarm(tmp_path, rounds=2, checkpoint_keep="nothing"), "a")
 
 

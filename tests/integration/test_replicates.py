@@ -92,8 +92,12 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
             (SHARED, 2): 0.5,
         }
     )
-    # Training reward: every trained group scores 0.5 (own and peers'), two rounds -> 1.0.
-    assert [v["cumulative_training_reward"] for v in runs.values()] == pytest.approx([1.0] * 6)
+    # Training reward, over every selected group: informative groups score 0.5, the one
+    # zero-variance group (n0's own in seed 0's shared round 0) 0, beside a peer's 0.5:
+    # n0 0.25 + 0.5, n1 0.5 + 0.5, so that run 0.875; every other run 1.0.
+    assert {k: v["cumulative_training_reward"] for k, v in runs.items()} == pytest.approx(
+        {(c, s): 0.875 if (c, s) == (SHARED, 0) else 1.0 for c in (BASE, SHARED) for s in SEEDS}
+    )
     # Compute: 4 completions of 5 tokens a group; one group a node-round, two nodes, two
     # rounds. Shared runs train two groups a round, but n0 of seed 0 only one in round 0.
     assert {v["tokens_generated"] for v in runs.values()} == {80}

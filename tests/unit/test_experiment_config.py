@@ -143,10 +143,14 @@ def test_progress_file_says_where_a_sweep_stands(tmp_path: Path) -> None:
     assert (run["configuration"], run["seed"], run["state"]) == ("4/0", 0, "finished")
     assert [e["event"] for e in run["events"]] == ["started", "finished"]
     assert progress["runs"][second]["state"] == "started"
-    path.write_text("{not json")  # a torn or foreign file is started over, not a crash
-    assert json.loads(record_progress(exp, first, "skipped").read_text())["summary"].startswith(
-        "1 of 6"
-    )
+    for torn in ("{not json", '{"runs": {"x": 1}}', "[]"):  # started over, not a crash
+        path.write_text(torn)
+        summary = json.loads(record_progress(exp, first, "skipped").read_text())["summary"]
+        assert summary.startswith("1 of 6")
+    # Another experiment in the same working directory keeps a file of its own.
+    other = make(workdir=str(tmp_path), experiment="other", seeds=[0])
+    second_file = record_progress(other, other.swarm_id(other.configurations[0], 0), "started")
+    assert second_file.name == "progress-other.json" and path.exists()
 
 
 def test_bad_sweep_is_a_clear_error() -> None:

@@ -293,6 +293,12 @@ def test_fresh_takes_each_peer_group_once_newest_first_and_no_more_than_there_is
     assert sorted(ledger.sample_group_ids("me", 5, policy, seed=4, swarm_id="sw")) == sorted(second)
     ledger.publish(round_rows("a", 1, [[0, 1]], published_at=T0 + timedelta(hours=1)))
     assert ledger.sample_group_ids("me", 1, policy, seed=5, swarm_id="sw") == ["sw.a.r1.g0"]
+    # A retried round 0 draws again what round 0 drew (only earlier rounds' draws count);
+    # round 1 excludes them.
+    again = ledger.sample_group_ids("me", 4, policy, seed=3, swarm_id="sw", for_round=0)
+    assert set(again) == {"sw.a.r1.g0", *first}  # the newest, then round 0's first draw
+    later = ledger.sample_group_ids("me", 5, policy, seed=3, swarm_id="sw", for_round=1)
+    assert not set(later) & set(first)
 
 
 def test_fresh_keeps_the_paper_filter_the_caps_and_a_window(ledger):
