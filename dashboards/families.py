@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from dashboards.replicates import INTERVAL_COLUMNS, Query, run_metrics, table_lines
+from dashboards.records import RunRecords
+from dashboards.replicates import INTERVAL_COLUMNS, run_metrics, table_lines
 from dashboards.statistics import paired_gains, per_configuration
 
 FAMILY_METRICS = ("final_accuracy", "cumulative_claimed_reward")
@@ -29,17 +30,10 @@ class FamilyTables:
     crossing: pl.DataFrame  # per configuration and family: share of peer groups from others
 
 
-def node_models(query: Query) -> pl.DataFrame:
-    """swarm_id, node_id -> model_id, from the manifests."""
-    return query("SELECT swarm_id, node_id, model_id FROM manifests")
-
-
-def family_tables(
-    query: Query, node_rows: pl.DataFrame, *, baseline: str, rounds: int
-) -> FamilyTables:
-    """Per-family metrics and gains from the experiment's per-node-round rows
-    (``ReplicateTables.node_rounds``) and the ledger's manifests and training logs."""
-    models = node_models(query)
+def family_tables(records: RunRecords, *, baseline: str, rounds: int) -> FamilyTables:
+    """Per-family metrics and gains from the experiment's run records: per-node-round rows,
+    each node's model (its manifest's) and the peer groups it trained on."""
+    node_rows, models = records.node_rounds, records.models
     rows = node_rows.join(models, on=["swarm_id", "node_id"], how="left")
     families = sorted(m for m in rows["model_id"].unique().to_list() if m is not None)
     runs, configurations, gains = [], {}, {}
@@ -68,16 +62,13 @@ def family_tables(
         if described:
             configurations[metric] = pl.concat(described, how="diagonal_relaxed")
             gains[metric] = pl.concat(compared, how="diagonal_relaxed")
-    return FamilyTables(all_runs, configurations, gains, crossing(query, node_rows, models))
+    return FamilyTables(all_runs, configurations, gains, crossing(records))
 
 
-def crossing(query: Query, node_rows: pl.DataFrame, models: pl.DataFrame) -> pl.DataFrame:
+def crossing(records: RunRecords) -> pl.DataFrame:
     """Per configuration and family: peer groups trained on, and the share of them whose
     publisher runs another model."""
-    trained = query(
-        "SELECT DISTINCT swarm_id, node_id, node_round, group_id, peer_node_id FROM trainings "
-        "WHERE origin = 'external' AND trained"
-    )
+    trained, node_rows, models = records.peer_groups, records.node_rounds, records.models
     labels = node_rows.select("swarm_id", "configuration").unique()
     receiver = models.rename({"model_id": "model"})
     publisher = models.rename({"node_id": "peer_node_id", "model_id": "peer_model"})

@@ -25,11 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 import dashboards
 from dashboards.statistics import paired_gains, per_configuration
+
+if TYPE_CHECKING:
+    from dashboards.records import RunRecords
 
 Query = Callable[[str], pl.DataFrame]
 METRICS = ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy")
@@ -48,7 +52,7 @@ class ReplicateTables:
     heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
 
 
-def _runs_frame(replicates: dict[str, tuple[str, int]]) -> pl.DataFrame:
+def runs_frame(replicates: dict[str, tuple[str, int]]) -> pl.DataFrame:
     return pl.DataFrame(
         [(s, c, seed) for s, (c, seed) in replicates.items()],
         schema={"swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64},
@@ -201,12 +205,22 @@ def replicate_tables(
 ) -> ReplicateTables:
     """Everything the experiment's statistics need, from ledger SQL (`Ledger.query`), and
     the update's seconds from MLflow when given (see `node_rounds`)."""
-    runs = _runs_frame(replicates)
-    rows = node_rounds(query, runs, update_seconds)
+    from dashboards.records import records_from_ledger
+
+    records = records_from_ledger(query, replicates, update_seconds=update_seconds)
+    return tables_from_records(records, baseline=baseline, rounds=rounds, nodes=nodes)
+
+
+def tables_from_records(
+    records: RunRecords, *, baseline: str, rounds: int, nodes: int | None = None
+) -> ReplicateTables:
+    """The statistics of the runs in ``records`` (from a ledger, or read back from
+    committed run records: dashboards/records.py)."""
+    rows = records.node_rounds.sort(["configuration", "seed", "node_id", "node_round"])
     if rows.is_empty():
         raise ValueError("none of the experiment's runs has rounds in this ledger")
     metrics = run_metrics(rows, rounds, nodes)
-    found = runs.join(query(dashboards.query("discoveries")), on="swarm_id")
+    found = records.discoveries
     return ReplicateTables(
         node_rounds=rows,
         runs=metrics,

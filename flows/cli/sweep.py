@@ -31,6 +31,14 @@ def experiment(
         Path | None,
         typer.Option(help="Where the report goes (default <workdir>/reports/<experiment>)."),
     ] = None,
+    records: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder of run records (commit it): each finished run's statistics go there "
+            "at once, a recorded run is skipped, and the report counts recorded runs, so a "
+            "sweep can finish on another machine."
+        ),
+    ] = None,
     overrides: SetOpt = None,
 ) -> None:
     """Run a sweep of sharing configurations (same seeds, tasks, models), then its report."""
@@ -43,7 +51,7 @@ def experiment(
         exp = load_experiment(config, overrides or [])
     except ConfigError as exc:
         raise fail(f"bad experiment configuration: {exc}") from exc
-    print(format_plan(exp))
+    print(format_plan(exp, None if records is None else records.resolve()))
     if dry_run:
         return
     if not os.environ.get("PREFECT_API_URL"):
@@ -60,6 +68,7 @@ def experiment(
         exp.experiment,
         overrides or [],
         str(report_dir.resolve()) if report_dir else None,
+        str(records.resolve()) if records else None,
     )
     print(f"report: {result['report']}")
     if result["failed"]:

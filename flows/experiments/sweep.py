@@ -233,8 +233,11 @@ def is_complete(swarm: SwarmConfig) -> bool:
     return wanted <= done
 
 
-def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:
-    """One row per configuration: what would run (for --dry-run and the report)."""
+def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, Any]]:
+    """One row per configuration: what would run (for --dry-run and the report); a run
+    with a record in ``records`` counts as done."""
+    from dashboards.records import recorded
+
     rows = []
     for conf, seed in exp.runs():
         swarm = exp.swarm_config(conf, seed)
@@ -258,14 +261,15 @@ def plan(exp: ExperimentConfig) -> list[dict[str, Any]]:
                 * swarm.rounds
                 * node.questions
                 * node.generation.completions_per_question,
-                "done": is_complete(swarm),
+                "done": (records is not None and recorded(records, swarm.swarm_id))
+                or is_complete(swarm),
             }
         )
     return rows
 
 
-def format_plan(exp: ExperimentConfig) -> str:
-    rows = plan(exp)
+def format_plan(exp: ExperimentConfig, records: Path | None = None) -> str:
+    rows = plan(exp, records)
     head = (
         f"experiment {exp.experiment}: {len(exp.configurations)} configurations"
         + ("" if exp.seeds is None else f" x {len(exp.seeds)} seeds = {len(rows)} runs")

@@ -6,6 +6,9 @@ and reads the MLflow metrics it is checked against.
 
 from __future__ import annotations
 
+import platform
+import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,14 @@ import polars as pl
 
 from dashboards.families import family_markdown, family_tables
 from dashboards.figures import configuration_curves
-from dashboards.replicates import replicate_tables, write_replicate_report
+from dashboards.records import (
+    RunRecords,
+    read_records,
+    recorded,
+    records_from_ledger,
+    write_record,
+)
+from dashboards.replicates import run_metrics, tables_from_records, write_replicate_report
 from dashboards.report import Report, cross_check, render_report, report_tables
 from flows.config import SwarmConfig
 from flows.experiments.sweep import ExperimentConfig
@@ -76,49 +86,101 @@ def report_ledger(
     return render_report(tables, out_dir, check=check, source=ledger_url)
 
 
-def heldout_overlap(ledger: Ledger, swarm: SwarmConfig, swarm_ids: list[str]) -> tuple[int, int]:
-    """How many held-out questions (by task and text) the runs also generated for training:
-    different seeds never share a (seed, index) key, but tiny task settings repeat texts."""
+def heldout_keys(swarm: SwarmConfig) -> set[tuple[str, str]]:
+    """The held-out questions (task, text) of the swarm's evaluation; empty when it has none."""
     from sapo_core.evaluation import heldout_questions
 
     node = swarm.nodes[0].node
-    questions = {(q.task, q.question) for q in heldout_questions(node.evaluation, node.tasks)}
-    if not questions or not node.evaluation.every:
-        return (0, 0)
-    seen = ledger.query(
-        "SELECT DISTINCT task, question FROM rollouts WHERE list_contains($swarms, swarm_id)",
-        {"swarms": swarm_ids},
-    )
-    return (len(questions & set(seen.rows())), len(questions))
+    if not node.evaluation.every:
+        return set()
+    return {(q.task, q.question) for q in heldout_questions(node.evaluation, node.tasks)}
 
 
-def report_replicates(exp: ExperimentConfig, out_dir: Path) -> Path | None:
-    """The experiment's paired-seed statistics and diagnostics (statistics.md, CSVs and the
-    held-out figure) under ``out_dir``; None when the experiment has no J = 0 baseline."""
-    baseline = exp.baseline_label()
-    if baseline is None:
-        return None
+def ledger_records(exp: ExperimentConfig, swarm_ids: list[str] | None = None) -> RunRecords:
+    """The run records of the experiment's runs (or of ``swarm_ids``) as this machine's
+    ledger and MLflow store hold them."""
     first = exp.swarm_config(*exp.runs()[0])
+    replicates = exp.replicates()
+    if swarm_ids is not None:
+        replicates = {s: replicates[s] for s in swarm_ids}
     seconds = None
     if first.tracking.enabled:
         # The update's seconds are in MLflow only (a node's timings are not the ledger's).
         seconds = tracked_metrics(exp.tracking_uri(), exp.experiment, ("seconds_update",))
     with Ledger(first.ledger) as ledger:
-        tables = replicate_tables(
-            ledger.query,
-            exp.replicates(),
-            baseline=baseline,
-            rounds=first.rounds,
-            nodes=len(first.nodes),
-            update_seconds=seconds,
+        return records_from_ledger(
+            ledger.query, replicates, update_seconds=seconds, heldout=heldout_keys(first)
         )
-        tables.heldout_overlap = heldout_overlap(ledger, first, list(exp.replicates()))
-        mixed = len({spec.node.model for spec in first.nodes}) > 1
-        families = (
-            family_tables(ledger.query, tables.node_rounds, baseline=baseline, rounds=first.rounds)
-            if mixed
-            else None
-        )
+
+
+def complete_runs(exp: ExperimentConfig, records: RunRecords) -> list[str]:
+    """The runs in ``records`` with every node's rounds and final evaluation."""
+    first = exp.swarm_config(*exp.runs()[0])
+    if records.node_rounds.is_empty():
+        return []
+    metrics = run_metrics(records.node_rounds, first.rounds, len(first.nodes))
+    return sorted(metrics.filter(pl.col("complete"))["swarm_id"].to_list())
+
+
+def record_runs(
+    exp: ExperimentConfig,
+    root: Path,
+    swarm_ids: list[str] | None = None,
+    *,
+    records: RunRecords | None = None,
+) -> list[str]:
+    """Write ``<root>/<swarm_id>/`` for each complete run (of ``swarm_ids``, or all) that
+    this machine's ledger holds (or ``records``, read from it already): what a replaced
+    machine would otherwise lose. Returns the runs recorded."""
+    if records is None:
+        records = ledger_records(exp, swarm_ids)
+    facts = {"experiment": exp.experiment, "code": code_version(), "host": platform.node(),
+             "written_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    done = complete_runs(exp, records)
+    for swarm_id in done:
+        write_record(records, swarm_id, root, **facts)
+    return done
+
+
+def code_version() -> str:
+    """The commit of the checkout this code runs from (a sweep's fixed clone), or 'unknown'."""
+    here = Path(__file__).resolve().parents[2]
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return found.stdout.strip() or "unknown"
+
+
+def report_replicates(
+    exp: ExperimentConfig, out_dir: Path, records_dir: Path | None = None
+) -> Path | None:
+    """The experiment's paired-seed statistics and diagnostics (statistics.md, CSVs and the
+    held-out figure) under ``out_dir``; None when the experiment has no J = 0 baseline.
+
+    With ``records_dir``, every complete run this machine holds is (re)recorded there first,
+    and runs this machine lacks are read from their records: a sweep finished across
+    several machines is reported as one."""
+    baseline = exp.baseline_label()
+    if baseline is None:
+        return None
+    first = exp.swarm_config(*exp.runs()[0])
+    records = ledger_records(exp)
+    if records_dir is not None:
+        here = record_runs(exp, records_dir, records=records)
+        elsewhere = [s for s in exp.replicates() if s not in here and recorded(records_dir, s)]
+        ours = records.only(s for s in records.swarm_ids() if s not in elsewhere)
+        records = RunRecords.concat([ours, read_records(records_dir, elsewhere)])
+    tables = tables_from_records(records, baseline=baseline, rounds=first.rounds,
+                                 nodes=len(first.nodes))  # fmt: skip
+    total = len(heldout_keys(first))
+    seen = records.heldout_seen.select("task", "question").unique().height
+    tables.heldout_overlap = (seen, total)
+    mixed = len({spec.node.model for spec in first.nodes}) > 1
+    families = family_tables(records, baseline=baseline, rounds=first.rounds) if mixed else None
     path = write_replicate_report(tables, out_dir, baseline=baseline)
     if families is not None:
         # A swarm of several models: each family against its own J = 0 runs as well.

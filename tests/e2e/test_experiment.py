@@ -6,6 +6,7 @@ ledger's Parquet and JSON files."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -117,7 +118,8 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "model")
     path = experiment_file(tmp_path, model)
     work = tmp_path / "work"
-    out = sapo("experiment", "-c", str(path), timeout=1200)
+    records = tmp_path / "records"
+    out = sapo("experiment", "-c", str(path), "--records", str(records), timeout=1200)
     assert "mini-2x0-s0: 2/0" in out and "mini-1x1-reward-filtered-s1: 1/1" in out
 
     expected = direct_sql(work / "ledger")
@@ -195,3 +197,15 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     assert progress["summary"].startswith("4 of 4 runs done")
     events = [[e["event"] for e in r["events"]] for r in progress["runs"].values()]
     assert events == [["started", "finished", "skipped"]] * 4
+
+    # Each run was recorded as it finished; on a replaced machine (nothing of the working
+    # directory left) the sweep skips every recorded run and reports the same statistics.
+    assert sorted(p.name for p in records.iterdir()) == sorted(expected)
+    meta = json.loads((records / "mini-2x0-s0" / "record.json").read_text())
+    assert meta["experiment"] == "mini" and len(meta["code"]) == 40
+    first = (work / "reports" / "mini" / "statistics.md").read_text()
+    shutil.rmtree(work)
+    elsewhere = sapo("experiment", "-c", str(path), "--records", str(records), timeout=600)
+    assert elsewhere.count("(done, here or elsewhere); skipped") == 4
+    assert "round 0:" not in elsewhere
+    assert (work / "reports" / "mini" / "statistics.md").read_text() == first

@@ -219,6 +219,7 @@ def test_a_mixed_swarms_families_are_compared_each_against_its_own_baseline(
     ledger: Ledger,
 ) -> None:
     from dashboards.families import family_markdown, family_tables
+    from dashboards.records import records_from_ledger
     from ledger import NodeManifest, parse_policy
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
@@ -231,8 +232,7 @@ def test_a_mixed_swarms_families_are_compared_each_against_its_own_baseline(
                     model_id=model, seed=seed,
                 )
             )  # fmt: skip
-    tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2)
-    families = family_tables(ledger.query, tables.node_rounds, baseline=BASE, rounds=2)
+    families = family_tables(records_from_ledger(ledger.query, replicates), baseline=BASE, rounds=2)
     assert set(families.runs["model"]) == {"family-a", "family-b"}
     assert families.runs.height == 2 * 3 * 2  # configurations x seeds x families
     gains = {r["model"]: r for r in families.gains["cumulative_claimed_reward"].to_dicts()}
@@ -254,3 +254,61 @@ def test_a_mixed_swarms_families_are_compared_each_against_its_own_baseline(
     ]  # fmt: skip
     md = family_markdown(families, baseline=BASE)
     assert "final held-out accuracy, per family" in md and "| family-b | 1/1 | 0.250 |" in md
+
+
+def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path: Path) -> None:
+    """A sweep finished across machines: half its runs come back from committed records,
+    the rest from this machine's ledger, and every number is what the ledger alone gives."""
+    from dashboards.records import RunRecords, read_records, records_from_ledger, write_record
+    from dashboards.replicates import tables_from_records
+
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    heldout = {("basic_arithmetic", "q0 of n1"), ("gcd", "never generated")}
+    records = records_from_ledger(ledger.query, replicates, heldout=heldout)
+    assert records.heldout_seen.height == 6  # every run generated "q0 of n1"
+    assert set(records.heldout_seen["question"]) == {"q0 of n1"}
+    assert records.models.is_empty()  # the hand-made ledger has no manifests
+    assert records.peer_groups.height == 3 * 2 * 2  # shared seeds x nodes x rounds
+    root = tmp_path / "records"
+    elsewhere = [swarm(SHARED, s) for s in SEEDS] + [swarm(BASE, 0)]
+    for swarm_id in elsewhere:
+        folder = write_record(records, swarm_id, root, code="abc", host="old-machine")
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "discoveries.csv", "heldout_seen.csv", "models.csv", "node_rounds.csv",
+            "peer_groups.csv", "record.json",
+        ]  # fmt: skip
+    assert not list(root.glob(".*"))  # no staging folder left behind
+    here = records.only(s for s in replicates if s not in elsewhere)
+    combined = RunRecords.concat([here, read_records(root, list(replicates))])
+    assert combined.swarm_ids() == sorted(replicates)
+    direct = tables_from_records(records, baseline=BASE, rounds=2)
+    mixed = tables_from_records(combined, baseline=BASE, rounds=2)
+    for metric in ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy"):
+        assert mixed.gains[metric].to_dicts() == direct.gains[metric].to_dicts()
+    assert mixed.runs.sort("swarm_id").equals(direct.runs.sort("swarm_id"))
+    assert mixed.mechanism.equals(direct.mechanism)
+    assert mixed.discoveries.equals(direct.discoveries)
+
+
+def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_path: Path) -> None:
+    from dashboards.records import RecordError, read_record, records_from_ledger, write_record
+
+    sid = swarm(SHARED, 1)
+    records = records_from_ledger(ledger.query, {sid: (SHARED, 1)})
+    folder = write_record(records, sid, tmp_path)
+    assert read_record(folder).node_rounds.height == records.node_rounds.height
+    rows = folder / "node_rounds.csv"
+    good = rows.read_text()
+    rows.write_text(good.replace("\n", "\nnot,a,row\n", 1))
+    with pytest.raises(RecordError, match=r"node_rounds\.csv"):
+        read_record(folder)
+    rows.write_text(good.replace(sid, swarm(BASE, 1)))  # another run's rows in this folder
+    with pytest.raises(RecordError, match="rows of another run"):
+        read_record(folder)
+    rows.write_text(good)
+    (folder / "record.json").write_text('{"version": 99}')
+    with pytest.raises(RecordError, match="unknown record version"):
+        read_record(folder)
+    (folder / "record.json").write_text("{")
+    with pytest.raises(RecordError, match="not a run record"):
+        read_record(folder)

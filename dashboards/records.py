@@ -1,0 +1,204 @@
+"""Run records: the few kilobytes of a finished run that an experiment's statistics need.
+
+A sweep of many hours outlives the machine it started on: the ledger, the MLflow store and
+the checkpoints are gigabytes on one disk, and a replaced machine loses them. What the
+paired-seed statistics read from them is small: the per-node-round rows, the discoveries,
+each node's model, the peer groups it trained on and the held-out questions the run also
+trained on. A run record holds exactly that, as CSV files in one folder per run
+(``<records>/<swarm_id>/``), meant to be committed as each run finishes. The statistics are
+computed from records alone, so a report can combine runs done on different machines, and
+a sweep skips a run whose record exists (flows/experiments/flow.py).
+
+Records are read back with fixed schemas; a folder that does not parse is an error naming
+the file, never a silently smaller table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import polars as pl
+from polars.datatypes import DataTypeClass
+
+import dashboards
+from dashboards.replicates import Query, node_rounds, runs_frame
+
+RECORD_VERSION = 1
+Schema = dict[str, DataTypeClass | pl.DataType]
+MANIFEST = "record.json"
+
+NODE_ROUNDS: Schema = {
+    "swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64,
+    "node_id": pl.String, "node_round": pl.Int64, "claimed_reward": pl.Float64,
+    "tokens_generated": pl.Int64, "informative_trained": pl.Int64,
+    "informative_local": pl.Int64, "informative_external": pl.Int64,
+    "training_reward": pl.Float64, "tokens_trained": pl.Int64, "accuracy": pl.Float64,
+    "seconds_update": pl.Float64,
+}  # fmt: skip
+DISCOVERIES: Schema = {
+    "swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64,
+    "node_id": pl.String, "task": pl.String, "first_drawn": pl.Int64,
+    "first_round": pl.Int64, "rounds_seen": pl.Int64, "peer_groups_before": pl.Int64,
+    "from_peers": pl.String,
+}  # fmt: skip
+MODELS: Schema = {"swarm_id": pl.String, "node_id": pl.String, "model_id": pl.String}
+PEER_GROUPS: Schema = {
+    "swarm_id": pl.String, "node_id": pl.String, "node_round": pl.Int64,
+    "group_id": pl.String, "peer_node_id": pl.String,
+}  # fmt: skip
+HELDOUT_SEEN: Schema = {"swarm_id": pl.String, "task": pl.String, "question": pl.String}
+SCHEMAS: dict[str, Schema] = {
+    "node_rounds": NODE_ROUNDS, "discoveries": DISCOVERIES, "models": MODELS,
+    "peer_groups": PEER_GROUPS, "heldout_seen": HELDOUT_SEEN,
+}  # fmt: skip
+
+
+class RecordError(ValueError):
+    """A run record that cannot be read as written."""
+
+
+@dataclass
+class RunRecords:
+    """Every table the statistics read, for one run or many (a `swarm_id` column each)."""
+
+    node_rounds: pl.DataFrame  # per run, node and round (dashboards.replicates.node_rounds)
+    discoveries: pl.DataFrame  # per run, node and task: first rewarded round
+    models: pl.DataFrame  # per run and node: the model its manifest declares
+    peer_groups: pl.DataFrame  # per run, node and round: peers' groups it trained on
+    heldout_seen: pl.DataFrame  # per run: held-out questions it also generated for training
+
+    def swarm_ids(self) -> list[str]:
+        return sorted(set(self.node_rounds["swarm_id"].to_list()))
+
+    def only(self, swarm_ids: Iterable[str]) -> RunRecords:
+        keep = pl.Series(list(swarm_ids), dtype=pl.String).implode()
+        return RunRecords(
+            **{
+                f.name: getattr(self, f.name).filter(pl.col("swarm_id").is_in(keep))
+                for f in fields(self)
+            }
+        )
+
+    @staticmethod
+    def concat(parts: Iterable[RunRecords]) -> RunRecords:
+        parts = list(parts)
+        return RunRecords(
+            **{
+                name: pl.concat([getattr(p, name) for p in parts], how="vertical")
+                if parts
+                else pl.DataFrame(schema=schema)
+                for name, schema in SCHEMAS.items()
+            }
+        )
+
+
+def _conform(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
+    """``frame`` with exactly ``schema``'s columns and types (absent ones null)."""
+    return frame.select(
+        (pl.col(c) if c in frame.columns else pl.lit(None)).cast(t).alias(c)
+        for c, t in schema.items()
+    )
+
+
+def records_from_ledger(
+    query: Query,
+    replicates: dict[str, tuple[str, int]],
+    *,
+    update_seconds: pl.DataFrame | None = None,
+    heldout: set[tuple[str, str]] | None = None,
+) -> RunRecords:
+    """The records of ``replicates`` (swarm_id -> (configuration, seed)) from ledger SQL
+    (`Ledger.query`), with MLflow's update seconds when given and, when the held-out
+    questions are given (task, text), the ones each run also generated for training."""
+    runs = runs_frame(replicates)
+    keep = runs["swarm_id"].implode()
+    in_runs = pl.col("swarm_id").is_in(keep)
+    rows = node_rounds(query, runs, update_seconds)
+    found = runs.join(query(dashboards.query("discoveries")), on="swarm_id")
+    models = query("SELECT DISTINCT swarm_id, node_id, model_id FROM manifests").filter(in_runs)
+    peers = query(
+        "SELECT DISTINCT swarm_id, node_id, node_round, group_id, peer_node_id FROM trainings "
+        "WHERE origin = 'external' AND trained"
+    ).filter(in_runs)
+    seen = pl.DataFrame(schema=HELDOUT_SEEN)
+    if heldout:
+        asked = pl.DataFrame(sorted(heldout), schema=["task", "question"], orient="row")
+        generated = query("SELECT DISTINCT swarm_id, task, question FROM rollouts").filter(in_runs)
+        seen = generated.join(asked, on=["task", "question"], how="semi")
+    return RunRecords(
+        _conform(rows, NODE_ROUNDS),
+        _conform(found, DISCOVERIES),
+        _conform(models, MODELS),
+        _conform(peers, PEER_GROUPS),
+        _conform(seen, HELDOUT_SEEN),
+    )
+
+
+def write_record(records: RunRecords, swarm_id: str, root: Path, **facts: object) -> Path:
+    """``<root>/<swarm_id>/``: the run's tables as CSV and ``record.json`` with ``facts``
+    (what code and machine made it, when). Written to a temporary folder and renamed, so a
+    folder that exists is a whole record."""
+    mine = records.only([swarm_id])
+    folder = root / swarm_id
+    staging = root / f".{swarm_id}.partial"
+    staging.mkdir(parents=True, exist_ok=True)
+    for name in SCHEMAS:
+        frame: pl.DataFrame = getattr(mine, name)
+        sort = [c for c in ("node_id", "node_round", "task", "group_id") if c in frame.columns]
+        frame.sort(sort).write_csv(staging / f"{name}.csv")
+    meta = {"version": RECORD_VERSION, "swarm_id": swarm_id, **facts}
+    (staging / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    if folder.exists():
+        for old in folder.iterdir():
+            old.unlink()
+        folder.rmdir()
+    staging.rename(folder)
+    return folder
+
+
+def read_record(folder: Path) -> RunRecords:
+    """One run's record; RecordError (naming the file) when it does not parse."""
+    try:
+        meta = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"{folder / MANIFEST}: not a run record ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("version") != RECORD_VERSION:
+        raise RecordError(f"{folder / MANIFEST}: unknown record version")
+    if meta.get("swarm_id") != folder.name:
+        raise RecordError(f"{folder / MANIFEST}: names {meta.get('swarm_id')!r}, not its folder")
+    tables = {}
+    for name, schema in SCHEMAS.items():
+        path = folder / f"{name}.csv"
+        try:
+            frame = pl.read_csv(path, schema=schema)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise RecordError(f"{path}: {str(exc).splitlines()[0]}") from None
+        if frame.height and frame["swarm_id"].ne(folder.name).any():
+            raise RecordError(f"{path}: rows of another run")
+        tables[name] = frame
+    return RunRecords(**tables)
+
+
+def read_records(root: Path, swarm_ids: Iterable[str]) -> RunRecords:
+    """The records under ``root`` of those of ``swarm_ids`` that have one."""
+    return RunRecords.concat(
+        read_record(root / s) for s in swarm_ids if (root / s / MANIFEST).is_file()
+    )
+
+
+def recorded(root: Path, swarm_id: str) -> bool:
+    return (root / swarm_id / MANIFEST).is_file()
+
+
+__all__ = [
+    "RecordError",
+    "RunRecords",
+    "read_record",
+    "read_records",
+    "recorded",
+    "records_from_ledger",
+    "write_record",
+]
