@@ -173,6 +173,12 @@ class Tracker:
         # Its warnings are about the Hugging Face Hub (no model card or licence for a local
         # model): noise in every run's output.
         logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)
+        from sapo_core.policy import adapter
+
+        if adapter.is_adapted(model):
+            # The flavor's own PEFT saving loses the base weights of a local base model:
+            # log the merged weights, which load anywhere without peft.
+            model = adapter.merged(model)
         with tempfile.TemporaryDirectory(dir=scratch, prefix=".mlflow-model-") as tmp:
             saved = Path(tmp) / "model"
             # Requirements named here: inferring them imports every optional module

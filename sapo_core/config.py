@@ -228,8 +228,38 @@ class ComputeConfig(Strict):
     )
 
 
+class AdapterConfig(Strict):
+    """Train a LoRA adapter (through `peft`) instead of every weight.
+
+    The base weights stay frozen; only the adapter's matrices and their Adam moments are
+    trained and checkpointed. With beta > 0 the KL reference is the base with the adapter
+    switched off, so no second copy of the model is kept.
+    """
+
+    kind: Literal["none", "lora"] = Field(
+        "none", description="none: full fine-tuning; lora: a LoRA adapter on the base."
+    )
+    rank: int = Field(16, ge=1, le=1024, description="LoRA rank r.")
+    alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input.")
+    target_modules: list[str] | None = Field(
+        None,
+        description="Module names to adapt; default per family (attention and MLP "
+        "projections: q,k,v,o,gate,up,down).",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+
 class GRPOConfig(Strict):
     """The policy update."""
+
+    adapter: AdapterConfig = Field(
+        default_factory=AdapterConfig,  # type: ignore[arg-type]
+        description="LoRA adapter instead of full fine-tuning.",
+    )
 
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
         "grpo", description="Loss normalisation, as in TRL's GRPO trainer."
@@ -347,6 +377,12 @@ class NodeConfig(Strict):
             raise ValueError(
                 f"questions_per_round ({self.questions_per_round}) is below local_groups "
                 f"({self.local_groups}): a node cannot train on more own groups than it made"
+            )
+        if self.grpo.adapter.enabled and self.generation.backend == "vllm":
+            # vLLM loads weights from a folder; an adapter checkpoint holds the adapter alone.
+            raise ValueError(
+                "grpo.adapter.kind: lora runs with generation.backend: transformers only, "
+                "for now (the vLLM backend does not yet take an adapter)"
             )
         return self
 

@@ -31,7 +31,7 @@ from sapo_core.grpo.update import (
     make_optimizer,
     reference_logprobs,
 )
-from sapo_core.policy import bundled
+from sapo_core.policy import adapter, bundled
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_model, load_policy
 from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
@@ -137,6 +137,10 @@ class Learner:
         self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
         self.policy = policy or load_policy(config.model, compute=config.compute)
+        lora = config.grpo.adapter
+        if lora.enabled and not adapter.is_adapted(self.policy.model):
+            # Attached after the seed, so a fresh adapter's A matrices are replayable.
+            self.policy.model = adapter.attach(self.policy.model, lora)
         entry = bundled.lookup(config.model)
         self.prompt_format: PromptFormat = resolve_format(
             config.prompt, self.policy.tokenizer, entry.prompt_format if entry else None
@@ -147,7 +151,8 @@ class Learner:
         self.optimizer = make_optimizer(self.policy.model, config.grpo)
         self.policy_version = 0
         self.ref_model: Any = None
-        if config.grpo.beta > 0:
+        # With an adapter the reference is the base itself, the adapter switched off.
+        if config.grpo.beta > 0 and not lora.enabled:
             if reference is None:
                 initial = policy is None  # then self.policy is config.model's weights
                 reference = (
@@ -168,6 +173,11 @@ class Learner:
         the ledger; with beta > 0 the KL reference is `config.model`'s initial weights, never
         the checkpoint's. Optimizer state, RNG and policy_version are the caller's to restore.
         """
+        if config.grpo.adapter.enabled:
+            # The checkpoint holds the adapter alone: the base is config.model's, as before.
+            loaded = load_policy(config.model, compute=config.compute)
+            loaded.model = adapter.load(loaded.model, str(model_dir))
+            return cls(config, loaded, id_prefix=id_prefix)
         loaded = load_policy(str(model_dir), compute=config.compute)
         policy = dataclasses.replace(loaded, model_id=config.model)
         return cls(config, policy, id_prefix=id_prefix)  # the reference: config.model's
@@ -313,6 +323,20 @@ class Learner:
             text = text[len(prefill) :]  # our prompt already ends with it
         return text_ids(self.policy.tokenizer, text), None
 
+    def _reference_logprobs(self, segments: list[Segment], temperature: float, pad_id: int) -> None:
+        """Each segment's log-probs under the KL reference: the initial weights, or with an
+        adapter the base with the adapter off."""
+        chunk = self.config.grpo.micro_batch_size
+        if self.ref_model is not None:
+            reference_logprobs(self.ref_model, segments, temperature, pad_id, chunk)
+            return
+        model = self.policy.model
+        training = model.training
+        with adapter.base_only(model):
+            model.eval()  # no adapter dropout; nothing else differs
+            reference_logprobs(model, segments, temperature, pad_id, chunk)
+        model.train(training)
+
     def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:
         """Take the GRPO step on an assembled training set; returns the round's figures."""
         cfg = self.config
@@ -320,10 +344,8 @@ class Learner:
         pad_id = int(self.policy.tokenizer.pad_token_id)
         temperature = cfg.generation.temperature
         with self.policy.precision():
-            if self.ref_model is not None and segments:
-                reference_logprobs(
-                    self.ref_model, segments, temperature, pad_id, cfg.grpo.micro_batch_size
-                )
+            if cfg.grpo.beta > 0 and segments:
+                self._reference_logprobs(segments, temperature, pad_id)
             result = (
                 grpo_update(
                     self.policy.model,

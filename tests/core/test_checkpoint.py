@@ -209,3 +209,61 @@ def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_u
     )  # the next save clears the interrupted folder
     assert writer.wait() is not None
     assert sorted(p.name for p in first.path.parent.iterdir()) == ["round-000002"]
+
+
+def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
+    tmp_path: Path, tiny_model_dir: Any
+) -> None:
+    """LoRA (grpo.adapter): the checkpoint is the adapter and its Adam moments only; the
+    resumed learner takes the next step exactly as the one that never stopped; the KL
+    reference is the base with the adapter off, with no second model kept."""
+    from sapo_core.config import AdapterConfig
+    from sapo_core.grpo.logprobs import plain_logprobs
+    from sapo_core.grpo.segments import Segment
+    from sapo_core.policy import adapter
+
+    lora = AdapterConfig(kind="lora", rank=4, alpha=8)
+    config = node_config(tiny_model_dir, beta=0.1, learning_rate=1e-2, adapter=lora)
+    me = Learner(config)
+    assert adapter.is_adapted(me.policy.model) and me.ref_model is None
+    [group] = me.generate(0).groups
+    right = dataclasses.replace(
+        group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>"
+    )
+    trained = Group(group.group_id, "local", (right, *group.rollouts[1:]))
+    me.train(0, [trained])
+    state = me.optimizer.state_dict()["state"]
+    named = [n for n, p in me.policy.model.named_parameters() if p.requires_grad]
+    assert len(state) == len(named) and all("lora_" in n for n in named)
+    saved = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 1))
+    names = sorted(p.name for p in checkpoint.model_files(saved.path))
+    assert "adapter_model.safetensors" in names and "model.safetensors" not in names
+    adapter_bytes = (saved.path / "adapter_model.safetensors").stat().st_size
+    full_bytes = sum(p.stat().st_size for p in tiny_model_dir.glob("*.safetensors"))
+    assert adapter_bytes < full_bytes / 4
+
+    again = Learner.from_checkpoint(config, saved.path)
+    checkpoint.restore_into(again, saved)
+    assert again.policy.model_id == config.model and again.ref_model is None
+    for (name, a), b in zip(
+        me.policy.model.named_parameters(), again.policy.model.parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+        assert a.requires_grad == b.requires_grad, name
+    # The next step, from both: bit for bit the same weights.
+    me.train(1, [trained])
+    again.train(1, [trained])
+    for (name, a), b in zip(
+        me.policy.model.named_parameters(), again.policy.model.parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    # The reference: the base weights, untouched by two steps of training.
+    segment = [Segment([5, 6, 7], [[8, 9, 10]], [1.0], [None])]
+    base = load_model(str(tiny_model_dir)).eval()
+    with torch.no_grad():
+        expected, _ = plain_logprobs(base, segment, 1.0, 2)
+        again._reference_logprobs(segment, 1.0, 2)
+        now, _ = plain_logprobs(again.policy.model.eval(), segment, 1.0, 2)
+    assert segment[0].ref_logprobs is not None
+    assert torch.allclose(torch.tensor(segment[0].ref_logprobs[0]), expected[0], atol=1e-5)
+    assert not torch.allclose(now, expected, atol=1e-4)  # while the policy has moved

@@ -1,0 +1,119 @@
+"""LoRA adapters (sapo_core/policy/adapter.py): what trains, both log-prob paths with the
+adapter on, the reference with it off, and the errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sapo_core.config import AdapterConfig
+from sapo_core.grpo.logprobs import plain_logprobs, shared_prompt_logprobs, supports_shared_prompt
+from sapo_core.grpo.segments import Segment
+from sapo_core.policy import adapter
+from sapo_core.policy.loading import load_model
+from tests.tiny_models import build_tiny_model
+
+PAD = 2
+LORA = AdapterConfig(kind="lora", rank=4, alpha=8)
+
+
+def _segments() -> list[Segment]:
+    return [
+        Segment([5, 6, 7, 8], [[11, 12, 13], [14]], [1.0, -1.0], [None] * 2),
+        Segment([9, 10], [[21, 22, 23, 24], [25, 26]], [0.5, -0.5], [None] * 2),
+    ]
+
+
+def _nudge(model: Any, seed: int = 0) -> None:
+    """Give every LoRA B matrix random values: a fresh adapter (B = 0) changes nothing."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+
+
+@pytest.fixture(params=["llama", "qwen2", "gemma3"])
+def base_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp(request.param), family=request.param)
+
+
+def test_only_the_adapter_trains_and_a_fresh_one_changes_nothing(base_dir: Path) -> None:
+    base = load_model(str(base_dir)).eval()
+    with torch.no_grad():
+        expected, _ = plain_logprobs(base, _segments(), 0.7, PAD)
+    model = adapter.attach(load_model(str(base_dir)), LORA).eval()
+    assert adapter.is_adapted(model) and not adapter.is_adapted(base)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    # every default projection of every layer got an A and a B
+    layers = base.config.num_hidden_layers
+    assert len(trainable) == 2 * 7 * layers
+    count, total = adapter.trainable_parameters(model)
+    assert 0 < count < total / 10
+    with torch.no_grad():
+        got, _ = plain_logprobs(model, _segments(), 0.7, PAD)
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_both_paths_agree_with_the_adapter_on_and_off_is_the_base(base_dir: Path) -> None:
+    base = load_model(str(base_dir)).eval()
+    model = adapter.attach(load_model(str(base_dir)), LORA).eval()
+    _nudge(model)
+    assert supports_shared_prompt(model)  # the fast path reaches the decoder through peft
+    with torch.no_grad():
+        fast, _ = shared_prompt_logprobs(model, _segments(), 0.7, PAD)
+        plain, mask = plain_logprobs(model, _segments(), 0.7, PAD)
+        untouched, _ = plain_logprobs(base, _segments(), 0.7, PAD)
+        with adapter.base_only(model):
+            off, _ = shared_prompt_logprobs(model, _segments(), 0.7, PAD)
+        after, _ = plain_logprobs(model, _segments(), 0.7, PAD)
+    assert torch.allclose(fast, plain, atol=1e-5)
+    assert (plain - untouched).abs()[mask == 1].max() > 1e-2  # the adapter does act
+    assert torch.allclose(off, untouched, atol=1e-5)  # the reference: the base exactly
+    assert torch.equal(after, plain)  # switched back on afterwards
+
+
+def test_gradients_reach_only_the_adapter_on_the_fast_path(base_dir: Path) -> None:
+    model = adapter.attach(load_model(str(base_dir)), LORA).train()
+    _nudge(model)
+    logprobs, mask = shared_prompt_logprobs(model, _segments(), 1.0, PAD)
+    (logprobs * mask).sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads and all("lora_" in n for n in grads)
+    assert all(g.abs().sum() > 0 for n, g in grads.items() if "lora_A" in n)
+
+
+def test_unknown_family_and_unmatched_targets_are_clear_errors(base_dir: Path) -> None:
+    model = load_model(str(base_dir))
+    model.config.model_type = "mystery"
+    with pytest.raises(adapter.AdapterError, match="no default LoRA targets for model type"):
+        adapter.attach(model, LORA)
+    wrong = AdapterConfig(kind="lora", target_modules=["no_such_proj"])
+    with pytest.raises(adapter.AdapterError, match="no_such_proj"):
+        adapter.attach(load_model(str(base_dir)), wrong)
+
+
+def test_an_adapter_with_the_vllm_backend_is_a_config_error() -> None:
+    from pydantic import ValidationError
+
+    from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig
+
+    with pytest.raises(ValidationError, match=r"generation\.backend: transformers only"):
+        NodeConfig(generation=GenerationConfig(backend="vllm"), grpo=GRPOConfig(adapter=LORA))
+    assert NodeConfig(grpo=GRPOConfig(adapter=LORA)).grpo.adapter.enabled
+
+
+def test_the_merged_model_is_the_adapted_function_without_peft(base_dir: Path) -> None:
+    """What MLflow logs for an adapter node (flows/tracking.py): plain weights."""
+    model = adapter.attach(load_model(str(base_dir)), LORA).eval()
+    _nudge(model)
+    plain = adapter.merged(model)
+    assert not adapter.is_adapted(plain) and adapter.is_adapted(model)
+    with torch.no_grad():
+        want, _ = plain_logprobs(model, _segments(), 0.7, PAD)
+        got, _ = plain_logprobs(plain, _segments(), 0.7, PAD)
+    assert torch.allclose(got, want, atol=1e-5)
