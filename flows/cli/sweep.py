@@ -51,6 +51,9 @@ def experiment(
         exp = load_experiment(config, overrides or [])
     except ConfigError as exc:
         raise fail(f"bad experiment configuration: {exc}") from exc
+    if records is not None and records.exists() and not records.is_dir():
+        # Found now, not when the first run of many hours tries to write its record.
+        raise fail(f"--records {records}: not a folder")
     print(format_plan(exp, None if records is None else records.resolve()))
     if dry_run:
         return

@@ -215,3 +215,19 @@ def test_listed_nodes_keep_their_own_seeds_shifted_and_bad_seed_lists_are_refuse
     with pytest.raises(ValidationError, match="baseline"):
         make(baseline="9/9")
     assert make(baseline="2/2").baseline_label() == "2/2"
+
+
+def test_records_must_be_a_folder_and_a_recorded_run_counts_as_done(tmp_path: Path) -> None:
+    path = EXAMPLES / "paper-cpu.yaml"
+    not_a_folder = tmp_path / "records"
+    not_a_folder.write_text("x")
+    args = ["experiment", "-c", str(path), "--dry-run", "--records", str(not_a_folder)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "not a folder" in result.output
+    exp = load_experiment(path)
+    first = exp.swarm_id(*exp.runs()[0])
+    folder = tmp_path / "kept" / first
+    folder.mkdir(parents=True)
+    (folder / "record.json").write_text("{}")
+    done = {r["swarm_id"]: r["done"] for r in plan(exp, tmp_path / "kept")}
+    assert done[first] is True and not any(v for k, v in done.items() if k != first)
