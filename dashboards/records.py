@@ -16,7 +16,7 @@ the file, never a silently smaller table.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -24,8 +24,8 @@ import polars as pl
 from polars.datatypes import DataTypeClass
 
 import dashboards
-from dashboards.replicates import Query, node_rounds, runs_frame
 
+Query = Callable[[str], pl.DataFrame]  # ledger SQL -> rows (Ledger.query)
 RECORD_VERSION = 1
 Schema = dict[str, DataTypeClass | pl.DataType]
 MANIFEST = "record.json"
@@ -64,7 +64,7 @@ class RecordError(ValueError):
 class RunRecords:
     """Every table the statistics read, for one run or many (a `swarm_id` column each)."""
 
-    node_rounds: pl.DataFrame  # per run, node and round (dashboards.replicates.node_rounds)
+    node_rounds: pl.DataFrame  # per run, node and round (node_rounds below)
     discoveries: pl.DataFrame  # per run, node and task: first rewarded round
     models: pl.DataFrame  # per run and node: the model its manifest declares
     peer_groups: pl.DataFrame  # per run, node and round: peers' groups it trained on
@@ -101,6 +101,48 @@ def _conform(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
         (pl.col(c) if c in frame.columns else pl.lit(None)).cast(t).alias(c)
         for c, t in schema.items()
     )
+
+
+def runs_frame(replicates: dict[str, tuple[str, int]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [(s, c, seed) for s, (c, seed) in replicates.items()],
+        schema={"swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64},
+        orient="row",
+    )
+
+
+def node_rounds(
+    query: Query, runs: pl.DataFrame, update_seconds: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """Per run, node and round: own reward, training reward, held-out accuracy where
+    evaluated, the informative groups trained (own and from peers), and compute: tokens
+    generated and trained on, and (from ``update_seconds``, MLflow's ``seconds_update``
+    per swarm_id, node_id and node_round, when given) the update's seconds."""
+    keys = ["swarm_id", "node_id", "node_round"]
+    rewards = query(dashboards.query("reward_per_node_round")).select(
+        *keys, "claimed_reward", "tokens_generated"
+    )
+    trained = query(dashboards.query("training_compute")).select(
+        *keys, "training_reward", "tokens_trained"
+    )
+    accuracy = query(dashboards.query("heldout_accuracy")).select(*keys, "accuracy")
+    informative = query(dashboards.query("informative_groups")).select(
+        *keys, "informative_trained", "informative_local", "informative_external"
+    )
+    # Full joins first (the final evaluation sits one round past the last training round,
+    # with no reward row), then the run's labels onto every row.
+    measured = (
+        rewards.join(informative, on=keys, how="left")
+        .join(trained, on=keys, how="left")
+        .join(accuracy, on=keys, how="full", coalesce=True)
+    )
+    seconds = update_seconds.select(*keys, "seconds_update") if update_seconds is not None else None
+    if seconds is not None:
+        measured = measured.join(seconds, on=keys, how="left")
+    else:
+        measured = measured.with_columns(pl.lit(None, pl.Float64).alias("seconds_update"))
+    frame = runs.join(measured, on="swarm_id", how="inner")
+    return frame.sort(["configuration", "seed", "node_id", "node_round"])
 
 
 def records_from_ledger(

@@ -22,20 +22,14 @@ so they are not independent samples (dashboards/statistics.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import polars as pl
 
-import dashboards
+from dashboards.records import Query, RunRecords, records_from_ledger
 from dashboards.statistics import paired_gains, per_configuration
 
-if TYPE_CHECKING:
-    from dashboards.records import RunRecords
-
-Query = Callable[[str], pl.DataFrame]
 METRICS = ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy")
 COMPUTE = ("tokens_generated", "tokens_trained", "update_seconds")  # per run, summed
 DESCRIBED = (*METRICS, "oscillation", *COMPUTE)  # intervals per configuration; gains: METRICS
@@ -50,48 +44,6 @@ class ReplicateTables:
     mechanism: pl.DataFrame  # per configuration: informative groups, discoveries, spread
     discoveries: pl.DataFrame  # per run, node and task
     heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
-
-
-def runs_frame(replicates: dict[str, tuple[str, int]]) -> pl.DataFrame:
-    return pl.DataFrame(
-        [(s, c, seed) for s, (c, seed) in replicates.items()],
-        schema={"swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64},
-        orient="row",
-    )
-
-
-def node_rounds(
-    query: Query, runs: pl.DataFrame, update_seconds: pl.DataFrame | None = None
-) -> pl.DataFrame:
-    """Per run, node and round: own reward, training reward, held-out accuracy where
-    evaluated, the informative groups trained (own and from peers), and compute: tokens
-    generated and trained on, and (from ``update_seconds``, MLflow's ``seconds_update``
-    per swarm_id, node_id and node_round, when given) the update's seconds."""
-    keys = ["swarm_id", "node_id", "node_round"]
-    rewards = query(dashboards.query("reward_per_node_round")).select(
-        *keys, "claimed_reward", "tokens_generated"
-    )
-    trained = query(dashboards.query("training_compute")).select(
-        *keys, "training_reward", "tokens_trained"
-    )
-    accuracy = query(dashboards.query("heldout_accuracy")).select(*keys, "accuracy")
-    informative = query(dashboards.query("informative_groups")).select(
-        *keys, "informative_trained", "informative_local", "informative_external"
-    )
-    # Full joins first (the final evaluation sits one round past the last training round,
-    # with no reward row), then the run's labels onto every row.
-    measured = (
-        rewards.join(informative, on=keys, how="left")
-        .join(trained, on=keys, how="left")
-        .join(accuracy, on=keys, how="full", coalesce=True)
-    )
-    seconds = update_seconds.select(*keys, "seconds_update") if update_seconds is not None else None
-    if seconds is not None:
-        measured = measured.join(seconds, on=keys, how="left")
-    else:
-        measured = measured.with_columns(pl.lit(None, pl.Float64).alias("seconds_update"))
-    frame = runs.join(measured, on="swarm_id", how="inner")
-    return frame.sort(["configuration", "seed", "node_id", "node_round"])
 
 
 def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl.DataFrame:
@@ -205,8 +157,6 @@ def replicate_tables(
 ) -> ReplicateTables:
     """Everything the experiment's statistics need, from ledger SQL (`Ledger.query`), and
     the update's seconds from MLflow when given (see `node_rounds`)."""
-    from dashboards.records import records_from_ledger
-
     records = records_from_ledger(query, replicates, update_seconds=update_seconds)
     return tables_from_records(records, baseline=baseline, rounds=rounds, nodes=nodes)
 
