@@ -7,6 +7,7 @@ so the reward of round r is the policy's score on unseen questions.
 
     python benchmarks/learning.py --rounds 30
     python benchmarks/learning.py --rounds 3 --completions 4 --max-new-tokens 128  # peers' workload
+    python benchmarks/learning.py --rounds 8 --adapter-rank 16 --lr 1e-4  # a LoRA adapter
 """
 
 from __future__ import annotations
@@ -54,17 +55,24 @@ def node_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 "micro_batch_tokens": args.micro_batch_tokens,
                 "loss_type": args.loss_type,
                 "drop_zero_variance": not args.keep_zero_variance,
+                "adapter": adapter_section(args.adapter_rank),
             },
         }
     )
+
+
+def adapter_section(rank: int) -> dict[str, object]:
+    """No adapter at rank 0; else LoRA of that rank with alpha = 2 rank (the scale alpha / r
+    of the default, 32 / 16, at every rank)."""
+    return {"kind": "none"} if rank == 0 else {"kind": "lora", "rank": rank, "alpha": 2 * rank}
 
 
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def parser(doc: str | None = __doc__) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--completions", type=int, default=8)
@@ -85,21 +93,18 @@ def main() -> None:
     p.add_argument("--prefill", default="")
     p.add_argument("--system-prompt", default="Answer with the final number.")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--adapter-rank", type=int, default=0, help="train a LoRA adapter of this rank (0: none)"
+    )
     p.add_argument("--json", type=Path, help="also write the rounds here")
-    args = p.parse_args()
-    apply_offline_defaults()
+    return p
 
-    import torch
 
-    from sapo_core.learner import Learner
-
-    torch.set_num_threads(torch.get_num_threads())
-    started = time.perf_counter()
-    learner = Learner(node_config(args))
-    print(f"model loaded in {time.perf_counter() - started:.1f}s; config: {vars(args)}")
+def run_rounds(learner, rounds: int) -> list[dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Generate and train ``rounds`` rounds, printing a line each; the rows."""
     print("round  reward  gen_s  update_s  round_s  gen_tok  zero_var  clip   peak_GB")
     rows = []
-    for r in range(args.rounds):
+    for r in range(rounds):
         t0 = time.perf_counter()
         generated = learner.generate(r)
         report = learner.train(r, generated.groups)
@@ -122,6 +127,22 @@ def main() -> None:
             f"{row['clip_fraction']:.3f}  {row['peak_rss_gb']:7.2f}",
             flush=True,
         )
+    return rows
+
+
+def main() -> None:
+    args = parser().parse_args()
+    apply_offline_defaults()
+
+    import torch
+
+    from sapo_core.learner import Learner
+
+    torch.set_num_threads(torch.get_num_threads())
+    started = time.perf_counter()
+    learner = Learner(node_config(args))
+    print(f"model loaded in {time.perf_counter() - started:.1f}s; config: {vars(args)}")
+    rows = run_rounds(learner, args.rounds)
     rewards = [r["reward"] for r in rows]
     k = max(1, len(rewards) // 3)
     first, last = statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])

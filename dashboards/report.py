@@ -214,6 +214,7 @@ def node_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
             sharing(r) + _revised(r),
             _fmt(r["policy"], ""),
             _fmt(r["model_id"], "")
+            + (f" + {r['adapter']}" if r.get("adapter") else "")
             + (f" ({r['prompt_format']})" if r.get("prompt_format") else ""),
             str(r["rounds"]),
             _fmt(r["cumulative_claimed_reward"], ".2f"),

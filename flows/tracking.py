@@ -12,6 +12,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from importlib.metadata import version as _version
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -175,10 +176,13 @@ class Tracker:
         logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)
         from sapo_core.policy import adapter
 
-        if adapter.is_adapted(model):
-            # The flavor's own PEFT saving loses the base weights of a local base model:
-            # log the merged weights, which load anywhere without peft.
-            model = adapter.merged(model)
+        # An adapted model is logged as its adapter (megabytes) with the tokenizer, naming
+        # the local directory of its frozen base: the flavor loads that base and applies the
+        # adapter (a peft model in the pipeline); the adapter's own config names the base
+        # model's id, for `peft` anywhere.
+        base = (
+            {"base_model_path": adapter.base_directory(model)} if adapter.is_adapted(model) else {}
+        )
         with tempfile.TemporaryDirectory(dir=scratch, prefix=".mlflow-model-") as tmp:
             saved = Path(tmp) / "model"
             # Requirements named here: inferring them imports every optional module
@@ -190,7 +194,9 @@ class Tracker:
                 pip_requirements=[
                     f"torch=={torch.__version__.split('+')[0]}",
                     f"transformers=={transformers.__version__}",
+                    *([f"peft=={_version('peft')}"] if base else []),
                 ],
+                **base,
             )
             logged = self.log_artifacts(run_id, str(saved), path)
         if logged is not None:

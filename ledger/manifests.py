@@ -35,7 +35,7 @@ every file would otherwise be typed JSON)::
         columns = {swarm_id: 'VARCHAR', node_id: 'VARCHAR', experiment: 'VARCHAR',
                    local_groups: 'INTEGER', external_groups: 'INTEGER', policy: 'VARCHAR',
                    policy_params: 'VARCHAR', model_id: 'VARCHAR', prompt_format: 'VARCHAR',
-                   seed: 'BIGINT',
+                   adapter: 'VARCHAR', seed: 'BIGINT',
                    written_at: 'TIMESTAMPTZ', schema_version: 'INTEGER'})
     QUALIFY row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at) = 1;
 
@@ -129,6 +129,13 @@ class NodeManifest(BaseModel):
         description="How the node prompted its model: its tokenizer's chat template, or plain "
         "text for a base model (sapo_core/prompts.py); None in manifests written before it.",
     )
+    adapter: str | None = Field(
+        None,
+        max_length=32,
+        pattern=r"^[a-z]+-r[0-9]{1,4}$",
+        description="What the node trained on its model: an adapter (`lora-r16`: LoRA of "
+        "rank 16, sapo_core/policy/adapter.py); None: every weight.",
+    )
     seed: int = Field(ge=-MAX_SEED, le=MAX_SEED, description="The node's seed.")
     written_at: datetime = Field(description="When the node first wrote this manifest (UTC).")
     schema_version: int = Field(
@@ -182,6 +189,7 @@ class NodeManifest(BaseModel):
         model_id: str,
         seed: int,
         prompt_format: Literal["chat", "plain"] | None = None,
+        adapter: str | None = None,
         written_at: datetime | None = None,
     ) -> NodeManifest:
         """The manifest of a starting node; ``policy`` is a sampling policy model (the
@@ -197,14 +205,17 @@ class NodeManifest(BaseModel):
             policy_params=json.dumps(params, sort_keys=True),
             model_id=model_id,
             prompt_format=prompt_format,
+            adapter=adapter,
             seed=seed,
             written_at=written_at or datetime.now(UTC),
         )
 
     def identity(self) -> str:
         """Digest of every field but ``written_at``: equal configurations, equal keys. An
-        unset ``prompt_format`` is left out, so manifests written before it keep their keys."""
-        left_out = {"written_at"} | ({"prompt_format"} if self.prompt_format is None else set())
+        unset ``prompt_format`` or ``adapter`` is left out, so manifests written before
+        them keep their keys."""
+        unset = {name for name in ("prompt_format", "adapter") if getattr(self, name) is None}
+        left_out = {"written_at"} | unset
         fields = self.model_dump(mode="json", exclude=left_out)
         return digest([json.dumps(fields, sort_keys=True)])
 
@@ -283,6 +294,7 @@ TABLE_COLUMNS: Final = (
     ("policy_params", pa.string(), "VARCHAR"),
     ("model_id", pa.string(), "VARCHAR"),
     ("prompt_format", pa.string(), "VARCHAR"),
+    ("adapter", pa.string(), "VARCHAR"),
     ("seed", pa.int64(), "BIGINT"),
     ("written_at", pa.timestamp("us", tz="UTC"), "TIMESTAMPTZ"),
     ("schema_version", pa.int32(), "INTEGER"),

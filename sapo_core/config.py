@@ -190,6 +190,12 @@ class VLLMConfig(Strict):
     reply_timeout_s: float = Field(
         1800.0, gt=0.0, description="Longest a call of the engine may take before it is killed."
     )
+    adapter_sync: Literal["lora", "merged"] = Field(
+        "lora",
+        description="How a LoRA node's policy reaches the engine: `lora`, the engine serves "
+        "the base with the adapter (megabytes written per update); `merged`, the adapter "
+        "folded into a copy of the weights, written whole (benchmarks/adapters.py).",
+    )
 
 
 class GenerationConfig(Strict):
@@ -251,6 +257,11 @@ class AdapterConfig(Strict):
     @property
     def enabled(self) -> bool:
         return self.kind != "none"
+
+    def label(self) -> str | None:
+        """What a manifest, an MLflow tag and a report say the node trained: `lora-r16`;
+        None for full fine-tuning."""
+        return f"{self.kind}-r{self.rank}" if self.enabled else None
 
 
 class GRPOConfig(Strict):
@@ -377,12 +388,6 @@ class NodeConfig(Strict):
             raise ValueError(
                 f"questions_per_round ({self.questions_per_round}) is below local_groups "
                 f"({self.local_groups}): a node cannot train on more own groups than it made"
-            )
-        if self.grpo.adapter.enabled and self.generation.backend == "vllm":
-            # vLLM loads weights from a folder; an adapter checkpoint holds the adapter alone.
-            raise ValueError(
-                "grpo.adapter.kind: lora runs with generation.backend: transformers only, "
-                "for now (the vLLM backend does not yet take an adapter)"
             )
         return self
 

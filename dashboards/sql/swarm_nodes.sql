@@ -1,5 +1,5 @@
 -- One row per node of every swarm: what its manifest declares (experiment, I, J, sampling
--- policy, model; NULL for a node without a manifest), the rounds it published, its
+-- policy, model, prompt format, adapter; NULL for a node without a manifest), the rounds it published, its
 -- cumulative_claimed_reward (the sum of its claimed_reward per round), the share of its groups whose
 -- rewards all agree, and how many groups it drew from how many peers (sample log).
 -- `manifest_revisions` > 1: the node was resumed with another configuration (the first
@@ -37,6 +37,7 @@ SELECT
     m.policy,
     m.model_id,
     m.prompt_format,
+    m.adapter,
     m.revisions                  AS manifest_revisions,
     p.rounds,
     p.cumulative_claimed_reward,

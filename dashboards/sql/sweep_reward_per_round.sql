@@ -14,11 +14,12 @@
 --       columns = {swarm_id: 'VARCHAR', node_id: 'VARCHAR', experiment: 'VARCHAR',
 --                  local_groups: 'INTEGER', external_groups: 'INTEGER', policy: 'VARCHAR',
 --                  policy_params: 'VARCHAR', model_id: 'VARCHAR', prompt_format: 'VARCHAR',
---                  seed: 'BIGINT', written_at: 'TIMESTAMPTZ', schema_version: 'INTEGER'})
+--                  adapter: 'VARCHAR', seed: 'BIGINT', written_at: 'TIMESTAMPTZ', schema_version: 'INTEGER'})
 --   QUALIFY row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at) = 1;
 -- (on a ledger without any manifest: CREATE TABLE manifests (swarm_id VARCHAR,
 --  node_id VARCHAR, experiment VARCHAR, local_groups INTEGER, external_groups INTEGER,
---  policy VARCHAR, model_id VARCHAR, prompt_format VARCHAR, revisions BIGINT)).
+--  policy VARCHAR, model_id VARCHAR, prompt_format VARCHAR, adapter VARCHAR,
+--  revisions BIGINT)).
 WITH per_round AS (
     SELECT swarm_id, node_id, node_round, avg(reward) AS claimed_reward, count(*) AS completions
     FROM rollouts

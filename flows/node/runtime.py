@@ -225,8 +225,8 @@ def open_node(
 def manifest(
     swarm: SwarmConfig, spec: NodeSpec, prompt_format: Literal["chat", "plain"] | None = None
 ) -> NodeManifest:
-    """What the node publishes about itself: the report reads I, J, policy, model and
-    prompt format from it."""
+    """What the node publishes about itself: the report reads I, J, policy, model,
+    prompt format and adapter from it."""
     node = spec.node
     return NodeManifest.for_node(
         swarm_id=swarm.swarm_id,
@@ -237,6 +237,7 @@ def manifest(
         policy=spec.sampling,
         model_id=node.model,
         prompt_format=prompt_format,
+        adapter=node.grpo.adapter.label(),
         seed=node.seed,
     )
 
@@ -285,7 +286,10 @@ def open_node_run(
     if run_id is None:
         return None
     extra = sharing_tags(node.local_groups, node.external_groups, spec.sampling.kind)
-    tracker.set_tags(
-        run_id, {**extra, "sapo.model": node.model, "sapo.prompt_format": prompt_format}
-    )
+    model_tags = {
+        "sapo.model": node.model,
+        "sapo.prompt_format": prompt_format,
+        "sapo.adapter": node.grpo.adapter.label() or "none",
+    }
+    tracker.set_tags(run_id, {**extra, **model_tags})
     return NodeRun(tracker, run_id)

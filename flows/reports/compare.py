@@ -31,6 +31,7 @@ NODE_SCHEMA: dict[str, Any] = {
     "policy": pl.String,
     "model": pl.String,
     "prompt_format": pl.String,
+    "adapter": pl.String,
     "rounds": pl.Int64,
     **{name: pl.Float64 for name in COMPARED},
     "logged_model": pl.String,
@@ -49,7 +50,8 @@ class Comparison:
 def node_rows(runs: list[Any], experiments: dict[str, str], rounds: dict[str, int]) -> pl.DataFrame:
     """MLflow runs (``mlflow.entities.Run``) of nodes as rows; ``experiments``: id -> name;
     ``rounds``: run id -> rounds logged. `model` is what the node ran (its configured model:
-    a hub id, a path or a bundled name) and `prompt_format` how it prompted it;
+    a hub id, a path or a bundled name), `prompt_format` how it prompted it and `adapter`
+    what it trained on it (`lora-r16`; `none`: every weight; null: a run from before);
     `logged_model` is the artifact path of the run's newest logged model (null: none)."""
     rows = []
     for run in runs:
@@ -63,6 +65,7 @@ def node_rows(runs: list[Any], experiments: dict[str, str], rounds: dict[str, in
                 "policy": tags.get("sapo.sampling_policy", ""),
                 "model": tags.get("sapo.model"),
                 "prompt_format": tags.get("sapo.prompt_format"),
+                "adapter": tags.get("sapo.adapter"),
                 "rounds": rounds.get(run.info.run_id),
                 **{name: metrics.get(name) for name in COMPARED},
                 "logged_model": tags.get(MODEL_PATH_TAG),

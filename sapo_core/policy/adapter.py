@@ -90,6 +90,24 @@ def merged(model: Any) -> Any:
     return copy.deepcopy(model).merge_and_unload()
 
 
+def base_directory(model: Any) -> str:
+    """The local directory holding the adapted model's base weights: where it was loaded
+    from (a path, a bundled model), or the Hub cache's snapshot of its id."""
+    from pathlib import Path
+
+    name = str(model.get_base_model().name_or_path)
+    if (Path(name) / "config.json").is_file():
+        return name
+    from huggingface_hub import snapshot_download
+
+    return str(snapshot_download(name, local_files_only=True))
+
+
+def rank(model: Any) -> int:
+    """The adapter's LoRA rank."""
+    return int(model.peft_config["default"].r)
+
+
 def is_adapted(model: Any) -> bool:
     from peft import PeftModel
 
@@ -114,10 +132,12 @@ __all__ = [
     "DEFAULT_TARGETS",
     "AdapterError",
     "attach",
+    "base_directory",
     "base_only",
     "is_adapted",
     "load",
     "merged",
+    "rank",
     "target_modules",
     "trainable_parameters",
 ]

@@ -10,6 +10,12 @@ recorded with the rollouts but never divided by: the update recomputes the behav
 log-probs with the training forward (as for reduced-precision generation), so GRPO's ratio
 is the trainer's own and starts at 1.
 
+A LoRA node (sapo_core/policy/adapter.py) reaches the engine one of two ways
+(``generation.vllm.adapter_sync``): `lora`, the engine serves the frozen base (linked from
+where it lies, never copied) with the adapter, and an update writes the adapter alone
+(megabytes) for the engine to load as a new LoRA; `merged`, the adapter is folded into a
+copy of the weights, which are written and reloaded whole as for full fine-tuning.
+
 A worker that dies is started again once per call, with the current weights, and the call
 repeated; a second death is an error naming the worker's last words. It never hangs a
 node: each reply is awaited while the worker lives, and at most ``reply_timeout_s``.
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sapo_core.config import GenerationConfig, VLLMConfig
+from sapo_core.policy import adapter as adapters
 from sapo_core.policy.backend import Completion, ProgressCallback, Prompt, stop_text_end
 from sapo_core.policy.bundled import cache_dir
 from sapo_core.policy.hf_backend import stop_token_ids
@@ -45,6 +52,19 @@ def default_env() -> Path:
     """Where `sapo vllm install` makes the vLLM environment: ``$SAPO_CACHE/vllm`` (default
     ~/.cache/sapo/vllm), whose Python is ``generation.vllm.python``'s default."""
     return cache_dir() / "vllm"
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM's engine can be sized for (its `max_lora_rank`)."""
+ADAPTER = "adapter"  # the adapter's folder, beside the engine's model files
+
+
+def engine_lora_rank(rank: int) -> int:
+    """The smallest rank the engine takes that holds an adapter of ``rank``."""
+    for fits in VLLM_LORA_RANKS:
+        if fits >= rank:
+            return fits
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest, {VLLM_LORA_RANKS[-1]}")
 
 
 INSTALL_HINT = "run `sapo vllm install` (CPU) or `sapo vllm install --gpu` (CUDA)"
@@ -95,6 +115,9 @@ class VLLMBackend:
         self.config = generation.vllm
         self.python = worker_python(self.config)
         self.stop_ids = sorted(stop_token_ids(policy.tokenizer, policy.model))
+        self.serves_adapter = (
+            adapters.is_adapted(policy.model) and self.config.adapter_sync == "lora"
+        )
         self._proc: subprocess.Popen[str] | None = None
         self._replies: queue.Queue[str | None] = queue.Queue()
         self._stale = True  # the engine does not hold the policy's current weights
@@ -193,9 +216,11 @@ class VLLMBackend:
         self._replies = queue.Queue()
         assert self._proc.stdout is not None
         threading.Thread(target=_pump, args=(self._proc.stdout, self._replies), daemon=True).start()
+        rank = adapters.rank(self.policy.model) if self.serves_adapter else None
         started = self._call(
             {
                 "op": "start",
+                "lora_rank": engine_lora_rank(rank) if rank else None,
                 "model": str(self._folder),
                 "dtype": self.config.dtype,
                 "seed": 0,
@@ -206,19 +231,33 @@ class VLLMBackend:
             }
         )
         log.info("vLLM engine ready in %.1f s", started["seconds"])
-        self._stale = False  # it loaded the weights just written
+        # It loaded the weights just written; an engine serving an adapter has the base alone.
+        self._stale = self.serves_adapter
 
     def _sync_weights(self) -> None:
-        self._write_weights(with_tokenizer=False)
-        self._call({"op": "load", "path": str(self._folder)})
+        if self.serves_adapter:
+            self.policy.model.save_pretrained(self._folder / ADAPTER)  # the adapter alone
+            self._call({"op": "load_adapter", "path": str(self._folder / ADAPTER)})
+        else:
+            self._write_weights(with_tokenizer=False)
+            self._call({"op": "load", "path": str(self._folder)})
         self._stale = False
 
     def _write_weights(self, *, with_tokenizer: bool) -> None:
         """The policy as a model folder vLLM reads (config and weights; the tokenizer too when
-        the engine starts on it)."""
+        the engine starts on it). For an engine serving an adapter: the base's files, linked."""
         model = self.policy.model
         if with_tokenizer:
             self.policy.tokenizer.save_pretrained(self._folder)
+        if self.serves_adapter:
+            base = Path(adapters.base_directory(model))
+            for source in base.iterdir():
+                target = self._folder / source.name
+                if source.is_file() and not target.exists():
+                    target.symlink_to(source.resolve())
+            return
+        if adapters.is_adapted(model):
+            model = adapters.merged(model)  # a copy for the write; the adapter trains on
         # save_pretrained writes tied weights once and in the names vLLM's loaders expect
         model.save_pretrained(self._folder, safe_serialization=True)
 

@@ -57,6 +57,8 @@ def _refresh_cpu_gemms(worker: Any) -> list[str]:
 class Worker:
     def __init__(self) -> None:
         self.llm: Any = None
+        self.lora: Any = None  # the LoRARequest every generation applies (None: no adapter)
+        self.adapters_loaded = 0
 
     def start(self, msg: dict[str, Any]) -> dict[str, Any]:
         # Generation runs in this process: weights are reloaded in place by a method call,
@@ -79,6 +81,8 @@ class Worker:
             kwargs["kv_cache_memory_bytes"] = int(msg["kv_cache_bytes"])
         if msg.get("gpu_memory_utilization"):
             kwargs["gpu_memory_utilization"] = float(msg["gpu_memory_utilization"])
+        if msg.get("lora_rank"):  # the node trains an adapter: one at a time, of this rank
+            kwargs.update(enable_lora=True, max_lora_rank=int(msg["lora_rank"]), max_loras=1)
         self.llm = LLM(**kwargs)
         return {"seconds": time.perf_counter() - began}
 
@@ -90,6 +94,17 @@ class Worker:
         self.llm.collective_rpc(_refresh_cpu_gemms)
         self.llm.reset_prefix_cache()
         return {"seconds": time.perf_counter() - began}
+
+    def load_adapter(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The node's adapter, newly trained: a LoRA of a new id (the engine loads it from
+        ``path`` at the next generation, evicting the last) and a cold prefix cache."""
+        from vllm.lora.request import LoRARequest
+
+        self.adapters_loaded += 1
+        n = self.adapters_loaded
+        self.lora = LoRARequest(f"policy-{n}", n, str(msg["path"]))
+        self.llm.reset_prefix_cache()
+        return {"seconds": 0.0}
 
     def generate(self, msg: dict[str, Any]) -> dict[str, Any]:
         from vllm import SamplingParams
@@ -111,7 +126,7 @@ class Worker:
             for i in range(len(msg["prompts"]))
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in msg["prompts"]]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora)
         completions = []
         for output in outputs:
             group = []
@@ -140,7 +155,12 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     worker = Worker()
-    calls = {"start": worker.start, "load": worker.load, "generate": worker.generate}
+    calls = {
+        "start": worker.start,
+        "load": worker.load,
+        "load_adapter": worker.load_adapter,
+        "generate": worker.generate,
+    }
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg.get("op")

@@ -97,14 +97,17 @@ def test_unknown_family_and_unmatched_targets_are_clear_errors(base_dir: Path) -
         adapter.attach(load_model(str(base_dir)), wrong)
 
 
-def test_an_adapter_with_the_vllm_backend_is_a_config_error() -> None:
+def test_an_adapter_runs_on_either_backend_and_is_labelled_by_its_rank() -> None:
     from pydantic import ValidationError
 
-    from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig
+    from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, VLLMConfig
 
-    with pytest.raises(ValidationError, match=r"generation\.backend: transformers only"):
-        NodeConfig(generation=GenerationConfig(backend="vllm"), grpo=GRPOConfig(adapter=LORA))
-    assert NodeConfig(grpo=GRPOConfig(adapter=LORA)).grpo.adapter.enabled
+    on_vllm = NodeConfig(generation=GenerationConfig(backend="vllm"), grpo=GRPOConfig(adapter=LORA))
+    assert on_vllm.generation.vllm.adapter_sync == "lora"
+    assert on_vllm.grpo.adapter.label() == "lora-r4"
+    assert NodeConfig().grpo.adapter.label() is None
+    with pytest.raises(ValidationError, match="adapter_sync"):
+        VLLMConfig(adapter_sync="copy")  # type: ignore[arg-type]
 
 
 def test_the_merged_model_is_the_adapted_function_without_peft(base_dir: Path) -> None:

@@ -139,22 +139,29 @@ def test_plain_duckdb_reads_manifests_as_the_docstring_says(local_site: LedgerSi
     assert rows == [{**m.model_dump(), "revisions": 1} for m in written]
 
 
-def test_the_prompt_format_is_recorded_and_older_manifests_keep_their_keys(
-    local_site: LedgerSite,
+@pytest.mark.parametrize(
+    ("field", "first", "second", "bad"),
+    [
+        ("prompt_format", "plain", "chat", "markdown"),
+        ("adapter", "lora-r16", "lora-r8", "lora rank 8; DROP TABLE"),
+    ],
+)
+def test_a_field_added_later_is_recorded_and_older_manifests_keep_their_keys(
+    local_site: LedgerSite, field: str, first: str, second: str, bad: str
 ) -> None:
-    plain, chat, older = (
-        manifest("node-0", prompt_format="plain"),
-        manifest("node-1", prompt_format="chat"),
+    one, two, older = (
+        manifest("node-0", **{field: first}),
+        manifest("node-1", **{field: second}),
         manifest("node-2"),
     )
     # A manifest written before the field existed: its key's digest left the field out.
-    body = {k: v for k, v in json.loads(older.model_dump_json()).items() if k != "prompt_format"}
+    body = {k: v for k, v in json.loads(older.model_dump_json()).items() if k != field}
     assert mf.parse(mf.manifest_key(older), json.dumps(body).encode()) == older
-    assert mf.manifest_key(plain) != mf.manifest_key(manifest("node-0"))
+    assert mf.manifest_key(one) != mf.manifest_key(manifest("node-0"))
     with local_site.open() as led:
-        for m in (plain, chat, older):
+        for m in (one, two, older):
             led.write_manifest(m)
-        rows = led.query("SELECT node_id, prompt_format FROM manifests ORDER BY node_id").rows()
-    assert rows == [("node-0", "plain"), ("node-1", "chat"), ("node-2", None)]
+        rows = led.query(f"SELECT node_id, {field} FROM manifests ORDER BY node_id").rows()
+    assert rows == [("node-0", first), ("node-1", second), ("node-2", None)]
     with pytest.raises(ValueError):
-        manifest("node-3", prompt_format="markdown")
+        manifest("node-3", **{field: bad})

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flows.tracking import open_tracker
+from flows.tracking import Tracker, open_tracker
 from tests.tiny_models import build_tiny_model
+
+
+def _node_run(tmp_path: Path) -> tuple[str, Tracker, str]:
+    """A SQLite tracking store with artifacts under tmp_path, and a node's run in it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = open_tracker(uri, "models", str(tmp_path / "artifacts"))
+    run_id = tracker.run("node-0", {"sapo.node_id": "node-0"})
+    assert run_id is not None
+    return uri, tracker, run_id
 
 
 def test_a_logged_and_registered_model_loads_with_both_flavors(tmp_path: Path, caplog) -> None:
@@ -16,10 +25,7 @@ def test_a_logged_and_registered_model_loads_with_both_flavors(tmp_path: Path, c
     checkpoint = build_tiny_model(tmp_path / "tiny")
     model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
     tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = open_tracker(uri, "models", str(tmp_path / "artifacts"))
-    run_id = tracker.run("node-0", {"sapo.node_id": "node-0"})
-    assert run_id is not None
+    uri, tracker, run_id = _node_run(tmp_path)
     tracker.log_model(run_id, model, tokenizer, scratch=tmp_path)
     hub_noise = [r for r in caplog.records if r.name == "mlflow.transformers"]
     assert hub_noise == []  # no model card or licence warnings for a local model
@@ -74,3 +80,56 @@ def test_a_continued_node_logs_beside_its_earlier_model_and_registered_versions_
     for name, tensor in before.items():
         assert old[name].equal(tensor), name
         assert not new[name].equal(tensor) or tensor.numel() == 0, name
+
+
+def test_an_adapter_node_logs_its_adapter_which_loads_on_its_base_into_a_pipeline(
+    tmp_path: Path,
+) -> None:
+    """A LoRA node's model is logged as its adapter and tokenizer, naming its base: the
+    registered version loads (flavor and pyfunc) as the adapted model, without a copy of
+    the base weights in the store."""
+    import mlflow
+    import torch
+    import transformers
+
+    from sapo_core.config import AdapterConfig
+    from sapo_core.policy import adapter
+
+    checkpoint = build_tiny_model(tmp_path / "tiny")
+    model = adapter.attach(
+        transformers.AutoModelForCausalLM.from_pretrained(checkpoint),
+        AdapterConfig(kind="lora", rank=4, alpha=8),
+    ).eval()
+    with torch.no_grad():  # a trained adapter: B != 0
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    uri, tracker, run_id = _node_run(tmp_path)
+    tracker.log_model(run_id, model, tokenizer, scratch=tmp_path)
+    version = tracker.register("tiny-lora", run_id)
+
+    stored = [p for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
+    weights = [p.relative_to(tmp_path / "artifacts").as_posix() for p in stored]
+    assert [w for w in weights if w.endswith(".safetensors")] == [
+        f"{run_id}/artifacts/model/peft/adapter_model.safetensors"
+    ]  # the adapter alone: the base weights stay where they are
+    base_bytes = sum(p.stat().st_size for p in Path(checkpoint).glob("*.safetensors"))
+    adapter_bytes = sum(p.stat().st_size for p in stored if p.suffix == ".safetensors")
+    assert adapter_bytes < base_bytes / 4
+
+    mlflow.set_tracking_uri(uri)
+    pipeline = mlflow.transformers.load_model(f"models:/tiny-lora/{version}")
+    assert adapter.is_adapted(pipeline.model)
+    assert adapter.base_directory(pipeline.model) == str(checkpoint)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        got = pipeline.model(input_ids=ids).logits
+        with adapter.base_only(model):
+            base = model(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, base, atol=1e-3)  # the adapter is applied, not dropped
+    generic = mlflow.pyfunc.load_model(f"models:/tiny-lora/{version}")
+    (text,) = generic.predict(["What is 1 + 1?"])
+    assert text.startswith("What is 1 + 1?")

@@ -232,3 +232,69 @@ def test_a_learner_on_vllm_trains_on_its_own_samples_with_the_trainers_logprobs(
         assert not learner.backend._stale
     finally:
         learner.close()
+
+
+def test_the_engine_is_sized_for_the_smallest_lora_rank_that_holds_the_adapter() -> None:
+    from sapo_core.policy.vllm_backend import engine_lora_rank
+
+    assert [engine_lora_rank(r) for r in (1, 4, 8, 9, 16, 17, 512)] == [1, 8, 8, 16, 16, 32, 512]
+    with pytest.raises(ValueError, match="above vLLM's largest"):
+        engine_lora_rank(513)
+
+
+@pytest.mark.slow  # each starts or drives an engine: the slow suite
+@needs_vllm
+@pytest.mark.parametrize("sync", ["lora", "merged"])
+def test_an_adapter_node_samples_its_adapted_policy_before_and_after_an_update(
+    tiny_dir: Path, sync: str
+) -> None:
+    """The engine's log-probs are the adapted model's (the trainer's, with the adapter on),
+    and move with the adapter after an update, whether it serves the adapter or the merged
+    weights; the base's files are linked, never copied, when it serves the adapter."""
+    from sapo_core.config import AdapterConfig
+    from sapo_core.policy import adapter
+    from sapo_core.policy.loading import load_policy
+
+    policy = load_policy(str(tiny_dir))
+    policy.model = adapter.attach(policy.model, AdapterConfig(kind="lora", rank=4, alpha=8))
+
+    def nudge(seed: int) -> None:  # a trained adapter: B != 0
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.3, generator=torch.Generator().manual_seed(seed))
+
+    nudge(0)
+    generation = GenerationConfig(
+        backend="vllm", completions_per_question=3, max_new_tokens=12, batch_size=8,
+        vllm=VLLMConfig(
+            python=str(PYTHON), max_model_len=256, dtype="float32", adapter_sync=sync
+        ),
+    )  # fmt: skip
+    backend = VLLMBackend(policy, generation)
+    prompt = _prompts(policy)[0]
+    try:
+        assert backend.serves_adapter == (sync == "lora")
+        seen = []
+        for update in (1, 2):
+            (group,) = backend.generate([prompt], generation, seed=21)
+            trainer = _trainer_logprobs(policy, prompt, group)
+            for completion, mine in zip(group, trainer, strict=True):
+                assert completion.logprobs == pytest.approx(mine, abs=2e-3)
+            with adapter.base_only(policy.model):
+                base = _trainer_logprobs(policy, prompt, group)
+            pairs = zip(trainer, base, strict=True)
+            moved = [abs(a - b) for x, y in pairs for a, b in zip(x, y, strict=True)]
+            assert max(moved) > 1e-2  # the adapter is applied
+            seen.append([c.token_ids for c in group])
+            nudge(update)
+            backend.weights_changed()
+        assert seen[0] != seen[1]
+        weights = sorted(backend._folder.glob("*.safetensors"))
+        if sync == "lora":
+            assert weights and all(w.is_symlink() for w in weights)
+            assert (backend._folder / "adapter" / "adapter_model.safetensors").is_file()
+        else:
+            assert weights and not any(w.is_symlink() for w in weights)
+    finally:
+        backend.close()
