@@ -17,6 +17,7 @@ Thinking Machines 2025). Time it only on an idle machine: the load is printed fi
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -45,8 +46,20 @@ def rank_of(variant: str) -> int:
     raise SystemExit(f"unknown variant {variant!r}: full or lora-rN")
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def parse_variants(text: str) -> list[tuple[str, str]]:
+    """``full:1e-5,lora-r8:1e-4`` as (variant, learning rate) pairs, all checked before any
+    runs: a typo is an error now, not after the first variant's minutes."""
+    pairs = []
+    for item in text.split(","):
+        variant, _, lr = item.partition(":")
+        rank_of(variant)
+        try:
+            float(lr)
+        except ValueError:
+            wanted = "a variant and its learning rate, e.g. lora-r8:1e-4"
+            raise SystemExit(f"{item!r}: {wanted}") from None
+        pairs.append((variant, lr))
+    return pairs
 
 
 def measure_one(args) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -54,22 +67,21 @@ def measure_one(args) -> dict[str, object]:  # type: ignore[no-untyped-def]
     import torch
 
     from flows.node import checkpoint
+    from flows.swarm.launcher import disk_usage  # what `sapo swarm` reports at the end
     from flows.tracking import open_tracker
     from sapo_core.learner import Learner
+    from sapo_core.policy.adapter import trainable_parameters
 
     torch.set_num_threads(torch.get_num_threads())
     started = time.perf_counter()
     learner = Learner(learning.node_config(args))
     loaded_s = time.perf_counter() - started
-    trainable, total = (
-        sum(p.numel() for p in learner.policy.model.parameters() if p.requires_grad),
-        sum(p.numel() for p in learner.policy.model.parameters()),
-    )
+    trainable, total = trainable_parameters(learner.policy.model)
     rows = learning.run_rounds(learner, args.rounds)
     with tempfile.TemporaryDirectory(prefix="sapo-adapters-") as tmp:
         work = Path(tmp)
         saved = checkpoint.write(checkpoint.capture(work, "bench", learner, args.rounds))
-        checkpoint_bytes = folder_bytes(saved.path)
+        checkpoint_bytes = sum(disk_usage(saved.path).values())
         tracker = open_tracker(
             f"sqlite:///{work / 'mlflow.db'}", "adapters", (work / "artifacts").as_uri()
         )
@@ -78,7 +90,7 @@ def measure_one(args) -> dict[str, object]:  # type: ignore[no-untyped-def]
         logged = tracker.log_model(run_id, learner.policy.model, learner.policy.tokenizer, work)
         if logged is None:
             raise SystemExit("the model could not be logged")
-        logged_bytes = folder_bytes(work / "artifacts")
+        logged_bytes = sum(disk_usage(work / "artifacts").values())
     return {
         "rows": rows,
         "load_s": loaded_s,
@@ -129,15 +141,16 @@ def table(results: list[dict]) -> str:  # type: ignore[type-arg]
 def main() -> None:
     p = learning.parser(__doc__)
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help="variant:lr, comma-separated")
-    p.add_argument("--one", action="store_true", help=argparse_hidden())
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a variant's child
     p.set_defaults(rounds=8)
     args = p.parse_args()
     apply_offline_defaults()
     if args.one:
         args.json.write_text(json.dumps(measure_one(args)))
         return
+    variants = parse_variants(args.variants)
     print(f"load average before: {os.getloadavg()}; {os.cpu_count()} cores")
-    results = [run_variant(*v.split(":"), args) for v in args.variants.split(",")]
+    results = [run_variant(variant, lr, args) for variant, lr in variants]
     print(f"\nload average after: {os.getloadavg()}")
     print("\nreward per round:")
     for r in results:
@@ -146,12 +159,6 @@ def main() -> None:
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
