@@ -138,10 +138,34 @@ def make_round() -> MakeRound:
     return synthetic_round
 
 
+# The hostile-input matrix on S3 belongs to the slow suite: every attack still runs on the
+# local store in the fast one, and the store-level S3 behaviour (the ledger's contract,
+# manifests, change-log markers, listings, outages, credentials) keeps its fast tests.
+SLOW_ON_S3 = frozenset(
+    {
+        "test_attacks.py",
+        "test_attacks_costs.py",
+        "test_attacks_floods.py",
+        "test_attacks_identity.py",
+        "test_attacks_ranges.py",
+        "test_attacks_reports.py",
+        "test_bad_files.py",
+        "test_concurrency_and_failures.py",
+        "test_identity.py",
+        "test_node_logs.py",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.integration)
+        callspec = getattr(item, "callspec", None)
+        on_s3 = callspec is not None and callspec.params.get("site") == "s3"
+        if on_s3 and item.path.name in SLOW_ON_S3:
+            item.add_marker(pytest.mark.slow)
 
 
 # -- processes: nothing a test started outlives the session ------------------------------

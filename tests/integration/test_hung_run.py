@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from flows.node.watchdog import HANG_AT_ENV, STALL_EXIT_CODE
-from tests.integration.test_round_flow import prefect_harness  # noqa: F401  (fixture)
 from tests.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -84,7 +83,7 @@ def _states(run_id: UUID) -> dict[str, Any]:
 
 
 def test_a_hung_step_is_marked_crashed_naming_it_and_its_process_ends(
-    prefect_harness: None,  # noqa: F811
+    prefect_harness: None,
 ) -> None:
     began = time.monotonic()
     done = _python(["-m", "tests.integration.watched_flow", "2", "1"], hang_at="update:0")
@@ -101,7 +100,7 @@ def test_a_hung_step_is_marked_crashed_naming_it_and_its_process_ends(
         assert state.message == why[1]
 
 
-def test_a_run_that_keeps_making_progress_is_not_marked(prefect_harness: None) -> None:  # noqa: F811
+def test_a_run_that_keeps_making_progress_is_not_marked(prefect_harness: None) -> None:
     # 4 s of work, never 2 s without progress
     done = _python(["-m", "tests.integration.watched_flow", "2", "4"])
     assert done.returncode == 0, done.stderr
@@ -132,7 +131,7 @@ def test_a_process_hung_holding_the_gil_is_ended_by_the_backstop() -> None:
 @pytest.mark.slow
 def test_a_hung_node_run_is_marked_crashed_naming_its_step(
     tmp_path: Path,
-    prefect_harness: None,  # noqa: F811
+    prefect_harness: None,
 ) -> None:
     """The node flow itself, hung in its sample step with the default peer wait (none)."""
     model = build_tiny_model(tmp_path / "model")

@@ -3,7 +3,6 @@ per round, its tasks the paper's steps in order, no task retries (the ledger ret
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,6 @@ import yaml
 from tests.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=300):
-        yield
 
 
 def swarm_text(tmp_path: Path, model: Path) -> str:
