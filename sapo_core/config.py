@@ -253,6 +253,22 @@ class AdapterConfig(Strict):
         description="Module names to adapt; default per family (attention and MLP "
         "projections: q,k,v,o,gate,up,down).",
     )
+    base_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="The frozen base's weights. bf16 halves their bytes (the adapter, its "
+        "gradients and Adam moments stay fp32) and runs the base's matmuls in bf16. auto: "
+        "bf16 where the device computes it natively (CUDA with bf16, CPUs with AVX512-BF16 "
+        "or AMX), else fp32. Only with an adapter: full fine-tuning keeps fp32 weights.",
+    )
+
+    @model_validator(mode="after")
+    def _bf16_base_needs_an_adapter(self) -> Self:
+        if self.base_precision == "bf16" and not self.enabled:
+            raise ValueError(
+                "grpo.adapter.base_precision bf16 needs an adapter (kind: lora): full "
+                "fine-tuning trains every weight and keeps them fp32"
+            )
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -136,8 +136,8 @@ class Learner:
         # (a sweep's configurations) can share one ledger with the same node names.
         self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
-        self.policy = policy or load_policy(config.model, compute=config.compute)
         lora = config.grpo.adapter
+        self.policy = policy or load_policy(config.model, compute=config.compute, adapter=lora)
         if lora.enabled and not adapter.is_adapted(self.policy.model):
             # Attached after the seed, so a fresh adapter's A matrices are replayable.
             self.policy.model = adapter.attach(self.policy.model, lora)
@@ -175,7 +175,7 @@ class Learner:
         """
         if config.grpo.adapter.enabled:
             # The checkpoint holds the adapter alone: the base is config.model's, as before.
-            loaded = load_policy(config.model, compute=config.compute)
+            loaded = load_policy(config.model, compute=config.compute, adapter=config.grpo.adapter)
             loaded.model = adapter.load(loaded.model, str(model_dir))
             return cls(config, loaded, id_prefix=id_prefix)
         loaded = load_policy(str(model_dir), compute=config.compute)

@@ -9,15 +9,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sapo_core.config import ComputeConfig
+from sapo_core.config import AdapterConfig, ComputeConfig
 
 
 @dataclass
 class Policy:
     """A causal LM with its tokenizer; `model_id` is what the ledger records.
 
-    `autocast` names the reduced format its forward passes run in (None: fp32 throughout);
-    the weights stay fp32 on `model`'s device.
+    `autocast` names the reduced format its forward passes run in (None: the weights'
+    format); the weights are fp32 on `model`'s device, but for a frozen base under an
+    adapter, which may be bf16 (`base_dtype`).
     """
 
     model: Any
@@ -33,7 +34,10 @@ class Policy:
     @property
     def exact_behaviour(self) -> bool:
         """Whether generation's log-probs are the training forward's (fp32 both ways)."""
-        return self.autocast is None and self.sampling_dtype is None
+        import torch
+
+        fp32 = self.model.get_input_embeddings().weight.dtype == torch.float32
+        return fp32 and self.autocast is None and self.sampling_dtype is None
 
     def sampler(self) -> Any:
         """The network generation runs: the policy itself, or a copy of its current weights
@@ -94,6 +98,18 @@ def native_bf16(device: str) -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
+def base_dtype(adapter: AdapterConfig | None, device: str) -> Any:
+    """The dtype the network's weights load in: fp32 for training them all, bf16 for a
+    frozen base under an adapter where asked for or (auto) native on the device."""
+    import torch
+
+    if adapter is None or not adapter.enabled or adapter.base_precision == "fp32":
+        return torch.float32
+    if adapter.base_precision == "bf16" or native_bf16(device):
+        return torch.bfloat16
+    return torch.float32
+
+
 def sampling_dtype(compute: ComputeConfig, device: str, autocast: Any) -> Any:
     """The dtype generation's copy of the weights takes, or None to sample with the policy."""
     import torch
@@ -129,24 +145,29 @@ def load_tokenizer(model: str) -> Any:
     return tokenizer
 
 
-def load_model(model: str) -> Any:
-    """The network alone, in fp32 for training (bf16 is slower on CPUs without native bf16)."""
+def load_model(model: str, dtype: Any = None) -> Any:
+    """The network alone, in fp32 for training (bf16 is slower on CPUs without native bf16)
+    unless `dtype` says otherwise."""
     import torch
     from transformers import AutoModelForCausalLM
 
     local_only = os.environ.get("HF_HUB_OFFLINE") == "1"
     network = AutoModelForCausalLM.from_pretrained(
-        resolve(model), dtype=torch.float32, local_files_only=local_only
+        resolve(model), dtype=dtype or torch.float32, local_files_only=local_only
     )
     network.generation_config.pad_token_id = network.generation_config.eos_token_id
     return network
 
 
 def load_policy(
-    model: str, *, threads: int | None = None, compute: ComputeConfig | None = None
+    model: str,
+    *,
+    threads: int | None = None,
+    compute: ComputeConfig | None = None,
+    adapter: AdapterConfig | None = None,
 ) -> Policy:
     """The network and its tokenizer, placed as `compute` says (default: fp32 on the CPU,
-    generation included);
+    generation included), its weights in `base_dtype` when an `adapter` will train on it;
     `threads` sets torch's intra-op thread count first."""
     import torch
 
@@ -154,6 +175,6 @@ def load_policy(
         torch.set_num_threads(threads)
     compute = compute or ComputeConfig(device="cpu", precision="fp32", generation_precision="fp32")
     device, autocast = placement(compute)
-    network = load_model(model).to(device)
+    network = load_model(model, base_dtype(adapter, device)).to(device)
     sampling = sampling_dtype(compute, device, autocast)
     return Policy(network, load_tokenizer(model), model, autocast, sampling)

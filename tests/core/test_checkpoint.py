@@ -211,21 +211,27 @@ def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_u
     assert sorted(p.name for p in first.path.parent.iterdir()) == ["round-000002"]
 
 
+@pytest.mark.parametrize("base_precision", ["fp32", "bf16"])
 def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
-    tmp_path: Path, tiny_model_dir: Any
+    tmp_path: Path, tiny_model_dir: Any, base_precision: str
 ) -> None:
     """LoRA (grpo.adapter): the checkpoint is the adapter and its Adam moments only; the
     resumed learner takes the next step exactly as the one that never stopped; the KL
-    reference is the base with the adapter off, with no second model kept."""
+    reference is the base with the adapter off, with no second model kept. Under a bf16
+    base the adapter and its Adam moments stay fp32."""
     from sapo_core.config import AdapterConfig
     from sapo_core.grpo.logprobs import plain_logprobs
     from sapo_core.grpo.segments import Segment
     from sapo_core.policy import adapter
 
-    lora = AdapterConfig(kind="lora", rank=4, alpha=8)
+    lora = AdapterConfig(kind="lora", rank=4, alpha=8, base_precision=base_precision)
     config = node_config(tiny_model_dir, beta=0.1, learning_rate=1e-2, adapter=lora)
     me = Learner(config)
     assert adapter.is_adapted(me.policy.model) and me.ref_model is None
+    dtype = torch.bfloat16 if base_precision == "bf16" else torch.float32
+    dtypes = {n: p.dtype for n, p in me.policy.model.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {dtype}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
     [group] = me.generate(0).groups
     right = dataclasses.replace(
         group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>"
@@ -259,11 +265,12 @@ def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
         assert torch.equal(a, b), name
     # The reference: the base weights, untouched by two steps of training.
     segment = [Segment([5, 6, 7], [[8, 9, 10]], [1.0], [None])]
-    base = load_model(str(tiny_model_dir)).eval()
+    base = load_model(str(tiny_model_dir), dtype).eval()
     with torch.no_grad():
         expected, _ = plain_logprobs(base, segment, 1.0, 2)
         again._reference_logprobs(segment, 1.0, 2)
         now, _ = plain_logprobs(again.policy.model.eval(), segment, 1.0, 2)
     assert segment[0].ref_logprobs is not None
-    assert torch.allclose(torch.tensor(segment[0].ref_logprobs[0]), expected[0], atol=1e-5)
+    got = torch.tensor(segment[0].ref_logprobs[0])
+    assert torch.allclose(got, expected[0], atol=1e-5)
     assert not torch.allclose(now, expected, atol=1e-4)  # while the policy has moved
