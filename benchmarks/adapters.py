@@ -10,7 +10,9 @@ whole model, or the adapter naming its base).
     python benchmarks/adapters.py --rounds 8
     python benchmarks/adapters.py --rounds 8 --variants full:1e-5,lora-r16:1e-4 --json out.json
 
-A variant is `full` or `lora-rN`, with its learning rate after the colon (LoRA is usually
+A variant is `full` or `lora-rN` (its base in bf16 where the CPU computes bf16 natively, as a
+node's `base_precision: auto` does) or `lora-rN-fp32` / `lora-rN-bf16` (the base's format
+forced), with its learning rate after the colon (LoRA is usually
 trained at about ten times full fine-tuning's rate: Schulman et al., "LoRA Without Regret",
 Thinking Machines 2025). Time it only on an idle machine: the load is printed first.
 """
@@ -34,16 +36,18 @@ import learning  # benchmarks/learning.py, beside this file
 
 from flows.env import apply_offline_defaults
 
-DEFAULT_VARIANTS = "full:1e-5,lora-r8:1e-4,lora-r16:1e-4"
+DEFAULT_VARIANTS = "full:1e-5,lora-r8-fp32:1e-4,lora-r8:1e-4,lora-r16:1e-4"
 
 
-def rank_of(variant: str) -> int:
-    """0 for full fine-tuning, N for `lora-rN`."""
+def parse_variant(variant: str) -> tuple[int, str]:
+    """(rank, base precision): (0, fp32) for full fine-tuning, (N, auto) for `lora-rN`, and
+    (N, fp32 or bf16) for `lora-rN-fp32` / `lora-rN-bf16`."""
     if variant == "full":
-        return 0
-    if variant.startswith("lora-r") and variant[6:].isdigit():
-        return int(variant[6:])
-    raise SystemExit(f"unknown variant {variant!r}: full or lora-rN")
+        return 0, "fp32"
+    rank, _, precision = variant.removeprefix("lora-r").partition("-")
+    if variant.startswith("lora-r") and rank.isdigit() and precision in ("", "fp32", "bf16"):
+        return int(rank), precision or "auto"
+    raise SystemExit(f"unknown variant {variant!r}: full, lora-rN or lora-rN-fp32/-bf16")
 
 
 def parse_variants(text: str) -> list[tuple[str, str]]:
@@ -52,7 +56,7 @@ def parse_variants(text: str) -> list[tuple[str, str]]:
     pairs = []
     for item in text.split(","):
         variant, _, lr = item.partition(":")
-        rank_of(variant)
+        parse_variant(variant)
         try:
             float(lr)
         except ValueError:
@@ -77,6 +81,9 @@ def measure_one(args) -> dict[str, object]:  # type: ignore[no-untyped-def]
     learner = Learner(learning.node_config(args))
     loaded_s = time.perf_counter() - started
     trainable, total = trainable_parameters(learner.policy.model)
+    base_dtype = str(learner.policy.model.get_input_embeddings().weight.dtype).removeprefix(
+        "torch."
+    )
     rows = learning.run_rounds(learner, args.rounds)
     with tempfile.TemporaryDirectory(prefix="sapo-adapters-") as tmp:
         work = Path(tmp)
@@ -95,6 +102,7 @@ def measure_one(args) -> dict[str, object]:  # type: ignore[no-untyped-def]
         "rows": rows,
         "load_s": loaded_s,
         "trainable_params": trainable,
+        "base_dtype": base_dtype,
         "total_params": total,
         "checkpoint_bytes": checkpoint_bytes,
         "logged_model_bytes": logged_bytes,
@@ -104,9 +112,11 @@ def measure_one(args) -> dict[str, object]:  # type: ignore[no-untyped-def]
 
 def run_variant(variant: str, lr: str, args) -> dict[str, object]:  # type: ignore[no-untyped-def]
     """One variant in a child process; its measurements."""
+    rank, base_precision = parse_variant(variant)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [
-            sys.executable, __file__, "--one", "--adapter-rank", str(rank_of(variant)),
+            sys.executable, __file__, "--one", "--adapter-rank", str(rank),
+            "--base-precision", base_precision,
             "--lr", lr, "--rounds", str(args.rounds), "--seed", str(args.seed),
             "--questions", str(args.questions), "--completions", str(args.completions),
             "--max-new-tokens", str(args.max_new_tokens), "--json", out.name,
@@ -122,14 +132,15 @@ def mean(rows: list[dict[str, float]], key: str) -> float:
 
 def table(results: list[dict]) -> str:  # type: ignore[type-arg]
     head = (
-        "| variant | lr | trainable params | s/round (gen + update) | peak RSS GB | "
+        "| variant | base | lr | trainable params | s/round (gen + update) | peak RSS GB | "
         "checkpoint MB | logged model MB | mean reward, rounds 0-1 | mean reward, last 2 |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for r in results:
         rows = r["rows"]
         lines.append(
-            f"| {r['variant']} | {r['lr']:g} | {r['trainable_params'] / 1e6:.1f} M | "
+            f"| {r['variant']} | {r['base_dtype']} | {r['lr']:g} | "
+            f"{r['trainable_params'] / 1e6:.1f} M | "
             f"{mean(rows, 'round_s'):.1f} ({mean(rows, 'generation_s'):.1f} + "
             f"{mean(rows, 'update_s'):.1f}) | {r['peak_rss_gb']:.2f} | "
             f"{r['checkpoint_bytes'] / 1e6:.1f} | {r['logged_model_bytes'] / 1e6:.1f} | "

@@ -55,16 +55,18 @@ def node_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 "micro_batch_tokens": args.micro_batch_tokens,
                 "loss_type": args.loss_type,
                 "drop_zero_variance": not args.keep_zero_variance,
-                "adapter": adapter_section(args.adapter_rank),
+                "adapter": adapter_section(args.adapter_rank, args.base_precision),
             },
         }
     )
 
 
-def adapter_section(rank: int) -> dict[str, object]:
+def adapter_section(rank: int, base_precision: str = "auto") -> dict[str, object]:
     """No adapter at rank 0; else LoRA of that rank with alpha = 2 rank (the scale alpha / r
-    of the default, 32 / 16, at every rank)."""
-    return {"kind": "none"} if rank == 0 else {"kind": "lora", "rank": rank, "alpha": 2 * rank}
+    of the default, 32 / 16, at every rank), its frozen base in ``base_precision``."""
+    if rank == 0:
+        return {"kind": "none"}
+    return {"kind": "lora", "rank": rank, "alpha": 2 * rank, "base_precision": base_precision}
 
 
 def peak_rss_gb() -> float:
@@ -95,6 +97,12 @@ def parser(doc: str | None = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--adapter-rank", type=int, default=0, help="train a LoRA adapter of this rank (0: none)"
+    )
+    p.add_argument(
+        "--base-precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="an adapter's frozen base: auto is bf16 where the CPU computes it natively",
     )
     p.add_argument("--json", type=Path, help="also write the rounds here")
     return p
