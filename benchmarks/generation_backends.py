@@ -9,6 +9,11 @@ the first call of each backend warms up and is left out.
 
     python benchmarks/generation_backends.py            # needs `sapo vllm install`
     python benchmarks/generation_backends.py --rounds 3 --max-new-tokens 64
+    python benchmarks/generation_backends.py --backends vllm-lora,vllm-merged  # issue 31
+
+`vllm-lora` and `vllm-merged` train a LoRA adapter (rank 8) and give it to the engine as an
+adapter the engine applies, or as merged weights written each update
+(`generation.vllm.adapter_sync`): which is faster per round.
 """
 
 from __future__ import annotations
@@ -44,25 +49,30 @@ def prompts(tokenizer: Any, long: bool) -> list[list[int]]:
     ]
 
 
-def measure(backend_name: str, rounds: int, max_new_tokens: int) -> dict[str, Any]:
+BACKENDS = ("transformers", "vllm", "vllm-lora", "vllm-merged")
+
+
+def measure(variant: str, rounds: int, max_new_tokens: int) -> dict[str, Any]:
     """One backend, in this process: generation per prompt length, then whole rounds."""
     from sapo_core import config as c
     from sapo_core.learner import Learner
 
+    backend_name, _, adapter_sync = variant.partition("-")
     generation = c.GenerationConfig(
         backend=backend_name, completions_per_question=4, max_new_tokens=max_new_tokens,
-        batch_size=32,
+        batch_size=32, vllm=c.VLLMConfig(adapter_sync=adapter_sync or "lora"),
     )  # fmt: skip
+    lora = c.AdapterConfig(kind="lora", rank=8, alpha=16) if adapter_sync else c.AdapterConfig()
     config = c.NodeConfig(
         node_id="bench",
         model=c.BUNDLED_MODEL,
         local_groups=8,
         tasks=c.TaskConfig(specs=(c.TaskSpec(name="basic_arithmetic"),)),
         generation=generation,
-        grpo=c.GRPOConfig(drop_zero_variance=False),
+        grpo=c.GRPOConfig(drop_zero_variance=False, adapter=lora),
     )
     learner = Learner(config)
-    out: dict[str, Any] = {"backend": backend_name}
+    out: dict[str, Any] = {"backend": variant}
     try:
         tokenizer = learner.policy.tokenizer
         for label, long in (("short", False), ("long", True)):
@@ -109,14 +119,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--one", choices=("transformers", "vllm"), help=argparse.SUPPRESS)
+    parser.add_argument("--backends", default="transformers,vllm", help=", ".join(BACKENDS))
+    parser.add_argument("--one", choices=BACKENDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args.rounds, args.max_new_tokens)))
         return
     print(f"load average {os.getloadavg()[0]:.2f} (measure on an idle machine)")
     rows = []
-    for name in ("transformers", "vllm"):
+    names = args.backends.split(",")
+    if unknown := set(names) - set(BACKENDS):
+        raise SystemExit(f"unknown backends {sorted(unknown)}: choose from {', '.join(BACKENDS)}")
+    for name in names:
         cmd = [sys.executable, __file__, "--one", name, "--rounds", str(args.rounds),
                "--max-new-tokens", str(args.max_new_tokens)]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
