@@ -245,8 +245,11 @@ class AdapterConfig(Strict):
     kind: Literal["none", "lora"] = Field(
         "none", description="none: full fine-tuning; lora: a LoRA adapter on the base."
     )
-    rank: int = Field(16, ge=1, le=1024, description="LoRA rank r.")
-    alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale alpha / r).")
+    # Rank 8 by default: its checkpoint (adapter and Adam moments) is 33 MB on the bundled
+    # model against 63 MB at rank 16, for a reward within one seed's noise
+    # (benchmarks/adapters.py, table in benchmarks/README.md).
+    rank: int = Field(8, ge=1, le=1024, description="LoRA rank r.")
+    alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input.")
     target_modules: list[str] | None = Field(
         None,
@@ -275,7 +278,7 @@ class AdapterConfig(Strict):
         return self.kind != "none"
 
     def label(self) -> str | None:
-        """What a manifest, an MLflow tag and a report say the node trained: `lora-r16`;
+        """What a manifest, an MLflow tag and a report say the node trained: `lora-r8`;
         None for full fine-tuning."""
         return f"{self.kind}-r{self.rank}" if self.enabled else None
 
