@@ -60,7 +60,7 @@ def measure(variant: str, rounds: int, max_new_tokens: int) -> dict[str, Any]:
     backend_name, _, adapter_sync = variant.partition("-")
     generation = c.GenerationConfig(
         backend=backend_name, completions_per_question=4, max_new_tokens=max_new_tokens,
-        batch_size=32, vllm=c.VLLMConfig(adapter_sync=adapter_sync or "lora"),
+        batch_size=32, vllm=c.VLLMConfig(adapter_sync=adapter_sync or "merged"),
     )  # fmt: skip
     lora = c.AdapterConfig(kind="lora", rank=8, alpha=16) if adapter_sync else c.AdapterConfig()
     config = c.NodeConfig(

@@ -11,10 +11,10 @@ log-probs with the training forward (as for reduced-precision generation), so GR
 is the trainer's own and starts at 1.
 
 A LoRA node (sapo_core/policy/adapter.py) reaches the engine one of two ways
-(``generation.vllm.adapter_sync``): `lora`, the engine serves the frozen base (linked from
-where it lies, never copied) with the adapter, and an update writes the adapter alone
-(megabytes) for the engine to load as a new LoRA; `merged`, the adapter is folded into a
-copy of the weights, which are written and reloaded whole as for full fine-tuning.
+(``generation.vllm.adapter_sync``): `merged` (default), the adapter is folded into a copy
+of the weights, which are written and reloaded whole as for full fine-tuning; `lora`, the
+engine serves the frozen base (linked from where it lies, never copied) with the adapter,
+and an update writes the adapter alone (megabytes) for the engine to load as a new LoRA.
 
 A worker that dies is started again once per call, with the current weights, and the call
 repeated; a second death is an error naming the worker's last words. It never hangs a

@@ -105,6 +105,7 @@ def test_an_exponential_config_within_bounds_is_stopped_at_the_timeout(rebuilder
     assert rebuilder.pid != first  # killed and replaced
 
 
+@pytest.mark.slow  # kills and restarts the verifier's worker process
 def test_a_rebuild_past_the_memory_cap_is_stopped() -> None:
     worker = Rebuilder(timeout_s=60.0, memory_mb=200)
     try:
@@ -191,6 +192,7 @@ def test_rows_of_another_question_in_a_peer_group_are_refused(rebuilder) -> None
     assert problems == [f"{rows[2].rollout_id}: refused: row's question is not its group's"]
 
 
+@pytest.mark.slow  # kills and restarts the verifier's worker process
 def test_the_worker_recovers_after_a_kill(rebuilder) -> None:
     honest = _honest_groups(2)
     expected = [score_group(g, RewardConfig()) for g in honest]  # in process
@@ -226,6 +228,7 @@ def test_one_round_of_bombs_stays_within_the_verification_budget() -> None:
         worker.close()
 
 
+@pytest.mark.slow  # kills and restarts the verifier's worker process
 def test_the_worker_dies_with_its_node_even_mid_rebuild(tmp_path) -> None:
     # A node killed while its worker builds a bomb must not leave the worker running.
     script = tmp_path / "node.py"

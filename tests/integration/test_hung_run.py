@@ -82,6 +82,7 @@ def _states(run_id: UUID) -> dict[str, Any]:
     return states
 
 
+@pytest.mark.slow  # Prefect's harness (a server: ~30 s to start) and a process a run
 def test_a_hung_step_is_marked_crashed_naming_it_and_its_process_ends(
     prefect_harness: None,
 ) -> None:
@@ -100,6 +101,7 @@ def test_a_hung_step_is_marked_crashed_naming_it_and_its_process_ends(
         assert state.message == why[1]
 
 
+@pytest.mark.slow  # Prefect's harness (a server: ~30 s to start) and a process a run
 def test_a_run_that_keeps_making_progress_is_not_marked(prefect_harness: None) -> None:
     # 4 s of work, never 2 s without progress
     done = _python(["-m", "tests.integration.watched_flow", "2", "4"])

@@ -34,6 +34,7 @@ def swarm_text(tmp_path: Path, model: Path) -> str:
     )
 
 
+@pytest.mark.slow  # Prefect's harness (a server: ~30 s to start)
 def test_rounds_are_flows_of_the_papers_steps(tmp_path: Path, prefect_harness: None) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
@@ -68,6 +69,7 @@ def test_rounds_are_flows_of_the_papers_steps(tmp_path: Path, prefect_harness: N
             assert all(t.empirical_policy.retries == 0 for t in mine)
 
 
+@pytest.mark.slow  # Prefect's harness (a server: ~30 s to start)
 def test_a_scheduled_run_adds_its_rounds_up_to_the_swarms_last_in_the_workers_folder(
     tmp_path: Path,
     prefect_harness: None,
