@@ -8,7 +8,7 @@ data folder, never stands in for the installed one.)"""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 from collections.abc import MutableMapping
 
@@ -39,6 +39,7 @@ def apply_offline_defaults(environ: MutableMapping[str, str] | None = None) -> N
         release_freed_memory(env["SAPO_MMAP_THRESHOLD"])
 
 
+@functools.cache  # once a process: every entry point, and each flow run, applies it
 def release_freed_memory(threshold: str) -> bool:
     """Have glibc serve every allocation of ``threshold`` bytes or more by mmap, so that a
     freed tensor goes back to the OS; whether it was set.
@@ -55,7 +56,7 @@ def release_freed_memory(threshold: str) -> bool:
     if not threshold.isdigit():
         raise ValueError(f"SAPO_MMAP_THRESHOLD is {threshold!r}: a number of bytes, or glibc")
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
+        process = ctypes.CDLL(None)  # the symbols already loaded, the C library's among them
+        return bool(process.mallopt(M_MMAP_THRESHOLD, int(threshold)))
     except (OSError, AttributeError, TypeError):  # not glibc: nothing to set
         return False

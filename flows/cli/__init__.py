@@ -73,8 +73,8 @@ def main() -> None:
 
     from flows.swarm.stopping import EXIT_STATUS, SwarmStopped
 
-    apply_offline_defaults()
     try:
+        apply_offline_defaults()  # inside: a bad SAPO_MMAP_THRESHOLD is one line too
         # Not standalone: click would print usage errors as a boxed block, and exit itself.
         status = app(prog_name="sapo", standalone_mode=False)
     except NoArgsIsHelpError:  # `sapo` or `sapo ledger` alone: the help was shown
