@@ -1,9 +1,11 @@
-"""End to end: a LoRA node and a full fine-tuning node in one swarm (issue 31).
+"""End to end: a LoRA node and a full fine-tuning node in one swarm (issue 31), stopped by
+Ctrl-C and resumed.
 
-They share the ledger as any two nodes do (text is text); Ctrl-C stops the swarm and the
-same command resumes it from the checkpoints (the adapter's and its Adam state alone on
-the LoRA node); the manifest, MLflow and the report say which node trained an adapter;
-`sapo compare --register` registers the adapter, which loads on its base into a pipeline."""
+They share the ledger as any two nodes do (text is text); Ctrl-C stops the swarm within
+seconds, leaving no process (tests/e2e/interrupting.py), and the same command resumes it
+from the checkpoints (the adapter's and its Adam state alone on the LoRA node); the
+manifest, MLflow and the report say which node trained an adapter; `sapo compare
+--register` registers the adapter, which loads on its base into a pipeline."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 import yaml
 
 from flows.reports.report import report_ledger
-from tests.e2e.test_stop import interrupted
+from tests.e2e.interrupting import check_clean_stop, interrupted
 from tests.e2e.test_swarm import node_metrics, sapo, tiny_model  # noqa: F401 - fixture
 from tests.factories import open_ledger
 
@@ -22,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 LORA = {"kind": "lora", "rank": 4, "alpha": 8}
 
 
-def test_an_adapter_node_and_a_full_node_share_resume_log_and_register(
+def test_a_lora_node_and_a_full_node_share_stop_on_ctrl_c_resume_and_register(
     tmp_path: Path,
     tiny_model: Path,  # noqa: F811
 ) -> None:
@@ -54,8 +56,8 @@ def test_an_adapter_node_and_a_full_node_share_resume_log_and_register(
     }
     path = tmp_path / "swarm.yaml"
     path.write_text(yaml.safe_dump(swarm))
-    stopped, _ = interrupted(["swarm", "-c", str(path)], "a-lora round 1: own_reward", 600)
-    assert "stopped by SIGINT: rerun the same command to resume" in stopped
+    stopped, took = interrupted(["swarm", "-c", str(path)], "a-lora round 1: own_reward", 600)
+    check_clean_stop(stopped, took, work, ["a-lora", "b-full"])
     assert list((work / "nodes" / "a-lora" / "checkpoints").glob("round-*"))
 
     out = sapo("swarm", "-c", str(path), "--rounds", "3", timeout=900)

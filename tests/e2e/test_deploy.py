@@ -93,7 +93,7 @@ def test_serving_with_no_prefect_server_starts_one_and_runs_a_round(
     tmp_path: Path,
     tiny_model: Path,  # noqa: F811
 ) -> None:
-    from tests.e2e.test_stop import processes_mentioning
+    from tests.e2e.interrupting import processes_mentioning
 
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["PREFECT_HOME"] = str(tmp_path / "user-prefect-home")  # as a fresh user's

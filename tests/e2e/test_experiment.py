@@ -114,6 +114,7 @@ def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
     assert (out / "heldout.png").stat().st_size > 1000
 
 
+@pytest.mark.timeout(1800)  # the sweep's own limits (1200 s, then 600 s twice), not the default
 def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "model")
     path = experiment_file(tmp_path, model)

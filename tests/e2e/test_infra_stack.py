@@ -23,8 +23,8 @@ import pytest
 from flows.services import deploy
 from flows.services import stack as stack_module
 from tests.conftest import stop_process_group
+from tests.e2e.interrupting import processes_mentioning
 from tests.e2e.test_deploy import _wait
-from tests.e2e.test_stop import processes_mentioning
 from tests.e2e.test_swarm import swarm_file, tiny_model  # noqa: F401  (fixture)
 from tests.factories import round_rows
 
@@ -188,6 +188,7 @@ MACHINES = {"machine-a": ["node-0", "node-1"], "machine-b": ["node-2"]}
 """Each "machine" (a folder of its own, with its own worker) and the nodes pinned to it."""
 
 
+@pytest.mark.timeout(1500)  # rounds have 900 s to land, and the services to stop after
 def test_two_workers_run_scheduled_rounds_of_three_nodes_sharing_only_the_services(
     stack: tuple[stack_module.Stack, dict[str, str]],
     tmp_path: Path,

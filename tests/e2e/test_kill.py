@@ -1,8 +1,11 @@
 """kill -9 at every step of a round, then resume: nothing lost, nothing written twice.
 
-A node runs 3 rounds (a checkpoint after each); the fault hook (flows.node.steps.fault_point)
-makes it SIGKILL itself on entering one step of round 1. Resuming the node must leave every
-round's rollouts, training log and sample log in the ledger exactly once, and finish."""
+One node is killed at each step in turn, a step a round, and resumed each time: the fault
+hook (flows.node.steps.fault_point) makes it SIGKILL itself on entering step k of round k + 1
+(a checkpoint after every round). Each launch resumes the round the last one died in, then
+dies in the next; the last launch finishes. Every round's rollouts, training log and sample
+log must then be in the ledger exactly once. One ledger for all the kills: a node start
+(its Prefect server, its model) is most of what a kill costs, and the kills are seven."""
 
 from __future__ import annotations
 
@@ -21,29 +24,37 @@ from tests.e2e.test_swarm import sapo, swarm_file, tiny_model  # noqa: F401 - fi
 
 pytestmark = pytest.mark.slow
 STEPS = [s.name for s in ROUND if s.name != "evaluate"]  # no evaluation due in this swarm
+KILLED_IN = {k + 1: step for k, step in enumerate(STEPS)}  # round -> the step it dies in
+ROUNDS = len(STEPS) + 2  # round 0 and the last round run without a kill
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_sigkill_at_each_step_then_resume(tmp_path: Path, tiny_model: Path, step: str) -> None:  # noqa: F811
-    path = swarm_file(
-        tmp_path, tiny_model, rounds=3, node_count=2, peer_wait_s=0, checkpoint_every=1
-    )
-    work = tmp_path / "work"
-    # node-1 publishes first, so that node-0 has a peer to sample in every round.
-    sapo("node", "-c", str(path), "--node-id", "node-1")
+def killed_at(path: Path, step: str, round_: int) -> None:
+    """Run node-0 until it kills itself on entering ``step`` of ``round_``."""
     cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(path), "--node-id", "node-0"]
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env={**os.environ, KILL_AT_ENV: f"{step}:1"},
+        env={**os.environ, KILL_AT_ENV: f"{step}:{round_}"},
     )
     try:
         proc.wait(timeout=600)
     finally:
         stop_process_group(proc)  # and the node's own Prefect server
-    assert proc.returncode == -9, f"the node was not killed at {step} (exit {proc.returncode})"
+    assert proc.returncode == -9, f"not killed at {step} of round {round_} (exit {proc.returncode})"
+
+
+@pytest.mark.timeout(1800)  # nine node launches, each bounded by its own 600 s
+def test_sigkill_at_each_step_then_resume(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+    path = swarm_file(
+        tmp_path, tiny_model, rounds=ROUNDS, node_count=2, peer_wait_s=0, checkpoint_every=1
+    )
+    work = tmp_path / "work"
+    # node-1 publishes first, so that node-0 has a peer to sample in every round.
+    sapo("node", "-c", str(path), "--node-id", "node-1")
+    for round_, step in KILLED_IN.items():
+        killed_at(path, step, round_)
     sapo("node", "-c", str(path), "--node-id", "node-0")
     with Ledger.open(str(work / "ledger")) as ledger:
         rollouts = ledger.query(
@@ -59,9 +70,21 @@ def test_sigkill_at_each_step_then_resume(tmp_path: Path, tiny_model: Path, step
         }
         report = ledger.validate()
     per_round = 4 * 3  # I + J questions x 3 completions
-    assert rollouts == [(r, per_round, per_round) for r in range(3)]
-    assert logs["trainings"] == [(r, 1) for r in range(3)]
-    assert logs["samples"] == [(r, 1) for r in range(3)]
+
+    def wrong(rows: list[tuple[int, ...]], expected: tuple[int, ...]) -> dict[str, object]:
+        """By the step killed in it, each round whose rows are not ``expected``."""
+        found = {row[0]: row[1:] for row in rows}
+        return {
+            KILLED_IN.get(r, f"round {r}, no kill"): found.get(r)
+            for r in range(ROUNDS)
+            if found.get(r) != expected
+        }
+
+    assert wrong(rollouts, (per_round, per_round)) == {}
+    assert [row[0] for row in rollouts] == list(range(ROUNDS))
+    for name, rows in logs.items():
+        assert wrong(rows, (1,)) == {}, name
+        assert [row[0] for row in rows] == list(range(ROUNDS)), name
     assert report.clean, report
     checkpoints = sorted((work / "nodes" / "node-0" / "checkpoints").glob("round-*"))
-    assert json.loads((checkpoints[-1] / "state.json").read_text())["next_round"] == 3
+    assert json.loads((checkpoints[-1] / "state.json").read_text())["next_round"] == ROUNDS

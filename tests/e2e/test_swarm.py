@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from ledger import Ledger
 from tests.conftest import stop_process_group
 from tests.factories import open_ledger
 from tests.tiny_models import build_tiny_model
@@ -245,44 +242,3 @@ def test_infra_swarm_config_runs_on_the_s3_server(
     sapo("swarm", "-c", str(infra), "--workdir", str(work), *args)
     resolved = work / "swarm.yaml"
     check_swarm(resolved, options)
-
-
-def test_sigkill_mid_round_then_resume(tmp_path: Path, tiny_model: Path) -> None:
-    path = swarm_file(tmp_path, tiny_model, rounds=4, node_count=1, peer_wait_s=0)
-    work = tmp_path / "work"
-    cmd = [sys.executable, "-m", "flows.cli", "node", "-c", str(path), "--node-id", "node-0"]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    ledger_dir = work / "ledger"
-    deadline = time.monotonic() + 300
-    try:
-        # kill it while round 1 runs: after round 0's checkpoint, once round 1 has published
-        while time.monotonic() < deadline:
-            if len(list(ledger_dir.rglob("r00000001-*.parquet"))) >= 1:
-                break
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        # the node's own Prefect server survives a SIGKILL of the node: stop it too
-        stop_process_group(proc)
-    checkpoints = sorted((work / "nodes" / "node-0" / "checkpoints").glob("round-*"))
-    state = json.loads((checkpoints[-1] / "state.json").read_text())
-    assert state["next_round"] in (1, 2)  # killed after round 0 (or 1) was checkpointed
-    sapo("node", "-c", str(path), "--node-id", "node-0")
-    with Ledger.open(str(ledger_dir)) as ledger:
-        rows = ledger.query(
-            "SELECT node_round, count(*) AS n, count(DISTINCT rollout_id) AS ids "
-            "FROM rollouts GROUP BY ALL ORDER BY ALL"
-        )
-        report = ledger.validate()
-    assert rows["node_round"].to_list() == [0, 1, 2, 3]
-    assert rows["n"].to_list() == [12] * 4 and rows["ids"].to_list() == [12] * 4
-    assert report.clean, report
-    final = json.loads(
-        (
-            sorted((work / "nodes" / "node-0" / "checkpoints").glob("round-*"))[-1] / "state.json"
-        ).read_text()
-    )
-    assert final["next_round"] == 4
