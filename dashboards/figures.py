@@ -171,45 +171,55 @@ def peer_matrices(peers: pl.DataFrame, summary: pl.DataFrame, path: Path) -> Pat
     return _save(fig, path)
 
 
+def _per_seed_rounds(part: pl.DataFrame, column: str) -> pl.DataFrame:
+    """Per seed and round: ``column``'s mean over nodes and its running sum over rounds
+    (empty when the frame has no such column: a hand-made one)."""
+    if column not in part.columns:
+        return pl.DataFrame(schema={"seed": pl.Int64, "node_round": pl.Int64, column: pl.Float64})
+    return (
+        part.filter(pl.col(column).is_not_null())
+        .group_by("seed", "node_round")
+        .agg(pl.col(column).mean())
+        .sort("node_round")
+        .with_columns(pl.col(column).cum_sum().over("seed").alias("cumulative"))
+    )
+
+
+def _mean_line(ax: Any, frame: pl.DataFrame, column: str, **style: Any) -> Any:
+    mean = frame.group_by("node_round").agg(pl.col(column).mean()).sort("node_round")
+    return ax.plot(mean["node_round"], mean[column], **style)[0]
+
+
 def configuration_curves(node_rounds: pl.DataFrame, path: Path) -> Path:
-    """An experiment's replicates, one line per configuration (mean over seeds and nodes,
-    each seed's line faint): held-out accuracy over rounds, and cumulative own reward."""
+    """An experiment's replicates, one line per configuration (mean over seeds and nodes):
+    held-out accuracy, the reward of the node's own completions round by round (where the
+    paper's learn / forget oscillation shows), and the two cumulative rewards, claimed and
+    training (the paper's measure), each seed's line faint."""
     plt = _pyplot()
-    fig, (acc, cum) = plt.subplots(1, 2, figsize=(11.5, 4.2))
-    colours = {}
+    fig, axes = plt.subplots(2, 2, figsize=(11.5, 8.4))
+    (acc, per_round), (cum_claimed, cum_training) = axes
     for (conf,), part in node_rounds.sort("configuration").group_by(
         "configuration", maintain_order=True
     ):
         seeds = part["seed"].n_unique()
-        conf = f"{conf} ({seeds} seed{'' if seeds == 1 else 's'})"  # thin evidence shows
+        name = f"{conf} ({seeds} seed{'' if seeds == 1 else 's'})"  # thin evidence shows
         evaluated = part.filter(pl.col("accuracy").is_not_null())
-        per_seed = (
-            part.filter(pl.col("claimed_reward").is_not_null())
-            .group_by("seed", "node_round")
-            .agg(pl.col("claimed_reward").mean())
-            .sort("node_round")
-            .with_columns(pl.col("claimed_reward").cum_sum().over("seed").alias("cumulative"))
-        )
-        mean_acc = (
-            evaluated.group_by("node_round").agg(pl.col("accuracy").mean()).sort("node_round")
-        )
-        line = acc.plot(mean_acc["node_round"], mean_acc["accuracy"], marker="o", label=conf)[0]
-        colours[conf] = line.get_color()
-        for (_,), seed_part in per_seed.group_by("seed"):
-            cum.plot(
-                seed_part["node_round"], seed_part["cumulative"], color=colours[conf], alpha=0.25
-            )
-        mean_cum = (
-            per_seed.group_by("node_round").agg(pl.col("cumulative").mean()).sort("node_round")
-        )
-        cum.plot(
-            mean_cum["node_round"],
-            mean_cum["cumulative"],
-            color=colours[conf],
-            label=conf,
-            linewidth=2,
-        )
+        colour = _mean_line(acc, evaluated, "accuracy", marker="o", label=name).get_color()
+        claimed = _per_seed_rounds(part, "claimed_reward")
+        _mean_line(per_round, claimed, "claimed_reward", color=colour, label=name)
+        for ax, frame in (
+            (cum_claimed, claimed),
+            (cum_training, _per_seed_rounds(part, "training_reward")),
+        ):
+            if frame.is_empty():
+                continue
+            for (_,), seed_part in frame.group_by("seed"):
+                ax.plot(seed_part["node_round"], seed_part["cumulative"], color=colour, alpha=0.25)
+            _mean_line(ax, frame, "cumulative", color=colour, label=name, linewidth=2)
     _round_axes(acc, "held-out accuracy (mean of nodes and seeds)", "Held-out accuracy")
-    title = "Cumulative claimed reward (seeds faint)"
-    _round_axes(cum, "cumulative claimed reward (mean node)", title)
+    _round_axes(per_round, "own reward (mean of nodes and seeds)", "Own reward per round")
+    _round_axes(cum_claimed, "cumulative claimed reward (mean node)",
+                "Cumulative claimed reward (seeds faint)")  # fmt: skip
+    _round_axes(cum_training, "cumulative training reward (mean node)",
+                "Cumulative training reward: the paper's measure (seeds faint)")  # fmt: skip
     return _save(fig, path)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
+from dashboards.paper import paper_comparison, same_split_gains, sweep_labels
 from dashboards.records import Query, RunRecords, records_from_ledger
 from dashboards.statistics import paired_gains, per_configuration
 
@@ -244,6 +245,7 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
              "diff_high": "95% high", "rel_gain": "relative", "per_seed": "gain per seed",
              "excludes_zero": "interval excludes 0"},
         )  # fmt: skip
+    lines += paper_lines(tables, baseline=baseline)
     if "oscillation" in tables.configurations:
         lines += ["", "### oscillation (std of a node's round-to-round reward change)", ""]
         lines += table_lines(tables.configurations["oscillation"], INTERVAL_COLUMNS)
@@ -265,6 +267,60 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
          "never_rewarded": "never rewarded"},
     )  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _percent(value: object) -> str:
+    if not isinstance(value, float) or value != value:
+        return "-"
+    return f"{value:+.0%}"
+
+
+def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
+    """SAPO's Table 1 beside ours by external share, and each sampler of our own against the
+    paper's at the same I/J (dashboards/paper.py); nothing for configurations not named as
+    a sweep names them."""
+    labels = tables.runs.get_column("configuration").unique().to_list()
+    if not sweep_labels(labels):
+        return []
+    lines: list[str] = []
+    names = {"cumulative_training_reward": "cumulative training reward (the paper's measure)",
+             "cumulative_claimed_reward": "cumulative claimed reward"}  # fmt: skip
+    for metric, name in names.items():
+        if metric not in tables.gains:
+            continue
+        frame = paper_comparison(
+            tables.gains[metric], tables.configurations[metric], baseline=baseline
+        )
+        is_base = pl.col("configuration") == baseline  # its gains are 0 by definition
+        frame = frame.with_columns(
+            pl.when(is_base)
+            .then(pl.lit("baseline" if c.endswith("rel_gain") else "-"))
+            .otherwise(pl.col(c).map_elements(_percent, return_dtype=pl.String))
+            .alias(c)
+            for c in ("paper_rel_gain", "rel_gain", "rel_low", "rel_high")
+        )
+        lines += ["", f"### SAPO's Table 1 beside this experiment: {name}", ""]
+        lines += table_lines(
+            frame,
+            {"paper_configuration": "paper", "paper_cumulative": "paper's cumulative",
+             "paper_rel_gain": "paper's gain", "configuration": "here", "n_seeds": "seeds",
+             "mean": "cumulative (mean)", "rel_gain": "gain", "rel_low": "95% low",
+             "rel_high": "95% high", "excludes_zero": "interval excludes 0"},
+        )  # fmt: skip
+    names["final_accuracy"] = "final held-out accuracy"
+    for metric, name in names.items():
+        same = same_split_gains(tables.runs, metric=metric)
+        if same.is_empty():
+            continue
+        lines += ["", f"### samplers at the same I/J: {name}", ""]
+        lines += table_lines(
+            same,
+            {"configuration": "pair", "n_seeds": "seeds", "baseline_mean": "paper's sampler",
+             "mean": "ours", "diff_mean": "difference", "diff_low": "95% low",
+             "diff_high": "95% high", "per_seed": "per seed", "excludes_zero":
+             "interval excludes 0"},
+        )  # fmt: skip
+    return lines
 
 
 def _compute_frame(tables: ReplicateTables, metrics: list[str]) -> pl.DataFrame:

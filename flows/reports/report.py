@@ -188,6 +188,6 @@ def report_replicates(
         path.write_text(path.read_text() + "\n" + family_markdown(families, baseline=baseline))
     done = tables.runs.filter(pl.col("complete"))["swarm_id"].implode()
     configuration_curves(
-        tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "heldout.png"
+        tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "curves.png"
     )
     return path

@@ -111,7 +111,7 @@ def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
     text = (out / "statistics.md").read_text()
     assert "vs 2/0" in text and "1/1-reward-filtered" in text
     assert "Held-out questions whose text also appears" in text
-    assert (out / "heldout.png").stat().st_size > 1000
+    assert (out / "curves.png").stat().st_size > 1000
 
 
 @pytest.mark.timeout(1800)  # the sweep's own limits (1200 s, then 600 s twice), not the default

@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from dashboards.figures import configuration_curves
 from dashboards.replicates import replicate_markdown, replicate_tables, write_replicate_report
 from ledger import Ledger
 from tests.factories import round_rows
@@ -149,8 +150,21 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     assert "| 1/1 | 3 | 0.833 |" in md and "| yes |" in md and "| no |" in md
     assert "cumulative training reward" in md and "### compute per run" in md
     assert "| 1/1 | 3 | 80.000 | 153.333 |" in md  # tokens generated and trained, mean
+    # 1/1 shares half its groups, as the paper's 4/4 does: its gain of 1/3 over a baseline of
+    # 0.5 is +67%, the interval (1/3 -/+ half) / 0.5; the training reward's gain (-0.125, 0,
+    # 0 over 1.0) is -4%. The baseline row carries the paper's 8/0 and no gain.
+    assert "### SAPO's Table 1 beside this experiment: cumulative claimed reward" in md
+    low, high = (1 / 3 - half) / 0.5, (1 / 3 + half) / 0.5
+    assert (
+        f"| 4/4 | 1093.310 | +95% | 1/1 | 3 | 0.833 | +67% | {low:+.0%} | {high:+.0%} | no |" in md
+    )
+    assert "| 8/0 | 561.790 | baseline | 2/0 | 3 | 0.500 | baseline | - | - | - |" in md
+    assert "| 4/4 | 1093.310 | +95% | 1/1 | 3 | 0.958 | -4% |" in md
+    assert "samplers at the same I/J" not in md  # no sampler of our own was run
     path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
     assert path.read_text() == md
+    curves = configuration_curves(tables.node_rounds, tmp_path / "out" / "curves.png")
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and curves.stat().st_size > 10_000
     assert (tmp_path / "out" / "node_rounds.csv").read_text().count("\n") == 1 + 2 * 3 * 2 * 3
 
 

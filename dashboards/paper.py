@@ -1,0 +1,151 @@
+"""An experiment read against SAPO's Table 1, and each sampler against the paper's at the
+same split of local and external groups.
+
+The paper (arXiv 2509.08721, Table 1; 8 nodes, I + J = 8) reports one run per
+configuration: the cumulative reward summed over agents and rounds. Its configurations
+differ in the external share J / (I + J), which is what a smaller swarm can keep (3/1 at
+I + J = 4 is the paper's 6/2); a relative gain is a ratio of cumulative rewards, so the
+number of nodes and rounds cancels and the paper's percentages can sit beside ours.
+
+Configuration labels are the sweep's (flows/experiments/sweep.py): ``I/J``, or
+``I/J-policy`` when a sampling policy other than the paper's acts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import polars as pl
+
+from dashboards.statistics import PAIRED_SCHEMA, paired_gains
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    configuration: str
+    external_share: float
+    cumulative_reward: float
+
+
+# SAPO's Table 1: cumulative reward over 8 agents and 2000 rounds (../shared/SAPO.md).
+PAPER_TABLE = (
+    PaperRow("8/0", 0.0, 561.79),
+    PaperRow("6/2", 0.25, 854.43),
+    PaperRow("4/4", 0.5, 1093.31),
+    PaperRow("2/6", 0.75, 945.87),
+)
+PAPER_BASELINE = PAPER_TABLE[0].cumulative_reward
+
+_LABEL = re.compile(r"^(?P<local>\d+)/(?P<external>\d+)(?:-(?P<policy>[a-z0-9-]+))?$")
+
+
+@dataclass(frozen=True)
+class Split:
+    local: int
+    external: int
+    policy: str | None  # None: the paper's sampler (or no peers at all)
+
+    @property
+    def external_share(self) -> float:
+        total = self.local + self.external
+        # rounded so that 2/8 and 1/4 meet the paper's 6/2 under one key
+        return round(self.external / total, 6) if total else 0.0
+
+    @property
+    def plain(self) -> str:
+        return f"{self.local}/{self.external}"
+
+
+def parse_label(label: str) -> Split:
+    """``"1/3-fresh"`` -> Split(1, 3, "fresh"); a label of another shape is an error."""
+    found = _LABEL.match(label)
+    if found is None:
+        raise ValueError(f"configuration {label!r} is not of the form I/J or I/J-policy")
+    return Split(int(found["local"]), int(found["external"]), found["policy"])
+
+
+def sweep_labels(labels: list[str]) -> bool:
+    """Whether every label is a sweep's ``I/J[-policy]`` (hand-made frames may name
+    configurations otherwise; they get no paper comparison)."""
+    return all(_LABEL.match(label) for label in labels)
+
+
+PAPER_COMPARISON_SCHEMA: dict[str, type[pl.DataType]] = {
+    "configuration": pl.String,
+    "external_share": pl.Float64,
+    "paper_configuration": pl.String,
+    "paper_cumulative": pl.Float64,
+    "paper_rel_gain": pl.Float64,
+    "n_seeds": pl.Int64,
+    "mean": pl.Float64,
+    "rel_gain": pl.Float64,
+    "rel_low": pl.Float64,
+    "rel_high": pl.Float64,
+    "excludes_zero": pl.Boolean,
+}
+
+
+def paper_comparison(
+    gains: pl.DataFrame, configurations: pl.DataFrame, *, baseline: str
+) -> pl.DataFrame:
+    """One row per configuration run with the paper's sampler whose external share the paper
+    ran too, the baseline first: the paper's cumulative reward and gain beside ours.
+
+    ``gains`` is ``paired_gains`` of a cumulative metric against the J = 0 ``baseline``,
+    ``configurations`` its ``per_configuration`` (the baseline's row: mean and seeds). Our
+    relative gain's interval is the paired difference's interval over the baseline's mean
+    on the same seeds (the baseline's own spread is left out: the difference already
+    carries what seeds share; the paper has no interval at all).
+    """
+    paper = {row.external_share: row for row in PAPER_TABLE}
+    base = paper[0.0]
+    own = configurations.filter(pl.col("configuration") == baseline).row(0, named=True)
+    rows: list[dict[str, object]] = [
+        {"configuration": baseline, "external_share": 0.0,
+         "paper_configuration": base.configuration, "paper_cumulative": base.cumulative_reward,
+         "paper_rel_gain": 0.0, "n_seeds": own["n_seeds"], "mean": own["mean"],
+         "rel_gain": 0.0}
+    ]  # fmt: skip
+    for gain in gains.iter_rows(named=True):
+        split = parse_label(gain["configuration"])
+        reference = paper.get(split.external_share)
+        if split.policy is not None or reference is None:
+            continue  # our own samplers have no paper row; other shares have no paper run
+        scale = gain["baseline_mean"]
+        rows.append(
+            {"configuration": gain["configuration"], "external_share": split.external_share,
+             "paper_configuration": reference.configuration,
+             "paper_cumulative": reference.cumulative_reward,
+             "paper_rel_gain": reference.cumulative_reward / PAPER_BASELINE - 1,
+             "n_seeds": gain["n_seeds"], "mean": gain["mean"],
+             "rel_gain": _ratio(gain["diff_mean"], scale),
+             "rel_low": _ratio(gain["diff_low"], scale),
+             "rel_high": _ratio(gain["diff_high"], scale), "excludes_zero": gain["excludes_zero"]}
+        )  # fmt: skip
+    frame = pl.DataFrame(rows, schema=PAPER_COMPARISON_SCHEMA)
+    return frame.sort("external_share", maintain_order=True)
+
+
+def _ratio(value: float, scale: float) -> float:
+    return value / scale if scale else float("nan")
+
+
+def same_split_gains(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
+    """Each configuration with a sampler of its own (``I/J-policy``) against the paper's
+    sampler at the same I/J, paired by seed: ``paired_gains`` columns, the configuration
+    named ``"I/J-policy vs I/J"``. Empty when no such pair was run."""
+    labels = runs.get_column("configuration").unique(maintain_order=True).to_list()
+    frames = []
+    for label in labels:
+        split = parse_label(label)
+        if split.policy is None or split.plain not in labels:
+            continue
+        pair = runs.filter(pl.col("configuration").is_in([label, split.plain]))
+        if pair.filter(pl.col("configuration") == split.plain)[metric].is_null().all():
+            continue  # no complete run of the paper's sampler to pair with
+        gains = paired_gains(pair, baseline=split.plain, metric=metric)
+        frames.append(
+            gains.with_columns(pl.lit(f"{label} vs {split.plain}").alias("configuration"))
+        )
+    return pl.concat(frames) if frames else pl.DataFrame(schema=PAIRED_SCHEMA)

@@ -1,0 +1,90 @@
+"""dashboards/paper.py: SAPO's Table 1 beside an experiment by external share, and a
+sampler of our own paired with the paper's at the same I/J, on hand-made per-run frames."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from dashboards.paper import Split, paper_comparison, parse_label, same_split_gains, sweep_labels
+from dashboards.statistics import paired_gains, per_configuration
+
+
+def runs(values: dict[str, list[float]]) -> pl.DataFrame:
+    """One row per (configuration, seed): seeds 0, 1, 2, ... in list order."""
+    return pl.DataFrame(
+        [
+            {"configuration": conf, "seed": seed, "metric": value}
+            for conf, per_seed in values.items()
+            for seed, value in enumerate(per_seed)
+        ]
+    )
+
+
+def test_labels_are_read_as_the_sweep_writes_them() -> None:
+    assert parse_label("1/3-fresh") == Split(1, 3, "fresh")
+    assert parse_label("4/0") == Split(4, 0, None)
+    assert parse_label("2/6-variance-weighted").external_share == 0.75
+    assert parse_label("6/2").external_share == parse_label("1/3").external_share / 3
+    assert sweep_labels(["4/0", "1/3-fresh"]) and not sweep_labels(["4/0", "2/2 paper"])
+    with pytest.raises(ValueError, match="I/J or I/J-policy"):
+        parse_label("2/2 paper")
+
+
+def test_each_paper_split_meets_the_paper_row_of_its_external_share() -> None:
+    # I + J = 8 as in the paper, plus a share the paper did not run (1/7) and a sampler of
+    # our own (2/6-fresh): neither gets a paper row.
+    frame = runs({
+        "8/0": [1.0, 2.0, 3.0],
+        "6/2": [1.5, 2.5, 3.5],   # +0.5 every seed: +25% of the baseline mean 2.0
+        "1/7": [9.0, 9.0, 9.0],
+        "2/6": [1.0, 3.0, 3.0],   # 0, +1, 0: interval 1/3 -/+ 4.303 * sd / sqrt(3)
+        "2/6-fresh": [4.0, 4.0, 4.0],
+    })  # fmt: skip
+    gains = paired_gains(frame, baseline="8/0", metric="metric")
+    table = paper_comparison(gains, per_configuration(frame, metric="metric"), baseline="8/0")
+    rows = {r["configuration"]: r for r in table.iter_rows(named=True)}
+    assert list(rows) == ["8/0", "6/2", "2/6"]
+    assert rows["8/0"]["paper_cumulative"] == 561.79 and rows["8/0"]["mean"] == 2.0
+    assert rows["8/0"]["n_seeds"] == 3 and rows["8/0"]["rel_gain"] == 0.0
+    assert rows["6/2"]["paper_configuration"] == "6/2"
+    assert rows["6/2"]["paper_rel_gain"] == pytest.approx(854.43 / 561.79 - 1)
+    assert rows["6/2"]["rel_gain"] == pytest.approx(0.25)
+    assert (rows["6/2"]["rel_low"], rows["6/2"]["rel_high"]) == pytest.approx((0.25, 0.25))
+    assert rows["6/2"]["excludes_zero"] is True
+    half = 4.302653 * (1 / 3) ** 0.5 / 3**0.5  # sd of (0, 1, 0) is sqrt(1/3)
+    assert rows["2/6"]["paper_configuration"] == "2/6"
+    assert rows["2/6"]["rel_gain"] == pytest.approx(1 / 3 / 2.0)
+    assert rows["2/6"]["rel_low"] == pytest.approx((1 / 3 - half) / 2.0)
+    assert rows["2/6"]["excludes_zero"] is False
+
+
+def test_a_smaller_swarm_maps_onto_the_paper_by_share() -> None:
+    frame = runs({"4/0": [1.0, 1.0], "3/1": [1.5, 1.5], "2/2": [2.0, 2.0], "1/3": [1.2, 1.6]})
+    gains = paired_gains(frame, baseline="4/0", metric="metric")
+    table = paper_comparison(gains, per_configuration(frame, metric="metric"), baseline="4/0")
+    assert table.select("configuration", "paper_configuration").rows() == [
+        ("4/0", "8/0"), ("3/1", "6/2"), ("2/2", "4/4"), ("1/3", "2/6"),
+    ]  # fmt: skip
+    assert table["rel_gain"].to_list() == pytest.approx([0.0, 0.5, 1.0, 0.4])
+
+
+def test_a_sampler_of_our_own_is_paired_with_the_papers_at_the_same_split() -> None:
+    frame = runs({
+        "4/0": [1.0, 1.0, 1.0],
+        "1/3": [2.0, 1.0, 3.0],
+        "1/3-fresh": [2.5, 1.5, 3.0],  # +0.5, +0.5, 0 over the paper's sampler, seed by seed
+        "3/1-fresh": [5.0, 5.0, 5.0],  # no 3/1 with the paper's sampler: no pair
+    })  # fmt: skip
+    (pair,) = same_split_gains(frame, metric="metric").to_dicts()
+    half = 4.302653 * (1 / 12) ** 0.5 / 3**0.5
+    assert pair["configuration"] == "1/3-fresh vs 1/3" and pair["n_seeds"] == 3
+    assert pair["baseline_mean"] == pytest.approx(2.0) and pair["mean"] == pytest.approx(7 / 3)
+    assert (pair["diff_low"], pair["diff_high"]) == pytest.approx((1 / 3 - half, 1 / 3 + half))
+    assert pair["per_seed"] == "s0 +0.5, s1 +0.5, s2 +0"
+
+
+def test_no_pair_when_the_papers_sampler_has_no_complete_run() -> None:
+    frame = runs({"4/0": [1.0], "1/3": [None], "1/3-fresh": [2.0]})  # type: ignore[list-item]
+    assert same_split_gains(frame, metric="metric").is_empty()
+    assert same_split_gains(runs({"4/0": [1.0], "2/2": [2.0]}), metric="metric").is_empty()
