@@ -82,14 +82,6 @@ def load(model: Any, adapter_dir: str) -> Any:
     return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
 
 
-def merged(model: Any) -> Any:
-    """A plain transformers model with the adapter folded into its weights (a copy: the
-    adapted model keeps training). What a consumer that knows nothing of peft loads."""
-    import copy
-
-    return copy.deepcopy(model).merge_and_unload()
-
-
 def base_directory(model: Any) -> str:
     """The local directory holding the adapted model's base weights: where it was loaded
     from (a path, a bundled model), or the Hub cache's snapshot of its id."""
@@ -136,7 +128,6 @@ __all__ = [
     "base_only",
     "is_adapted",
     "load",
-    "merged",
     "rank",
     "target_modules",
     "trainable_parameters",

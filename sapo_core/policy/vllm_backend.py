@@ -11,8 +11,9 @@ log-probs with the training forward (as for reduced-precision generation), so GR
 is the trainer's own and starts at 1.
 
 A LoRA node (sapo_core/policy/adapter.py) reaches the engine one of two ways
-(``generation.vllm.adapter_sync``): `merged` (default), the adapter is folded into a copy
-of the weights, which are written and reloaded whole as for full fine-tuning; `lora`, the
+(``generation.vllm.adapter_sync``): `merged` (default), the adapter is folded into the weights
+as they are written, shard by shard without a second model (sapo_core/policy/
+merged_weights.py), and the engine reloads them whole as for full fine-tuning; `lora`, the
 engine serves the frozen base (linked from where it lies, never copied) with the adapter,
 and an update writes the adapter alone (megabytes) for the engine to load as a new LoRA.
 
@@ -42,6 +43,7 @@ from sapo_core.policy.backend import Completion, ProgressCallback, Prompt, stop_
 from sapo_core.policy.bundled import cache_dir
 from sapo_core.policy.hf_backend import stop_token_ids
 from sapo_core.policy.loading import Policy
+from sapo_core.policy.merged_weights import save_merged
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +259,9 @@ class VLLMBackend:
                     target.symlink_to(source.resolve())
             return
         if adapters.is_adapted(model):
-            model = adapters.merged(model)  # a copy for the write; the adapter trains on
+            # folded shard by shard: no second model in memory, the adapter trains on
+            save_merged(model, self._folder)
+            return
         # save_pretrained writes tied weights once and in the names vLLM's loaders expect
         model.save_pretrained(self._folder, safe_serialization=True)
 

@@ -3,6 +3,7 @@ adapter on, the reference with it off, and the errors."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +111,63 @@ def test_an_adapter_runs_on_either_backend_and_is_labelled_by_its_rank() -> None
         VLLMConfig(adapter_sync="copy")  # type: ignore[arg-type]
 
 
-def test_the_merged_model_is_the_adapted_function_without_peft(base_dir: Path) -> None:
-    """What MLflow logs for an adapter node (flows/tracking.py): plain weights."""
+@pytest.mark.parametrize("shard_bytes", [1 << 28, 40_000])
+def test_the_merged_weights_are_peft_merge_written_without_a_second_model(
+    base_dir: Path, tmp_path: Path, shard_bytes: int
+) -> None:
+    """What vLLM reloads for an adapter node (sapo_core/policy/merged_weights.py): the
+    tensors peft's own merge gives, bit for bit, under the names and files save_pretrained
+    writes (one file, or shards with an index), loadable without peft as the adapted
+    function; the adapted model itself is left as it was."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    from sapo_core.policy.merged_weights import INDEX, save_merged
+
     model = adapter.attach(load_model(str(base_dir)), LORA).eval()
     _nudge(model)
-    plain = adapter.merged(model)
-    assert not adapter.is_adapted(plain) and adapter.is_adapted(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    written = save_merged(model, tmp_path / "merged", shard_bytes=shard_bytes)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+    reference = copy.deepcopy(model).merge_and_unload()
+    reference.save_pretrained(tmp_path / "peft", safe_serialization=True)
+    want: dict[str, torch.Tensor] = {}
+    for file in (tmp_path / "peft").glob("*.safetensors"):
+        want |= load_file(str(file))
+    got: dict[str, torch.Tensor] = {}
+    for file in written:
+        got |= load_file(str(file))
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    if shard_bytes < 1 << 28:  # the tiny model spans several shards, each listed
+        assert len(written) > 2 and (tmp_path / "merged" / INDEX).is_file()
+        index = json.loads((tmp_path / "merged" / INDEX).read_text())
+        assert set(index["weight_map"]) == set(want)
+        assert {index["weight_map"][k] for k in want} == {w.name for w in written}
+    else:
+        assert [w.name for w in written] == ["model.safetensors"]
+
+    plain = load_model(str(tmp_path / "merged")).eval()
+    assert not adapter.is_adapted(plain)
     with torch.no_grad():
-        want, _ = plain_logprobs(model, _segments(), 0.7, PAD)
-        got, _ = plain_logprobs(plain, _segments(), 0.7, PAD)
-    assert torch.allclose(got, want, atol=1e-5)
+        expected, _ = plain_logprobs(model, _segments(), 0.7, PAD)
+        loaded, _ = plain_logprobs(plain, _segments(), 0.7, PAD)
+    assert torch.allclose(loaded, expected, atol=1e-5)
+
+
+def test_rewriting_merged_weights_with_another_layout_leaves_no_stale_shard(
+    tmp_path: Path,
+) -> None:
+    from sapo_core.policy.merged_weights import INDEX, save_merged
+
+    model = adapter.attach(load_model(str(build_tiny_model(tmp_path / "base"))), LORA)
+    folder = tmp_path / "merged"
+    save_merged(model, folder, shard_bytes=40_000)
+    assert (folder / INDEX).is_file()
+    (only,) = save_merged(model, folder)
+    assert sorted(p.name for p in folder.glob("model*")) == [only.name]
 
 
 def test_a_bf16_base_keeps_an_fp32_adapter_and_both_paths_agree(base_dir: Path) -> None:

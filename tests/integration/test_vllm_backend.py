@@ -246,14 +246,17 @@ def test_the_engine_is_sized_for_the_smallest_lora_rank_that_holds_the_adapter()
 @needs_vllm
 @pytest.mark.parametrize("sync", ["lora", "merged"])
 def test_an_adapter_node_samples_its_adapted_policy_before_and_after_an_update(
-    tiny_dir: Path, sync: str
+    tiny_dir: Path, sync: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The engine's log-probs are the adapted model's (the trainer's, with the adapter on),
     and move with the adapter after an update, whether it serves the adapter or the merged
-    weights; the base's files are linked, never copied, when it serves the adapter."""
+    weights (written in several shards, as a large model's are); the base's files are
+    linked, never copied, when it serves the adapter."""
     from sapo_core.config import AdapterConfig
-    from sapo_core.policy import adapter
+    from sapo_core.policy import adapter, merged_weights
     from sapo_core.policy.loading import load_policy
+
+    monkeypatch.setattr(merged_weights, "DEFAULT_SHARD_BYTES", 40_000)  # the tiny model: 3+
 
     policy = load_policy(str(tiny_dir))
     policy.model = adapter.attach(policy.model, AdapterConfig(kind="lora", rank=4, alpha=8))
@@ -295,6 +298,7 @@ def test_an_adapter_node_samples_its_adapted_policy_before_and_after_an_update(
             assert weights and all(w.is_symlink() for w in weights)
             assert (backend._folder / "adapter" / "adapter_model.safetensors").is_file()
         else:
-            assert weights and not any(w.is_symlink() for w in weights)
+            assert len(weights) > 2 and not any(w.is_symlink() for w in weights)
+            assert (backend._folder / merged_weights.INDEX).is_file()
     finally:
         backend.close()
