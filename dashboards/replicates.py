@@ -291,6 +291,8 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
         frame = paper_comparison(
             tables.gains[metric], tables.configurations[metric], baseline=baseline
         )
+        if frame.height < 2:
+            continue  # the baseline alone: no configuration the paper ran
         is_base = pl.col("configuration") == baseline  # its gains are 0 by definition
         frame = frame.with_columns(
             pl.when(is_base)

@@ -39,6 +39,13 @@ def experiment(
             "sweep can finish on another machine."
         ),
     ] = None,
+    report_only: Annotated[
+        bool,
+        typer.Option(
+            help="Start no run: report what is recorded in --records and what this "
+            "machine's ledger holds (a sweep finished elsewhere, or one still running)."
+        ),
+    ] = False,
     overrides: SetOpt = None,
 ) -> None:
     """Run a sweep of sharing configurations (same seeds, tasks, models), then its report."""
@@ -56,6 +63,19 @@ def experiment(
         raise fail(f"--records {records}: not a folder")
     print(format_plan(exp, None if records is None else records.resolve()))
     if dry_run:
+        return
+    out_dir = report_dir or exp.workdir_path() / "reports" / exp.experiment
+    if report_only:
+        from flows.experiments.flow import experiment_report
+
+        made = guarded(
+            lambda: experiment_report(
+                str(config.resolve()), overrides or [], str(out_dir.resolve()),
+                str(records.resolve()) if records else None,
+            )
+        )  # fmt: skip
+        print(made["markdown"])
+        print(f"report: {made['html']}")
         return
     if not os.environ.get("PREFECT_API_URL"):
         # The sweep's own ephemeral Prefect; each node process gets its own

@@ -58,10 +58,11 @@ def run_configuration(
     return {"swarm_id": swarm.swarm_id, "skipped": False, "failed": failed}
 
 
-@task(name="report", cache_policy=NONE)
-def report_task(
+def experiment_report(
     experiment_file: str, overrides: list[str], out_dir: str, records_dir: str | None = None
 ) -> dict[str, Any]:
+    """The sweep's report under ``out_dir``: every swarm this machine's ledger holds, and the
+    paired-seed statistics of the runs it holds or ``records_dir`` records."""
     from flows.reports.report import report_ledger, report_replicates
 
     exp = load_experiment(experiment_file, overrides)
@@ -83,6 +84,13 @@ def report_task(
         markdown += "\n\n## Paired seeds\n\n" + statistics.read_text()
     html = str(report.html) if report is not None else str(statistics)
     return {"html": html, "markdown": markdown, "figures": report.figures if report else []}
+
+
+@task(name="report", cache_policy=NONE)
+def report_task(
+    experiment_file: str, overrides: list[str], out_dir: str, records_dir: str | None = None
+) -> dict[str, Any]:
+    return experiment_report(experiment_file, overrides, out_dir, records_dir)
 
 
 def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:

@@ -326,3 +326,43 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
     (folder / "record.json").write_text("{")
     with pytest.raises(RecordError, match="not a run record"):
         read_record(folder)
+
+
+def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_path: Path) -> None:
+    """`sapo experiment --report-only`: the statistics of the recorded runs (one run was never
+    recorded: it is missing, not run), with SAPO's Table 1 beside them, and nothing trained."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from dashboards.records import records_from_ledger, write_record
+    from flows.cli import app
+
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    records = records_from_ledger(ledger.query, replicates)
+    root = tmp_path / "records"
+    for swarm_id in replicates:
+        if swarm_id != swarm(SHARED, 2):
+            write_record(records, swarm_id, root, code="abc", host="elsewhere")
+    work = tmp_path / "work"
+    experiment = {
+        "experiment": "x", "workdir": str(work), "seeds": list(SEEDS),
+        "swarm": {"rounds": 2, "node_count": 2, "tracking": {"enabled": False},
+                  "defaults": {"model": "some/model", "evaluation": {"every": 2}}},
+        "configurations": [{"local_groups": 2, "external_groups": 0},
+                           {"local_groups": 1, "external_groups": 1}],
+    }  # fmt: skip
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    out = tmp_path / "report"
+    result = CliRunner().invoke(
+        app, ["experiment", "-c", str(path), "--records", str(root), "--report-only",
+              "--report-dir", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert not (work / "progress.json").exists() and not (work / "swarms").exists()
+    runs = pl.read_csv(out / "runs.csv")
+    assert sorted(runs["swarm_id"]) == sorted(s for s in replicates if s != swarm(SHARED, 2))
+    text = (out / "statistics.md").read_text()
+    # Seeds 0 and 1 pair: gains 0.5 and 0.5 over a baseline of 0.5, +100%.
+    assert "| 4/4 | 1093.310 | +95% | 1/1 | 2 | 1.000 | +100% | +100% | +100% | yes |" in text
+    assert "## Paired seeds" in result.output and (out / "curves.png").is_file()
