@@ -5,7 +5,9 @@ The paper (arXiv 2509.08721, Table 1; 8 nodes, I + J = 8) reports one run per
 configuration: the cumulative reward summed over agents and rounds. Its configurations
 differ in the external share J / (I + J), which is what a smaller swarm can keep (3/1 at
 I + J = 4 is the paper's 6/2); a relative gain is a ratio of cumulative rewards, so the
-number of nodes and rounds cancels and the paper's percentages can sit beside ours.
+number of nodes cancels and the paper's percentages can sit beside ours. The number of
+rounds does not: a gain over 12 rounds and one over 2000 measure different horizons of
+the same curve, so what compares is the shape across shares, not the percentages.
 
 Configuration labels are the sweep's (flows/experiments/sweep.py): ``I/J``, or
 ``I/J-policy`` when a sampling policy other than the paper's acts.
@@ -78,6 +80,7 @@ PAPER_COMPARISON_SCHEMA: dict[str, type[pl.DataType]] = {
     "paper_cumulative": pl.Float64,
     "paper_rel_gain": pl.Float64,
     "n_seeds": pl.Int64,
+    "baseline_mean": pl.Float64,  # the baseline over this row's paired seeds
     "mean": pl.Float64,
     "rel_gain": pl.Float64,
     "rel_low": pl.Float64,
@@ -93,10 +96,13 @@ def paper_comparison(
     ran too, the baseline first: the paper's cumulative reward and gain beside ours.
 
     ``gains`` is ``paired_gains`` of a cumulative metric against the J = 0 ``baseline``,
-    ``configurations`` its ``per_configuration`` (the baseline's row: mean and seeds). Our
-    relative gain's interval is the paired difference's interval over the baseline's mean
-    on the same seeds (the baseline's own spread is left out: the difference already
-    carries what seeds share; the paper has no interval at all).
+    ``configurations`` its ``per_configuration`` (the baseline's row: mean and seeds).
+
+    Our relative gain is the mean paired difference over the baseline's mean on the same
+    seeds (``baseline_mean``), and its bounds are the difference's 95% t interval over that
+    same mean: the interval of the difference, rescaled, not an interval of the ratio (the
+    baseline mean's own uncertainty is not in it, so it is narrower than a ratio's would
+    be). Whether it excludes zero is the difference's test. The paper has no interval.
     """
     paper = {row.external_share: row for row in PAPER_TABLE}
     base = paper[0.0]
@@ -104,8 +110,8 @@ def paper_comparison(
     rows: list[dict[str, object]] = [
         {"configuration": baseline, "external_share": 0.0,
          "paper_configuration": base.configuration, "paper_cumulative": base.cumulative_reward,
-         "paper_rel_gain": 0.0, "n_seeds": own["n_seeds"], "mean": own["mean"],
-         "rel_gain": 0.0}
+         "paper_rel_gain": 0.0, "n_seeds": own["n_seeds"], "baseline_mean": own["mean"],
+         "mean": own["mean"], "rel_gain": 0.0}
     ]  # fmt: skip
     for gain in gains.iter_rows(named=True):
         split = parse_label(gain["configuration"])
@@ -113,15 +119,15 @@ def paper_comparison(
         if split.policy is not None or reference is None:
             continue  # our own samplers have no paper row; other shares have no paper run
         scale = gain["baseline_mean"]
+        bounds = sorted([_ratio(gain["diff_low"], scale), _ratio(gain["diff_high"], scale)])
         rows.append(
             {"configuration": gain["configuration"], "external_share": split.external_share,
              "paper_configuration": reference.configuration,
              "paper_cumulative": reference.cumulative_reward,
              "paper_rel_gain": reference.cumulative_reward / PAPER_BASELINE - 1,
-             "n_seeds": gain["n_seeds"], "mean": gain["mean"],
-             "rel_gain": _ratio(gain["diff_mean"], scale),
-             "rel_low": _ratio(gain["diff_low"], scale),
-             "rel_high": _ratio(gain["diff_high"], scale), "excludes_zero": gain["excludes_zero"]}
+             "n_seeds": gain["n_seeds"], "baseline_mean": scale, "mean": gain["mean"],
+             "rel_gain": _ratio(gain["diff_mean"], scale), "rel_low": bounds[0],
+             "rel_high": bounds[1], "excludes_zero": gain["excludes_zero"]}
         )  # fmt: skip
     frame = pl.DataFrame(rows, schema=PAPER_COMPARISON_SCHEMA)
     return frame.sort("external_share", maintain_order=True)
@@ -142,7 +148,8 @@ def same_split_gains(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
         if split.policy is None or split.plain not in labels:
             continue
         pair = runs.filter(pl.col("configuration").is_in([label, split.plain]))
-        if pair.filter(pl.col("configuration") == split.plain)[metric].is_null().all():
+        paper = pair.filter(pl.col("configuration") == split.plain)[metric].cast(pl.Float64)
+        if (paper.is_null() | paper.is_nan()).all():
             continue  # no complete run of the paper's sampler to pair with
         gains = paired_gains(pair, baseline=split.plain, metric=metric)
         frames.append(

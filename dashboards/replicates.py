@@ -272,7 +272,7 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
 def _percent(value: object) -> str:
     if not isinstance(value, float) or value != value:
         return "-"
-    return f"{value:+.0%}"
+    return f"{value:+.1%}"
 
 
 def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
@@ -306,9 +306,17 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
             frame,
             {"paper_configuration": "paper", "paper_cumulative": "paper's cumulative",
              "paper_rel_gain": "paper's gain", "configuration": "here", "n_seeds": "seeds",
-             "mean": "cumulative (mean)", "rel_gain": "gain", "rel_low": "95% low",
-             "rel_high": "95% high", "excludes_zero": "interval excludes 0"},
+             "baseline_mean": f"{baseline} on these seeds", "mean": "cumulative (mean)",
+             "rel_gain": "gain", "rel_low": "95% low", "rel_high": "95% high",
+             "excludes_zero": "interval excludes 0"},
         )  # fmt: skip
+        lines += [
+            "",
+            "Gain: the mean paired difference over the baseline's mean on the same "
+            "seeds; its bounds are the difference's 95% t interval over that mean (the "
+            "baseline mean's own uncertainty is not in them). The paper ran 2000 rounds: "
+            "compare the shape across shares, not the percentages.",
+        ]
     names["final_accuracy"] = "final held-out accuracy"
     for metric, name in names.items():
         same = same_split_gains(tables.runs, metric=metric)

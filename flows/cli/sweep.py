@@ -42,8 +42,8 @@ def experiment(
     report_only: Annotated[
         bool,
         typer.Option(
-            help="Start no run: report what is recorded in --records and what this "
-            "machine's ledger holds (a sweep finished elsewhere, or one still running)."
+            help="Start no run and write no record: report what --records holds and what "
+            "this machine's ledger holds (a sweep finished elsewhere, or one still running)."
         ),
     ] = False,
     overrides: SetOpt = None,
@@ -71,11 +71,12 @@ def experiment(
         made = guarded(
             lambda: experiment_report(
                 str(config.resolve()), overrides or [], str(out_dir.resolve()),
-                str(records.resolve()) if records else None,
+                str(records.resolve()) if records else None, write_records=False,
             )
         )  # fmt: skip
         print(made["markdown"])
-        print(f"report: {made['html']}")
+        # Nothing at all when no ledger here holds a run and the sweep has no J = 0 baseline.
+        print(f"report: {made['html']}" if made["html"] else "no report: nothing to report")
         return
     if not os.environ.get("PREFECT_API_URL"):
         # The sweep's own ephemeral Prefect; each node process gets its own

@@ -59,10 +59,16 @@ def run_configuration(
 
 
 def experiment_report(
-    experiment_file: str, overrides: list[str], out_dir: str, records_dir: str | None = None
+    experiment_file: str,
+    overrides: list[str],
+    out_dir: str,
+    records_dir: str | None = None,
+    *,
+    write_records: bool = True,
 ) -> dict[str, Any]:
     """The sweep's report under ``out_dir``: every swarm this machine's ledger holds, and the
-    paired-seed statistics of the runs it holds or ``records_dir`` records."""
+    paired-seed statistics of the runs it holds or ``records_dir`` records (this machine's
+    complete runs are recorded there too, unless ``write_records`` is false)."""
     from flows.reports.report import report_ledger, report_replicates
 
     exp = load_experiment(experiment_file, overrides)
@@ -78,11 +84,11 @@ def experiment_report(
         print(f"no ledger report ({exc}); the statistics come from {records_dir}")
         report = None
     records = None if records_dir is None else Path(records_dir)
-    statistics = report_replicates(exp, out, records)
+    statistics = report_replicates(exp, out, records, write_records=write_records)
     markdown = report.markdown if report is not None else f"# {exp.experiment}\n"
     if statistics is not None:
         markdown += "\n\n## Paired seeds\n\n" + statistics.read_text()
-    html = str(report.html) if report is not None else str(statistics)
+    html = str(report.html) if report is not None else statistics and str(statistics)
     return {"html": html, "markdown": markdown, "figures": report.figures if report else []}
 
 

@@ -156,13 +156,18 @@ def code_version() -> str:
 
 
 def report_replicates(
-    exp: ExperimentConfig, out_dir: Path, records_dir: Path | None = None
+    exp: ExperimentConfig,
+    out_dir: Path,
+    records_dir: Path | None = None,
+    *,
+    write_records: bool = True,
 ) -> Path | None:
     """The experiment's paired-seed statistics and diagnostics (statistics.md, CSVs and the
     held-out figure) under ``out_dir``; None when the experiment has no J = 0 baseline.
 
-    With ``records_dir``, every complete run this machine holds is (re)recorded there first,
-    and runs this machine lacks are read from their records: a sweep finished across
+    With ``records_dir``, every complete run this machine holds is (re)recorded there first
+    (unless ``write_records`` is false: a report beside a running sweep, which writes its
+    own), and runs this machine lacks are read from their records: a sweep finished across
     several machines is reported as one."""
     baseline = exp.baseline_label()
     if baseline is None:
@@ -170,7 +175,10 @@ def report_replicates(
     first = exp.swarm_config(*exp.runs()[0])
     records = ledger_records(exp)
     if records_dir is not None:
-        here = record_runs(exp, records_dir, records=records)
+        if write_records:
+            here = record_runs(exp, records_dir, records=records)
+        else:
+            here = complete_runs(exp, records)
         elsewhere = [s for s in exp.replicates() if s not in here and recorded(records_dir, s)]
         ours = records.only(s for s in records.swarm_ids() if s not in elsewhere)
         records = RunRecords.concat([ours, read_records(records_dir, elsewhere)])

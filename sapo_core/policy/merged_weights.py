@@ -5,24 +5,31 @@ A consumer that knows nothing of peft (vLLM reloading the policy, a user's
 projection. peft's ``merge_and_unload`` folds in place, so keeping the adapter training
 meant merging a deep copy of the whole model: for a moment twice the model's memory, on
 the accelerator where it lives, which is where memory runs out first. Here each merged
-tensor is made only while its shard is written (one shard at a time, ``shard_bytes`` at
-most beside the model), every other tensor is written from the model's own storage, and
-the model is never modified: the frozen base stays the base exactly.
+tensor is made only while its shard is written (one shard at a time: about ``shard_bytes``
+beside the model, plus one projection's B @ A while it is folded, and on a GPU a host copy
+of the shard as safetensors writes it), every other tensor is written from the model's own
+storage, and the model is never modified: the frozen base stays the base exactly.
 
-The folder is what ``save_pretrained`` writes: ``config.json`` (and the generation config
-where the model has one), ``model.safetensors`` or numbered shards with
+For models transformers saves under the names it loaded them by (Llama, Qwen2, Gemma 3's
+text model among them), the folder is what ``save_pretrained`` writes: ``config.json`` (and
+the generation config where the model has one), ``model.safetensors`` or numbered shards with
 ``model.safetensors.index.json``, the tensors under the plain model's names, a tied tensor
-written once under its first name.
+written once under its first name. A model whose tensors transformers renames or regroups
+on save (``converts_on_save``) is merged in a copy and saved by transformers, as before.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 256 << 20  # the most a write holds beside the model
 INDEX = "model.safetensors.index.json"
@@ -30,14 +37,17 @@ BASE_LAYER = ".base_layer."
 
 
 def _lora_layers(base: Any, adapter_name: str) -> dict[str, Any]:
-    """Module name -> the peft LoRA layer wrapping it, for layers the adapter acts on; an
-    adapter kind this merge does not fold (DoRA, LoRA biases) is an error, not a silent
-    drop of what it learned."""
+    """Module name -> the peft LoRA layer wrapping it (a linear or an embedding), for layers
+    the adapter acts on; an adapter kind this merge does not fold (DoRA, LoRA biases) is an
+    error, not a silent drop of what it learned."""
     from peft.tuners.lora import LoraLayer
 
     layers = {}
     for name, module in base.named_modules():
-        if not isinstance(module, LoraLayer) or adapter_name not in module.lora_A:
+        if not isinstance(module, LoraLayer):
+            continue
+        held = adapter_name in module.lora_A or adapter_name in module.lora_embedding_A
+        if not held:
             continue
         if adapter_name in getattr(module, "lora_variant", {}) or module.lora_bias.get(
             adapter_name
@@ -53,22 +63,28 @@ def _plain_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor, Any | None]]
     adapter_name = model.active_adapter
     base = model.get_base_model()
     layers = _lora_layers(base, adapter_name)
-    seen: set[tuple[int, tuple[int, ...]]] = set()
+    seen: set[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]] = set()
     for key, tensor in base.state_dict().items():
         if ".lora_" in key:
+            if key.split(".lora_", 1)[0] not in layers:
+                raise ValueError(f"{key}: an adapter weight this fold does not handle")
             continue
+        if tensor.device.type == "meta":
+            raise ValueError(f"{key} is offloaded (meta device): nothing to write from")
         name, layer = key, None
         if BASE_LAYER in key:
             module, param = key.split(BASE_LAYER, 1)
             name = f"{module}.{param}"
             layer = layers.get(module) if param == "weight" else None
-        storage = (
-            tensor.untyped_storage().data_ptr() + tensor.storage_offset(),
-            tuple(tensor.shape),
-        )
-        if storage in seen:
-            continue  # a tied tensor (the output head sharing the embeddings): once
-        seen.add(storage)
+        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+        if same in seen:
+            # A tied tensor (the output head sharing the embeddings) is written once, as
+            # save_pretrained does. peft's merge would add an adapter on the second name to
+            # the one storage both share, which a single write cannot say.
+            if layer is not None:
+                raise ValueError(f"{key}: an adapter on a tied weight is not folded here")
+            continue
+        seen.add(same)
         yield name, tensor, layer
 
 
@@ -93,28 +109,56 @@ def _shards(sizes: list[tuple[str, int]], shard_bytes: int) -> list[list[str]]:
     return shards
 
 
+def converts_on_save(base: Any) -> bool:
+    """Whether transformers renames or regroups this model's tensors when it saves them
+    (``save_pretrained``'s original format: multimodal wrappers, fused experts): a folder
+    written tensor by tensor under the loaded names would not be what a loader expects."""
+    attached = getattr(base, "_weight_conversions", None)
+    if attached is not None:  # what from_pretrained applied, reverted on save
+        return bool(attached)
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
+
+    mapping = get_model_conversion_mapping(base, add_legacy=False)
+    return any(not isinstance(entry, PrefixChange) for entry in mapping)
+
+
 def save_merged(model: Any, folder: Path, *, shard_bytes: int | None = None) -> list[Path]:
     """Write the adapted ``model`` (a peft model) to ``folder`` as a plain transformers
     model with the active adapter folded in, in shards of at most ``shard_bytes`` (default
     ``DEFAULT_SHARD_BYTES``, read at the call); returns the weight files written. Weight files
     of an earlier write that this one does not rewrite are removed, so a reader never mixes
-    two layouts."""
+    two layouts. A model whose saved names differ from its loaded ones is merged in a copy
+    and saved by transformers instead: correct, at the copy's memory."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = model.get_base_model()
+    if converts_on_save(base):
+        log.warning("%s renames its tensors on save: merging a copy", type(base).__name__)
+        _remove_weights(folder, keep=[])
+        copy.deepcopy(model).merge_and_unload().save_pretrained(folder, safe_serialization=True)
+        return sorted(folder.glob("*.safetensors"))
+    return _save_folded(model, folder, shard_bytes or DEFAULT_SHARD_BYTES)
+
+
+def _remove_weights(folder: Path, keep: list[str]) -> None:
+    for stale in folder.glob("model*.safetensors*"):
+        if stale.name not in keep:
+            stale.unlink()
+
+
+def _save_folded(model: Any, folder: Path, shard_bytes: int) -> list[Path]:
     from safetensors.torch import save_file
 
-    folder.mkdir(parents=True, exist_ok=True)
     adapter_name = model.active_adapter
     tensors = {name: (tensor, layer) for name, tensor, layer in _plain_tensors(model)}
     sizes = [(name, t.numel() * t.element_size()) for name, (t, _) in tensors.items()]
-    groups = _shards(sizes, shard_bytes or DEFAULT_SHARD_BYTES)
+    groups = _shards(sizes, shard_bytes)
     if len(groups) == 1:
         files = ["model.safetensors"]
     else:
-        files = [
-            f"model-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)
-        ]
-    for stale in folder.glob("model*.safetensors*"):
-        if stale.name not in files:
-            stale.unlink()
+        count = len(groups)
+        files = [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+    _remove_weights(folder, keep=files)
     written = []
     for file, names in zip(files, groups, strict=True):
         shard = {name: _folded(*tensors[name], adapter_name) for name in names}
@@ -122,13 +166,9 @@ def save_merged(model: Any, folder: Path, *, shard_bytes: int | None = None) -> 
         del shard  # the merged tensors of this shard go before the next is made
         written.append(folder / file)
     if len(groups) > 1:
-        weight_map = {
-            name: file for file, names in zip(files, groups, strict=True) for name in names
-        }
-        index = {
-            "metadata": {"total_size": sum(size for _, size in sizes)},
-            "weight_map": weight_map,
-        }
+        weight_map = {n: file for file, names in zip(files, groups, strict=True) for n in names}
+        total = sum(size for _, size in sizes)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (folder / INDEX).write_text(json.dumps(index, indent=2))
     base = model.get_base_model()
     base.config.save_pretrained(folder)

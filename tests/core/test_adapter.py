@@ -170,6 +170,78 @@ def test_rewriting_merged_weights_with_another_layout_leaves_no_stale_shard(
     assert sorted(p.name for p in folder.glob("model*")) == [only.name]
 
 
+def _peft_merged_tensors(model: Any, folder: Path) -> dict[str, torch.Tensor]:
+    """The reference: peft's own merge of a copy, saved by transformers, read back."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    copy.deepcopy(model).merge_and_unload().save_pretrained(folder, safe_serialization=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in folder.glob("*.safetensors"):
+        tensors |= load_file(str(file))
+    return tensors
+
+
+def test_an_adapter_on_the_embeddings_is_folded_and_one_on_a_tied_head_refused(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import load_file
+
+    from sapo_core.policy.merged_weights import save_merged
+
+    base = build_tiny_model(tmp_path / "base")  # tied: the head shares the embeddings
+    on_embeddings = AdapterConfig(kind="lora", rank=4, alpha=8,
+                                  target_modules=["embed_tokens", "q_proj"])  # fmt: skip
+    model = adapter.attach(load_model(str(base)), on_embeddings)
+    _nudge(model)
+    for name, param in model.named_parameters():  # peft starts an embedding's A at 0
+        if "lora_embedding_A" in name:
+            with torch.no_grad():
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    (file,) = save_merged(model, tmp_path / "merged")
+    got = load_file(str(file))
+    want = _peft_merged_tensors(model, tmp_path / "peft")
+    assert sorted(got) == sorted(want)
+    embed = "model.embed_tokens.weight"
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert not torch.equal(got[embed], load_model(str(base)).state_dict()[embed])
+
+    on_head = AdapterConfig(kind="lora", rank=4, alpha=8, target_modules=["lm_head"])
+    with pytest.raises(ValueError, match="tied weight"):
+        save_merged(adapter.attach(load_model(str(base)), on_head), tmp_path / "head")
+
+
+def test_a_model_transformers_regroups_on_save_is_merged_in_a_copy(tmp_path: Path) -> None:
+    """Qwen2-MoE's experts are fused when loaded and split again when saved: a tensor by
+    tensor write would give the fused names; the fold falls back to transformers' save."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from sapo_core.policy.merged_weights import converts_on_save, save_merged
+
+    config = Qwen2MoeConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
+    loaded = load_model(str(tmp_path / "moe"))
+    assert converts_on_save(loaded)
+    assert not converts_on_save(load_model(str(build_tiny_model(tmp_path / "llama"))))
+    attention = AdapterConfig(kind="lora", rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    model = adapter.attach(loaded, attention)
+    _nudge(model)
+    from safetensors.torch import load_file
+
+    got: dict[str, torch.Tensor] = {}
+    for file in save_merged(model, tmp_path / "merged"):
+        got |= load_file(str(file))
+    want = _peft_merged_tensors(model, tmp_path / "peft")
+    assert sorted(got) == sorted(want) and any(".experts.0." in k for k in want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_a_bf16_base_keeps_an_fp32_adapter_and_both_paths_agree(base_dir: Path) -> None:
     """``base_precision: bf16``: the base's weights take half the bytes, the adapter and
     its gradients stay fp32, both log-prob paths agree within bf16's precision, and

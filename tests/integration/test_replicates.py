@@ -155,11 +155,12 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     # 0 over 1.0) is -4%. The baseline row carries the paper's 8/0 and no gain.
     assert "### SAPO's Table 1 beside this experiment: cumulative claimed reward" in md
     low, high = (1 / 3 - half) / 0.5, (1 / 3 + half) / 0.5
-    assert (
-        f"| 4/4 | 1093.310 | +95% | 1/1 | 3 | 0.833 | +67% | {low:+.0%} | {high:+.0%} | no |" in md
+    row = (
+        f"| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 0.500 | 0.833 | +66.7% | {low:+.1%} | {high:+.1%} |"
     )
-    assert "| 8/0 | 561.790 | baseline | 2/0 | 3 | 0.500 | baseline | - | - | - |" in md
-    assert "| 4/4 | 1093.310 | +95% | 1/1 | 3 | 0.958 | -4% |" in md
+    assert row + " no |" in md
+    assert "| 8/0 | 561.790 | baseline | 2/0 | 3 | 0.500 | 0.500 | baseline | - | - | - |" in md
+    assert "| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 1.000 | 0.958 | -4.2% |" in md
     assert "samplers at the same I/J" not in md  # no sampler of our own was run
     path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
     assert path.read_text() == md
@@ -329,8 +330,9 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
 
 
 def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_path: Path) -> None:
-    """`sapo experiment --report-only`: the statistics of the recorded runs (one run was never
-    recorded: it is missing, not run), with SAPO's Table 1 beside them, and nothing trained."""
+    """`sapo experiment --report-only` beside a sweep: the recorded runs and the runs this
+    machine's ledger holds (one of them not recorded yet), with SAPO's Table 1 beside them;
+    nothing trained and no record written or rewritten (the running sweep writes its own)."""
     import yaml
     from typer.testing import CliRunner
 
@@ -343,9 +345,9 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
     for swarm_id in replicates:
         if swarm_id != swarm(SHARED, 2):
             write_record(records, swarm_id, root, code="abc", host="elsewhere")
-    work = tmp_path / "work"
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     experiment = {
-        "experiment": "x", "workdir": str(work), "seeds": list(SEEDS),
+        "experiment": "x", "workdir": str(tmp_path), "seeds": list(SEEDS),  # its ledger: ours
         "swarm": {"rounds": 2, "node_count": 2, "tracking": {"enabled": False},
                   "defaults": {"model": "some/model", "evaluation": {"every": 2}}},
         "configurations": [{"local_groups": 2, "external_groups": 0},
@@ -359,10 +361,10 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
               "--report-dir", str(out)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert not (work / "progress.json").exists() and not (work / "swarms").exists()
+    assert not (tmp_path / "progress.json").exists() and not (tmp_path / "swarms").exists()
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     runs = pl.read_csv(out / "runs.csv")
-    assert sorted(runs["swarm_id"]) == sorted(s for s in replicates if s != swarm(SHARED, 2))
+    assert sorted(runs["swarm_id"]) == sorted(replicates)  # seed 2 of 1/1 from the ledger
     text = (out / "statistics.md").read_text()
-    # Seeds 0 and 1 pair: gains 0.5 and 0.5 over a baseline of 0.5, +100%.
-    assert "| 4/4 | 1093.310 | +95% | 1/1 | 2 | 1.000 | +100% | +100% | +100% | yes |" in text
+    assert "| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 0.500 | 0.833 | +66.7% |" in text
     assert "## Paired seeds" in result.output and (out / "curves.png").is_file()

@@ -47,6 +47,7 @@ def test_each_paper_split_meets_the_paper_row_of_its_external_share() -> None:
     assert list(rows) == ["8/0", "6/2", "2/6"]
     assert rows["8/0"]["paper_cumulative"] == 561.79 and rows["8/0"]["mean"] == 2.0
     assert rows["8/0"]["n_seeds"] == 3 and rows["8/0"]["rel_gain"] == 0.0
+    assert rows["6/2"]["baseline_mean"] == 2.0  # the paired seeds: all three here
     assert rows["6/2"]["paper_configuration"] == "6/2"
     assert rows["6/2"]["paper_rel_gain"] == pytest.approx(854.43 / 561.79 - 1)
     assert rows["6/2"]["rel_gain"] == pytest.approx(0.25)
@@ -88,3 +89,25 @@ def test_no_pair_when_the_papers_sampler_has_no_complete_run() -> None:
     frame = runs({"4/0": [1.0], "1/3": [None], "1/3-fresh": [2.0]})  # type: ignore[list-item]
     assert same_split_gains(frame, metric="metric").is_empty()
     assert same_split_gains(runs({"4/0": [1.0], "2/2": [2.0]}), metric="metric").is_empty()
+
+
+def test_the_gain_is_over_the_baseline_on_the_paired_seeds_and_its_bounds_ordered() -> None:
+    # 6/2 lacks seed 2: its gain is over the baseline's seeds 0 and 1 (mean 1.5), while the
+    # baseline's own row keeps all three seeds (mean 2.0).
+    frame = runs({"8/0": [1.0, 2.0, 3.0], "6/2": [2.0, 2.5, None]})  # type: ignore[list-item]
+    gains = paired_gains(frame, baseline="8/0", metric="metric")
+    table = paper_comparison(gains, per_configuration(frame, metric="metric"), baseline="8/0")
+    base, shared = table.to_dicts()
+    assert (base["baseline_mean"], base["n_seeds"]) == (2.0, 3)
+    assert (shared["baseline_mean"], shared["n_seeds"]) == (1.5, 2)
+    assert shared["rel_gain"] == pytest.approx(0.75 / 1.5)
+    # A negative baseline (a reward that can go below zero) keeps low below high.
+    negative = runs({"8/0": [-1.0, -1.0], "6/2": [-0.5, 0.0]})
+    gains = paired_gains(negative, baseline="8/0", metric="metric")
+    row = paper_comparison(gains, per_configuration(negative, metric="metric"), baseline="8/0")
+    assert row["rel_low"][1] < row["rel_high"][1]
+
+
+def test_an_all_nan_papers_sampler_gives_no_pair() -> None:
+    frame = runs({"4/0": [1.0], "1/3": [float("nan")], "1/3-fresh": [2.0]})
+    assert same_split_gains(frame, metric="metric").is_empty()
