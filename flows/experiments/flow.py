@@ -15,12 +15,8 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
-from flows.experiments.sweep import (
-    ExperimentConfig,
-    is_complete,
-    load_experiment,
-    record_progress,
-)
+from flows.experiments.progress import record_progress
+from flows.experiments.sweep import ExperimentConfig, is_complete, load_experiment
 from flows.swarm.launcher import run_swarm, write_resolved
 
 

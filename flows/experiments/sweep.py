@@ -20,8 +20,6 @@ so seeds, tasks, models and compute per node are identical by construction.
 from __future__ import annotations
 
 import copy
-import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -37,8 +35,8 @@ from flows.config import (
     read_yaml_mapping,
     validate_swarm,
 )
+from flows.experiments.progress import read_progress, wall_label, wall_times
 from flows.node import checkpoint
-from flows.node.files import write_atomically
 from ledger.schema import check_id
 from sapo_core.config import Strict
 
@@ -269,15 +267,23 @@ def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, A
 
 
 def format_plan(exp: ExperimentConfig, records: Path | None = None) -> str:
+    """The plan as a table, with each run's wall time from this machine's progress file
+    (the last attempt that ended, and how many attempts were stopped before it)."""
     rows = plan(exp, records)
+    times = wall_times(read_progress(exp))
+    for row in rows:
+        row["wall"] = wall_label(times.get(row["swarm_id"]))
     head = (
         f"experiment {exp.experiment}: {len(exp.configurations)} configurations"
         + ("" if exp.seeds is None else f" x {len(exp.seeds)} seeds = {len(rows)} runs")
         + "; "
         f"ledger {exp.ledger_url()}; MLflow {exp.tracking_uri()}"
     )
+    timed = [t["seconds"] for t in times.values() if t["seconds"] is not None]
+    if timed:
+        head += f"; timed runs: {len(timed)}, {sum(timed) / 3600:.1f} h in all (last attempts)"
     cols = ["configuration", "seed", "swarm_id", "policy", "nodes", "rounds", "questions",
-            "completions", "max_new_tokens", "rollouts", "done"]  # fmt: skip
+            "completions", "max_new_tokens", "rollouts", "done", "wall"]  # fmt: skip
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
     lines = [head, "  ".join(c.ljust(widths[c]) for c in cols)]
     lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
@@ -285,49 +291,3 @@ def format_plan(exp: ExperimentConfig, records: Path | None = None) -> str:
     lines.append(f"models: {first['models']}")
     lines.append(f"tasks: {first['tasks']}")
     return "\n".join(lines)
-
-
-PROGRESS_FILE = "progress.json"
-
-
-def progress_path(exp: ExperimentConfig) -> Path:
-    """`<workdir>/progress.json`, or `progress-<experiment>.json` for a second experiment
-    sharing the working directory (each file counts one experiment's runs)."""
-    path = exp.workdir_path() / PROGRESS_FILE
-    try:
-        owner = json.loads(path.read_text()).get("experiment")
-    except (OSError, ValueError, AttributeError):
-        owner = None
-    if owner in (None, exp.experiment):
-        return path
-    return path.with_name(f"progress-{exp.experiment}.json")
-
-
-def record_progress(exp: ExperimentConfig, swarm_id: str, event: str, **facts: Any) -> Path:
-    """Note in the experiment's progress file that a run started, finished or was skipped,
-    with the time: whoever resumes a sweep of many hours sees where it stands, which runs
-    took how long and which were interrupted (started again without a finish in between).
-    A file that is not such a record (torn, foreign) is started over."""
-    path = progress_path(exp)
-    try:
-        progress = json.loads(path.read_text())
-    except (OSError, ValueError):
-        progress = {}
-    runs = progress.get("runs") if isinstance(progress, dict) else None
-    if not isinstance(runs, dict) or not all(isinstance(e, dict) for e in runs.values()):
-        progress = {"experiment": exp.experiment, "runs": {}}
-    labels = exp.replicates()
-    entry = progress["runs"].setdefault(swarm_id, {})
-    if swarm_id in labels:
-        entry["configuration"], entry["seed"] = labels[swarm_id]
-    now = datetime.now(UTC).isoformat(timespec="seconds")
-    entry.setdefault("events", []).append({"event": event, "at": now, **facts})
-    entry["state"] = event
-    done = sum(
-        1
-        for run_id, e in progress["runs"].items()
-        if run_id in labels and e.get("state") in ("finished", "skipped")
-    )
-    progress["summary"] = f"{done} of {len(labels)} runs done; last update {now}"
-    write_atomically(path, json.dumps(progress, indent=1, sort_keys=True) + "\n")
-    return path

@@ -12,12 +12,12 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.experiments.progress import record_progress, wall_label, wall_times
 from flows.experiments.sweep import (
     ExperimentConfig,
     format_plan,
     load_experiment,
     plan,
-    record_progress,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -231,3 +231,48 @@ def test_records_must_be_a_folder_and_a_recorded_run_counts_as_done(tmp_path: Pa
     (folder / "record.json").write_text("{}")
     done = {r["swarm_id"]: r["done"] for r in plan(exp, tmp_path / "kept")}
     assert done[first] is True and not any(v for k, v in done.items() if k != first)
+
+
+def test_wall_times_time_the_attempt_that_ended_and_count_the_stopped_ones() -> None:
+    def run(*events: tuple[str, str]) -> dict[str, Any]:
+        return {"events": [{"event": e, "at": f"2026-12-03T{t}+00:00"} for e, t in events]}
+
+    progress = {"runs": {
+        "clean": run(("started", "10:00:00"), ("finished", "10:21:30")),
+        # stopped with the session, resumed: only the resumed attempt is timed
+        "resumed": run(("started", "11:00:00"), ("started", "12:00:00"), ("finished", "12:06:00")),
+        "failed": run(("started", "13:00:00"), ("failed", "13:10:00")),
+        "running": run(("started", "14:00:00")),
+        "skipped": run(("skipped", "15:00:00")),
+        "torn": {"events": "not a list"},
+    }}  # fmt: skip
+    times = wall_times(progress)
+    assert times["clean"] == {"seconds": 1290.0, "attempts": 1, "interrupted": 0}
+    assert times["resumed"] == {"seconds": 360.0, "attempts": 2, "interrupted": 1}
+    assert times["failed"] == {"seconds": 600.0, "attempts": 1, "interrupted": 0}
+    assert times["running"] == {"seconds": None, "attempts": 1, "interrupted": 1}
+    assert times["skipped"] == {"seconds": None, "attempts": 0, "interrupted": 0}
+    assert "torn" not in times
+    labels = {k: wall_label(v) for k, v in times.items()}
+    assert labels == {"clean": "21.5 min", "resumed": "6.0 min (+1 earlier)",
+                      "failed": "10.0 min", "running": "unfinished", "skipped": "-"}  # fmt: skip
+    # A failed attempt and its rerun: the rerun's minutes, the failure counted.
+    rerun = run(("started", "10:00:00"), ("failed", "10:30:00"), ("started", "11:00:00"),
+                ("finished", "11:05:00"))  # fmt: skip
+    again = wall_times({"runs": {"rerun": rerun}})["rerun"]
+    assert again == {"seconds": 300.0, "attempts": 2, "interrupted": 0}
+    assert wall_label(again) == "5.0 min (+1 earlier)"
+    assert wall_label(None) == "-"
+
+
+def test_the_plan_shows_each_runs_wall_time_from_the_progress_file(tmp_path: Path) -> None:
+    exp = make(workdir=str(tmp_path), seeds=[0])
+    first = exp.swarm_id(exp.configurations[0], 0)
+    record_progress(exp, first, "started")
+    record_progress(exp, first, "finished", failed=0)
+    text = format_plan(exp)
+    assert "timed runs: 1, 0.0 h in all (last attempts)" in text
+    (row,) = [line for line in text.splitlines() if first in line]
+    assert row.rstrip().endswith("0.0 min")
+    (other,) = [line for line in text.splitlines() if "sweep-2x2-s0" in line]
+    assert other.rstrip().endswith("-")
