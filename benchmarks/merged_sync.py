@@ -9,6 +9,7 @@ variants (the tests check them against peft bit for bit).
 
     python benchmarks/merged_sync.py     # gemma3-270m: copy, 1 GiB and 256 MiB shards
     python benchmarks/merged_sync.py --model bundled:smollm2-135m-instruct --repeat 3
+    python benchmarks/merged_sync.py --device cuda   # the model on a GPU: device memory too
 
 Memory figures do not depend on the machine's load; the seconds printed beside them do, so
 compare those only from an idle machine.
@@ -67,8 +68,9 @@ class PeakSampler:
         self._thread.join()
 
 
-def one(model_name: str, variant: str, folder: Path) -> dict[str, object]:
-    """In this process: load, adapt, write once as `variant`; the figures."""
+def one(model_name: str, variant: str, folder: Path, device: str) -> dict[str, object]:
+    """In this process: load, adapt, write once as `variant`; the figures (on a GPU also
+    the device memory the write allocated above what the model held)."""
     import copy
     import gc
 
@@ -86,7 +88,13 @@ def one(model_name: str, variant: str, folder: Path) -> dict[str, object]:
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.01)
+    model.to(device)
     gc.collect()
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        device_before = torch.cuda.memory_allocated()
     start = time.perf_counter()
     with PeakSampler() as sampled:
         if VARIANTS[variant] is None:
@@ -94,6 +102,7 @@ def one(model_name: str, variant: str, folder: Path) -> dict[str, object]:
         else:
             save_merged(model, folder, shard_bytes=VARIANTS[variant])
     seconds = time.perf_counter() - start
+    device_extra = (torch.cuda.max_memory_allocated() - device_before) / 1e9 if on_gpu else None
     digest = hashlib.sha256()
     from safetensors.torch import load_file
 
@@ -107,6 +116,7 @@ def one(model_name: str, variant: str, folder: Path) -> dict[str, object]:
         "variant": variant,
         "held_before_gb": sampled.before / 1e9,
         "extra_peak_gb": (sampled.peak - sampled.before) / 1e9,
+        "device_extra_peak_gb": device_extra,
         "seconds": seconds,
         "files": len(list(folder.glob("*.safetensors"))),
         "weights_gb": weights / 1e9,
@@ -119,12 +129,13 @@ def main() -> None:
     parser.add_argument("--model", default="bundled:gemma3-270m")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: the model on a GPU")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # variant, in a child process
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     apply_offline_defaults()
     if args.one:
-        print(json.dumps(one(args.model, args.one, Path(args.folder))))
+        print(json.dumps(one(args.model, args.one, Path(args.folder), args.device)))
         return
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -137,22 +148,28 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 out = subprocess.run(
                     [sys.executable, __file__, "--model", args.model, "--one", variant,
-                     "--folder", tmp],
+                     "--folder", tmp, "--device", args.device],
                     check=True, capture_output=True, text=True,
                 )  # fmt: skip
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row["repeat"] = round_
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(
-        f"\n| variant | held before GB | extra peak GB (max of {args.repeat}) | seconds | files |"
-    )
-    print("|---|---:|---:|---:|---:|")
+    gpu = args.device.startswith("cuda")
+    device_head = " device extra peak GB |" if gpu else ""
+    print(f"\n| variant | held before GB | host extra peak GB (max of {args.repeat}) |"
+          f"{device_head} seconds | files |")  # fmt: skip
+    print("|---|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|")
     for variant in variants:
         mine = [r for r in rows if r["variant"] == variant]
+        device = (
+            f" {max(float(r['device_extra_peak_gb']) for r in mine):.2f} |"  # type: ignore[arg-type]
+            if gpu
+            else ""
+        )
         print(
             f"| {variant} | {mine[0]['held_before_gb']:.2f} | "
-            f"{max(float(r['extra_peak_gb']) for r in mine):.2f} | "  # type: ignore[arg-type]
+            f"{max(float(r['extra_peak_gb']) for r in mine):.2f} |{device} "  # type: ignore[arg-type]
             f"{min(float(r['seconds']) for r in mine):.1f} | {mine[0]['files']} |"  # type: ignore[arg-type]
         )
     digests = {r["sha256"] for r in rows}
