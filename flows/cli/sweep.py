@@ -64,8 +64,8 @@ def experiment(
     print(format_plan(exp, None if records is None else records.resolve()))
     if dry_run:
         return
-    out_dir = report_dir or exp.workdir_path() / "reports" / exp.experiment
     if report_only:
+        out_dir = report_dir or exp.report_path()
         from flows.experiments.flow import experiment_report
 
         made = guarded(

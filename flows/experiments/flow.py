@@ -84,7 +84,10 @@ def experiment_report(
     markdown = report.markdown if report is not None else f"# {exp.experiment}\n"
     if statistics is not None:
         markdown += "\n\n## Paired seeds\n\n" + statistics.read_text()
-    html = str(report.html) if report is not None else statistics and str(statistics)
+    if report is not None:
+        html: str | None = str(report.html)
+    else:
+        html = None if statistics is None else str(statistics)
     return {"html": html, "markdown": markdown, "figures": report.figures if report else []}
 
 
@@ -132,8 +135,7 @@ def experiment_flow(
         for i in range(len(exp.runs()))
     ]
     failed = sum(r["failed"] for r in results)
-    # Per experiment: sweeps that share a working directory (and a ledger) keep their own.
-    out_dir = report_dir or str(exp.workdir_path() / "reports" / exp.experiment)
+    out_dir = report_dir or str(exp.report_path())
     report = report_task(experiment_file, overrides, out_dir, records_dir)
     create_markdown_artifact(
         report["markdown"],

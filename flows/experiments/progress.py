@@ -89,6 +89,8 @@ def wall_times(progress: dict[str, Any]) -> dict[str, dict[str, Any]]:
         started: datetime | None = None
         seconds = None
         for event in events:
+            if not isinstance(event, dict):
+                continue  # a hand-edited or torn entry: the others still count
             kind, at = event.get("event"), _time(event.get("at"))
             if kind == "started":
                 attempts += 1

@@ -153,6 +153,11 @@ class ExperimentConfig(Strict):
     def workdir_path(self) -> Path:
         return Path(self.workdir).expanduser().resolve()
 
+    def report_path(self) -> Path:
+        """Where the report goes by default: per experiment, so that sweeps sharing a working
+        directory (and a ledger) keep their own."""
+        return self.workdir_path() / "reports" / self.experiment
+
     def swarm_id(self, conf: Configuration, seed: int | None = None) -> str:
         replicate = "" if seed is None else f"-s{seed}"
         return f"{self.experiment}-{conf.suffix(self.swarm)}{replicate}"

@@ -137,7 +137,7 @@ def save_merged(model: Any, folder: Path, *, shard_bytes: int | None = None) -> 
         _remove_weights(folder, keep=[])
         copy.deepcopy(model).merge_and_unload().save_pretrained(folder, safe_serialization=True)
         return sorted(folder.glob("*.safetensors"))
-    return _save_folded(model, folder, shard_bytes or DEFAULT_SHARD_BYTES)
+    return _save_folded(model, base, folder, shard_bytes or DEFAULT_SHARD_BYTES)
 
 
 def _remove_weights(folder: Path, keep: list[str]) -> None:
@@ -146,7 +146,7 @@ def _remove_weights(folder: Path, keep: list[str]) -> None:
             stale.unlink()
 
 
-def _save_folded(model: Any, folder: Path, shard_bytes: int) -> list[Path]:
+def _save_folded(model: Any, base: Any, folder: Path, shard_bytes: int) -> list[Path]:
     from safetensors.torch import save_file
 
     adapter_name = model.active_adapter
@@ -170,7 +170,6 @@ def _save_folded(model: Any, folder: Path, shard_bytes: int) -> list[Path]:
         total = sum(size for _, size in sizes)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (folder / INDEX).write_text(json.dumps(index, indent=2))
-    base = model.get_base_model()
     base.config.save_pretrained(folder)
     if getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(folder)

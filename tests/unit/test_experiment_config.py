@@ -245,6 +245,8 @@ def test_wall_times_time_the_attempt_that_ended_and_count_the_stopped_ones() -> 
         "running": run(("started", "14:00:00")),
         "skipped": run(("skipped", "15:00:00")),
         "torn": {"events": "not a list"},
+        "stray": {"events": ["not an event", *run(("started", "16:00:00"),
+                                                  ("finished", "16:01:00"))["events"]]},
     }}  # fmt: skip
     times = wall_times(progress)
     assert times["clean"] == {"seconds": 1290.0, "attempts": 1, "interrupted": 0}
@@ -253,7 +255,8 @@ def test_wall_times_time_the_attempt_that_ended_and_count_the_stopped_ones() -> 
     assert times["running"] == {"seconds": None, "attempts": 1, "interrupted": 1}
     assert times["skipped"] == {"seconds": None, "attempts": 0, "interrupted": 0}
     assert "torn" not in times
-    labels = {k: wall_label(v) for k, v in times.items()}
+    assert times["stray"] == {"seconds": 60.0, "attempts": 1, "interrupted": 0}
+    labels = {k: wall_label(v) for k, v in times.items() if k != "stray"}
     assert labels == {"clean": "21.5 min", "resumed": "6.0 min (+1 earlier)",
                       "failed": "10.0 min", "running": "unfinished", "skipped": "-"}  # fmt: skip
     # A failed attempt and its rerun: the rerun's minutes, the failure counted.
