@@ -52,7 +52,8 @@ def experiment(
     require("flows")
     require("dashboards")
     from flows.config import ConfigError
-    from flows.experiments.sweep import format_plan, load_experiment
+    from flows.experiments.plan import format_plan
+    from flows.experiments.sweep import load_experiment
 
     try:
         exp = load_experiment(config, overrides or [])

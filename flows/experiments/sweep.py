@@ -35,7 +35,6 @@ from flows.config import (
     read_yaml_mapping,
     validate_swarm,
 )
-from flows.experiments.progress import read_progress, wall_label, wall_times
 from flows.node import checkpoint
 from ledger.schema import check_id
 from sapo_core.config import Strict
@@ -234,65 +233,3 @@ def is_complete(swarm: SwarmConfig) -> bool:
     with Ledger(swarm.ledger) as ledger:
         done = ledger.evaluated_nodes(swarm.swarm_id, swarm.rounds)
     return wanted <= done
-
-
-def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, Any]]:
-    """One row per configuration: what would run (for --dry-run and the report); a run
-    with a record in ``records`` counts as done."""
-    from dashboards.records import recorded
-
-    rows = []
-    for conf, seed in exp.runs():
-        swarm = exp.swarm_config(conf, seed)
-        specs = swarm.nodes
-        node = specs[0].node
-        tasks = sorted({t.name for s in specs for t in s.node.tasks.specs})
-        rows.append(
-            {
-                "configuration": conf.label,
-                "seed": "-" if seed is None else seed,
-                "swarm_id": swarm.swarm_id,
-                "policy": conf.policy_kind(exp.swarm),
-                "nodes": len(specs),
-                "rounds": swarm.rounds,
-                "models": ",".join(sorted({s.node.model for s in specs})),
-                "tasks": ",".join(tasks),
-                "questions": node.questions,
-                "completions": node.generation.completions_per_question,
-                "max_new_tokens": node.generation.max_new_tokens,
-                "rollouts": len(specs)
-                * swarm.rounds
-                * node.questions
-                * node.generation.completions_per_question,
-                "done": (records is not None and recorded(records, swarm.swarm_id))
-                or is_complete(swarm),
-            }
-        )
-    return rows
-
-
-def format_plan(exp: ExperimentConfig, records: Path | None = None) -> str:
-    """The plan as a table, with each run's wall time from this machine's progress file
-    (the last attempt that ended, and how many attempts were stopped before it)."""
-    rows = plan(exp, records)
-    times = wall_times(read_progress(exp))
-    for row in rows:
-        row["wall"] = wall_label(times.get(row["swarm_id"]))
-    head = (
-        f"experiment {exp.experiment}: {len(exp.configurations)} configurations"
-        + ("" if exp.seeds is None else f" x {len(exp.seeds)} seeds = {len(rows)} runs")
-        + "; "
-        f"ledger {exp.ledger_url()}; MLflow {exp.tracking_uri()}"
-    )
-    timed = [t["seconds"] for t in times.values() if t["seconds"] is not None]
-    if timed:
-        head += f"; timed runs: {len(timed)}, {sum(timed) / 3600:.1f} h in all (last attempts)"
-    cols = ["configuration", "seed", "swarm_id", "policy", "nodes", "rounds", "questions",
-            "completions", "max_new_tokens", "rollouts", "done", "wall"]  # fmt: skip
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    lines = [head, "  ".join(c.ljust(widths[c]) for c in cols)]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
-    first = rows[0]
-    lines.append(f"models: {first['models']}")
-    lines.append(f"tasks: {first['tasks']}")
-    return "\n".join(lines)

@@ -12,13 +12,9 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.experiments.plan import format_plan, plan
 from flows.experiments.progress import record_progress, wall_label, wall_times
-from flows.experiments.sweep import (
-    ExperimentConfig,
-    format_plan,
-    load_experiment,
-    plan,
-)
+from flows.experiments.sweep import ExperimentConfig, load_experiment
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
