@@ -13,9 +13,10 @@ kind of object, identities first (they decide what must be signed, and by whom):
   policies query), ``rollouts`` (one row per valid completion), ``ledger_files`` (every
   object seen, with its status).
 
-Serving is the catalog's own: a group is read from the file it was indexed from, and a read
-that finds a file changed since (overwritten, unreadable, not what its index row says) has it
-forgotten or condemned, and the caller lists again (``FileChanged``).
+Serving is the catalog's own: a group is read from the file it was indexed from and checked
+against its index row (``ledger/served.py``). A file found changed since it was examined
+(overwritten, unreadable) is forgotten and the caller lists again (``FileChanged``); one
+whose groups are not what its index rows say is condemned and its groups left out.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ledger.node_log_index import NodeLogIndex
 from ledger.node_logs import PREFIXES
 from ledger.registry import IdentityIndex, Registry
 from ledger.retrying import first_line
+from ledger.served import in_draw_order
 from ledger.storage import NotRegularFile, ObjectInfo, StorageError, Store, in_threads, is_local
 
 log = logging.getLogger(__name__)
@@ -50,10 +52,6 @@ def _changed(state: FileState, listed: ObjectInfo) -> bool:
     return (listed.size is not None and listed.size != state.size) or (
         listed.version is not None and listed.version != state.version
     )
-
-
-CONSISTENT_COLUMNS = ("task", "task_config", "task_seed", "task_index", "question", "answer")
-"""Columns every row of a served group shares (the question it answers)."""
 
 
 class FileChanged(StorageError):
@@ -342,9 +340,10 @@ class Catalog:
         indexed per group. None when none of them is indexed (any more).
 
         The files read must still be what was examined: a local file whose size or mtime
-        moved, a file DuckDB can no longer read, or a group that no longer matches its
-        index row (size, one question) is forgotten and FileChanged raised, so that the
-        ledger lists again, examines the file afresh and draws again.
+        moved, or a file DuckDB can no longer read, is forgotten and FileChanged raised, so
+        that the ledger lists again, examines the file afresh and draws again. A file with a
+        group that no longer matches its index row (size, one question) is condemned and
+        its groups are left out.
         """
         if not group_ids:
             return None
@@ -362,28 +361,11 @@ class Catalog:
             ) from exc
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
-        # Each group from its indexed copy (compaction may leave two for a while), in draw
-        # order; a rollout id a peer repeated inside its file is served once.
-        draw_order = {g: i for i, g in enumerate(group_ids)}
-        chosen = pl.DataFrame(
-            {
-                "group_id": [g for g, _, _ in located],
-                "filename": [f for _, f, _ in located],
-                "_draw": [draw_order[g] for g, _, _ in located],
-                "_size": [n for _, _, n in located],
-            },
-            schema_overrides={"_size": pl.Int64},
-        )
-        served = (
-            frame.join(chosen, on=["group_id", "filename"], how="inner")
-            .sort(["_draw", "rollout_id", "completion"])
-            .unique(subset="rollout_id", keep="first", maintain_order=True)
-        )
-        bad = self._groups_not_as_indexed(served, chosen)
+        served, bad = in_draw_order(frame, located, group_ids)
         if bad:
             self.condemn(bad, "served groups differ from what was indexed")
             served = served.filter(~pl.col("filename").is_in(bad))
-        return served.drop("_draw", "filename", "_size")
+        return served.drop("filename")
 
     def recover_from(self, exc: duckdb.Error) -> bool:
         """After a query over the views failed: forget the files it names and, on local disk,
@@ -427,21 +409,6 @@ class Catalog:
         if changed:
             self.evict(changed)
             raise FileChanged(f"{len(changed)} indexed files changed since they were examined")
-
-    @staticmethod
-    def _groups_not_as_indexed(served: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
-        """Files with a served group not of its indexed size, or not of one question."""
-        summary = served.group_by("group_id", "filename").agg(
-            pl.len().alias("rows"),
-            pl.col("_size").first(),
-            *(pl.col(c).n_unique().alias(f"n_{c}") for c in CONSISTENT_COLUMNS),
-        )
-        bad = summary.filter(
-            (pl.col("rows") != pl.col("_size"))
-            | pl.any_horizontal(pl.col(f"n_{c}") > 1 for c in CONSISTENT_COLUMNS)
-        )
-        missing = chosen.join(served, on=["group_id", "filename"], how="anti")
-        return sorted(set(bad["filename"].to_list()) | set(missing["filename"].to_list()))
 
     def rejection_counts(self) -> Counter[str]:
         counts: Counter[str] = Counter()
