@@ -9,8 +9,8 @@ configuration with one replicate seed: one swarm). The metrics, decided up front
   completions as it published them) summed over its rounds, averaged over the swarm's
   nodes (the policy's skill on fresh questions, the same measure whatever the configuration);
 - cumulative training reward: the paper's measure, the mean reward of everything a node
-  trained on (its own and peers' groups as its verifier scored them) summed over its rounds,
-  averaged over nodes;
+  trained on (every group it selected, its own and peers' as its verifier scored them)
+  summed over its rounds, averaged over nodes; partly selection (`SELECTION_NOTE`);
 - final held-out accuracy: the mean over nodes of the last evaluation (the policy after
   the last round) on the fixed evaluation set;
 - oscillation and compute (tokens generated, tokens trained on, update seconds): described
@@ -45,6 +45,7 @@ class ReplicateTables:
     mechanism: pl.DataFrame  # per configuration: informative groups, discoveries, spread
     discoveries: pl.DataFrame  # per run, node and task
     heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
+    unrun: list[str] | None = None  # planned runs with no rounds here: "<configuration> seed <s>"
 
 
 def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl.DataFrame:
@@ -71,7 +72,10 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
             .then(pl.col("training_reward").sum())
             .alias("cumulative_training_reward"),
             pl.col("tokens_generated").sum(),
-            pl.col("tokens_trained").fill_null(0).sum(),
+            # null unless every round's training log was read (as the training reward)
+            pl.when(pl.col("tokens_trained").is_not_null().all())
+            .then(pl.col("tokens_trained").sum())
+            .alias("tokens_trained"),
             # null unless every round's update time is known
             pl.when(pl.col("seconds_update").is_not_null().all())
             .then(pl.col("seconds_update").sum())
@@ -92,13 +96,13 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
         per_node.group_by("configuration", "seed", "swarm_id")
         .agg(
             pl.col("cumulative_claimed_reward").mean(),
-            pl.col("cumulative_training_reward").mean(),
+            # a node without its training log nulls the run's figure: averaging the other
+            # nodes alone would pass a partial swarm for the whole
+            _all_known("cumulative_training_reward", pl.col("cumulative_training_reward").mean()),
             pl.col("oscillation").mean(),
             pl.col("tokens_generated").sum(),
-            pl.col("tokens_trained").sum(),
-            pl.when(pl.col("update_seconds").is_not_null().all())
-            .then(pl.col("update_seconds").sum())
-            .alias("update_seconds"),
+            _all_known("tokens_trained", pl.col("tokens_trained").sum()),
+            _all_known("update_seconds", pl.col("update_seconds").sum()),
             pl.len().alias("nodes"),
             pl.col("rounds_done").min(),
         )
@@ -112,11 +116,21 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     return summary.with_columns(
         *[
             pl.when(trained_all).then(pl.col(name)).alias(name)
-            for name in ("cumulative_claimed_reward", "cumulative_training_reward", *COMPUTE)
+            for name in (
+                "cumulative_claimed_reward",
+                "cumulative_training_reward",
+                "oscillation",
+                *COMPUTE,
+            )
         ],
         pl.when(trained_all & evaluated_all).then(pl.col("final_accuracy")).alias("final_accuracy"),
         (trained_all & evaluated_all).alias("complete"),
     )
+
+
+def _all_known(column: str, value: pl.Expr) -> pl.Expr:
+    """``value`` when ``column`` is known in every row of the group, else null."""
+    return pl.when(pl.col(column).is_not_null().all()).then(value).alias(column)
 
 
 def mechanism(rows: pl.DataFrame, discoveries: pl.DataFrame) -> pl.DataFrame:
@@ -163,15 +177,38 @@ def replicate_tables(
 
 
 def tables_from_records(
-    records: RunRecords, *, baseline: str, rounds: int, nodes: int | None = None
+    records: RunRecords,
+    *,
+    baseline: str,
+    rounds: int,
+    nodes: int | None = None,
+    planned: dict[str, tuple[str, int]] | None = None,
 ) -> ReplicateTables:
     """The statistics of the runs in ``records`` (from a ledger, or read back from
-    committed run records: dashboards/records.py)."""
+    committed run records: dashboards/records.py).
+
+    With ``planned`` (the experiment's runs: swarm_id -> (configuration, seed), in its
+    order), the tables follow the experiment's order of configurations and name the
+    planned runs that have no rounds at all, which would otherwise only show as a smaller
+    seed count."""
     rows = records.node_rounds.sort(["configuration", "seed", "node_id", "node_round"])
     if rows.is_empty():
         raise ValueError("none of the experiment's runs has rounds in this ledger")
     metrics = run_metrics(rows, rounds, nodes)
     found = records.discoveries
+    how = mechanism(rows, found)
+    unrun = None
+    if planned is not None:
+        order = list(dict.fromkeys(c for c, _ in planned.values()))
+        rank = pl.col("configuration").replace_strict(
+            {c: i for i, c in enumerate(order)}, default=len(order), return_dtype=pl.Int64
+        )
+        metrics = metrics.sort(rank, "configuration", "seed")
+        how = how.sort(rank, "configuration")
+        present = set(metrics["swarm_id"])
+        unrun = [f"{c} seed {seed}" for s, (c, seed) in planned.items() if s not in present]
+    # a metric the baseline never has (no run evaluated, say) has no gains to show
+    base = metrics.filter(pl.col("configuration") == baseline)
     return ReplicateTables(
         node_rounds=rows,
         runs=metrics,
@@ -183,10 +220,11 @@ def tables_from_records(
         gains={
             m: paired_gains(metrics, baseline=baseline, metric=m)
             for m in METRICS
-            if metrics[m].is_not_null().any()
+            if metrics[m].is_not_null().any() and base[m].is_not_null().any()
         },
-        mechanism=mechanism(rows, found),
+        mechanism=how,
         discoveries=found.sort("configuration", "seed", "node_id", "task"),
+        unrun=unrun,
     )
 
 
@@ -210,6 +248,16 @@ def table_lines(frame: pl.DataFrame, columns: dict[str, str]) -> list[str]:
     return [head, rule, *body]
 
 
+SELECTION_NOTE = (
+    "The training reward is partly selection: it averages every group a node selected, "
+    "and peers' groups are drawn only among those whose completions did not all score "
+    "alike (the paper's filter) while a node's own groups are all its questions, all-wrong "
+    "ones included. The more groups come from peers, the fewer all-wrong groups the "
+    "average holds, whether or not any node learned. The claimed reward (a node's own "
+    "completions) has no such selection; at J = 0 the two are the same number."
+)
+"""Under every table of the training reward: why it outgrows the claimed reward with J."""
+
 INTERVAL_COLUMNS = {"configuration": "configuration", "n_seeds": "seeds", "mean": "mean",
                     "low": "95% low", "high": "95% high"}  # fmt: skip
 
@@ -227,6 +275,8 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
     missing = [f"{r['configuration']} seed {r['seed']}" for r in partial.iter_rows(named=True)]
     if missing:
         lines.append(f"Incomplete runs, left out of the statistics: {', '.join(missing)}.")
+    if tables.unrun:
+        lines.append(f"Planned runs with no rounds here: {', '.join(tables.unrun)}.")
     names = {
         "cumulative_claimed_reward": "cumulative claimed reward",
         "cumulative_training_reward": "cumulative training reward (own and peers' groups "
@@ -245,6 +295,8 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
              "diff_high": "95% high", "rel_gain": "relative", "per_seed": "gain per seed",
              "excludes_zero": "interval excludes 0"},
         )  # fmt: skip
+        if metric == "cumulative_training_reward":
+            lines += ["", SELECTION_NOTE]
     lines += paper_lines(tables, baseline=baseline)
     if "oscillation" in tables.configurations:
         lines += ["", "### oscillation (std of a node's round-to-round reward change)", ""]
@@ -317,6 +369,8 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
             "baseline mean's own uncertainty is not in them). The paper ran 2000 rounds: "
             "compare the shape across shares, not the percentages.",
         ]
+        if metric == "cumulative_training_reward":
+            lines += ["", SELECTION_NOTE]
     names["final_accuracy"] = "final held-out accuracy"
     for metric, name in names.items():
         same = same_split_gains(tables.runs, metric=metric)
@@ -334,15 +388,26 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
 
 
 def _compute_frame(tables: ReplicateTables, metrics: list[str]) -> pl.DataFrame:
-    """One row per configuration: the mean over seeds of each compute figure."""
+    """One row per configuration: the mean over seeds of each compute figure, with the
+    seeds each is over ("8", or "8/7" when a figure is known for fewer seeds: update
+    seconds come from MLflow, tokens from the ledger)."""
     frames = [
-        tables.configurations[m].select("configuration", "n_seeds", pl.col("mean").alias(m))
+        tables.configurations[m].select(
+            "configuration", pl.col("mean").alias(m), pl.col("n_seeds").alias(f"n_{m}")
+        )
         for m in metrics
     ]
     joined = frames[0]
     for frame in frames[1:]:
-        joined = joined.join(frame.drop("n_seeds"), on="configuration", how="left")
-    return joined
+        joined = joined.join(frame, on="configuration", how="left", maintain_order="left")
+    counts = [f"n_{m}" for m in metrics]
+    return joined.with_columns(
+        pl.concat_list([pl.col(c).fill_null(0) for c in counts])
+        .list.unique(maintain_order=True)
+        .cast(pl.List(pl.String))
+        .list.join("/")
+        .alias("n_seeds")
+    ).drop(counts)
 
 
 def write_replicate_report(tables: ReplicateTables, out_dir: Path, *, baseline: str) -> Path:

@@ -183,7 +183,7 @@ def report_replicates(
         ours = records.only(s for s in records.swarm_ids() if s not in elsewhere)
         records = RunRecords.concat([ours, read_records(records_dir, elsewhere)])
     tables = tables_from_records(records, baseline=baseline, rounds=first.rounds,
-                                 nodes=len(first.nodes))  # fmt: skip
+                                 nodes=len(first.nodes), planned=exp.replicates())  # fmt: skip
     total = len(heldout_keys(first))
     seen = records.heldout_seen.select("task", "question").unique().height
     tables.heldout_overlap = (seen, total)

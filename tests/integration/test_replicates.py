@@ -271,6 +271,69 @@ def test_a_mixed_swarms_families_are_compared_each_against_its_own_baseline(
     assert "final held-out accuracy, per family" in md and "| family-b | 1/1 | 0.250 |" in md
 
 
+def test_a_node_missing_a_training_log_nulls_the_runs_training_figures() -> None:
+    """Averaging the nodes that have every round's training log would pass a partial
+    swarm for the whole; and an incomplete run has no oscillation either."""
+    from dashboards.replicates import run_metrics
+
+    rows = pl.DataFrame(
+        {
+            "configuration": ["a"] * 11,
+            "seed": [0] * 8 + [1] * 3,
+            "swarm_id": ["s0"] * 8 + ["s1"] * 3,
+            "node_id": ["n0"] * 4 + ["n1"] * 4 + ["n0"] * 3,
+            "node_round": [0, 1, 2, 3] * 2 + [0, 1, 2],
+            # n0 steps +0.2 each round, n1 +0.1: no oscillation in this run
+            "claimed_reward": [0.1, 0.3, 0.5, None, 0.0, 0.1, 0.2, None, 0.0, 0.9, 0.0],
+            # n1 lost round 1's training log
+            "training_reward": [0.5, 0.5, 0.5, None, 0.5, None, 0.5, None, 0.5, 0.5, 0.5],
+            "tokens_trained": [10, 10, 10, None, 10, None, 10, None, 10, 10, 10],
+            "accuracy": [None, None, None, 0.5, None, None, None, 0.5, None, None, None],
+        }
+    )
+    whole, partial = run_metrics(rows, rounds=3, nodes=2).sort("seed").to_dicts()
+    assert whole["cumulative_claimed_reward"] == pytest.approx((0.9 + 0.3) / 2)
+    assert whole["cumulative_training_reward"] is None  # not n0's 1.5 alone
+    assert whole["tokens_trained"] is None and whole["complete"]
+    assert whole["oscillation"] == pytest.approx(0.0, abs=1e-9)
+    assert not partial["complete"]  # one node of two
+    assert partial["oscillation"] is None and partial["cumulative_claimed_reward"] is None
+
+
+def test_the_report_follows_the_plan_and_names_the_runs_it_lacks(ledger: Ledger) -> None:
+    from dashboards.records import records_from_ledger
+    from dashboards.replicates import tables_from_records
+
+    replicates = {swarm(c, s): (c, s) for c in (SHARED, BASE) for s in SEEDS}
+    planned = {**replicates, "x-1x1-s7": (SHARED, 7), "x-3x0-s0": ("3/0", 0)}
+    records = records_from_ledger(ledger.query, replicates)
+    tables = tables_from_records(records, baseline=BASE, rounds=2, planned=planned)
+    assert tables.runs["configuration"].unique(maintain_order=True).to_list() == [SHARED, BASE]
+    assert tables.mechanism["configuration"].to_list() == [SHARED, BASE]
+    assert tables.unrun == ["1/1 seed 7", "3/0 seed 0"]
+    text = replicate_markdown(tables, baseline=BASE)
+    assert "Planned runs with no rounds here: 1/1 seed 7, 3/0 seed 0." in text
+    assert "partly selection" in text  # under the training reward's tables
+    # update seconds known for fewer seeds than tokens: the compute table says so
+    rows = records.node_rounds
+    records.node_rounds = rows.with_columns(
+        pl.when(pl.col("swarm_id") != swarm(SHARED, 2)).then(1.0).alias("seconds_update")
+    )
+    text = replicate_markdown(
+        tables_from_records(records, baseline=BASE, rounds=2, planned=planned), baseline=BASE
+    )
+    assert "| 1/1 | 3/2 | 80.000 | 153.333 | 4.000 |" in text
+    assert "| 2/0 | 3 | 80.000 | 80.000 | 4.000 |" in text
+    # a baseline that was never evaluated: no gains for that metric, the rest reported
+    records.node_rounds = rows.with_columns(
+        pl.when(pl.col("configuration") == BASE).then(None).otherwise(pl.col("accuracy"))
+        .alias("accuracy")
+    )  # fmt: skip
+    tables = tables_from_records(records, baseline=BASE, rounds=2, planned=planned)
+    assert "final_accuracy" not in tables.gains
+    assert "cumulative_claimed_reward" in tables.gains
+
+
 def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path: Path) -> None:
     """A sweep finished across machines: half its runs come back from committed records,
     the rest from this machine's ledger, and every number is what the ledger alone gives."""
