@@ -72,8 +72,10 @@ def build_tiny_model(
     hidden: int = 64,
     family: Family = "llama",
     tokenizer: TokenizerName = "smollm2",
+    tied: bool = True,
 ) -> Path:
-    """Save a random model of a family (a few layers, small hidden size) and a tokenizer."""
+    """Save a random model of a family (a few layers, small hidden size) and a tokenizer;
+    its output head shares the embeddings unless ``tied`` is false."""
     import torch
     from transformers import (
         Gemma3ForCausalLM,
@@ -120,7 +122,7 @@ def build_tiny_model(
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         **extra,
     )
     torch.manual_seed(seed)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 256 << 20  # the most a write holds beside the model
 INDEX = "model.safetensors.index.json"
 BASE_LAYER = ".base_layer."
+PEFT_WRAPPERS = (".modules_to_save.", ".original_module.", ".token_adapter.")
+"""Parts of the names of peft's other wrappers (whole trained copies of modules, trainable
+token rows): written as they are, they would land under names no loader knows."""
 
 
 def _lora_layers(base: Any, adapter_name: str) -> dict[str, Any]:
@@ -53,22 +57,40 @@ def _lora_layers(base: Any, adapter_name: str) -> dict[str, Any]:
             adapter_name
         ):
             raise ValueError(f"{name}: only plain LoRA is folded into the weights here")
+        if module.merged:  # peft's merge_adapter: the weights hold the delta already
+            raise ValueError(f"{name}: the adapter is merged into the weights; unmerge first")
         layers[name] = module
     return layers
+
+
+def _adapter_of(lora_key: str) -> str:
+    """The adapter a LoRA tensor belongs to: ``q_proj.lora_A.<adapter>.weight``,
+    ``embed_tokens.lora_embedding_A.<adapter>``."""
+    parts = lora_key.split(".lora_", 1)[1].split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]:
+    return tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride())
 
 
 def _plain_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor, Any | None]]:
     """(plain name, the model's tensor, the LoRA layer to fold into it or None), in the
     model's order, adapter matrices left out and tied tensors given once."""
-    adapter_name = model.active_adapter
+    adapter_name = _active_adapter(model)
     base = model.get_base_model()
     layers = _lora_layers(base, adapter_name)
+    state = base.state_dict()
+    shared = Counter(_storage(t) for k, t in state.items() if ".lora_" not in k)
     seen: set[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]] = set()
-    for key, tensor in base.state_dict().items():
+    folded: set[str] = set()
+    for key, tensor in state.items():
         if ".lora_" in key:
-            if key.split(".lora_", 1)[0] not in layers:
+            if _adapter_of(key) == adapter_name and key.split(".lora_", 1)[0] not in layers:
                 raise ValueError(f"{key}: an adapter weight this fold does not handle")
-            continue
+            continue  # the active adapter's is folded below; an inactive one's is not used
+        if any(part in key for part in PEFT_WRAPPERS):
+            raise ValueError(f"{key}: a peft wrapper other than LoRA is not folded here")
         if tensor.device.type == "meta":
             raise ValueError(f"{key} is offloaded (meta device): nothing to write from")
         name, layer = key, None
@@ -76,16 +98,29 @@ def _plain_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor, Any | None]]
             module, param = key.split(BASE_LAYER, 1)
             name = f"{module}.{param}"
             layer = layers.get(module) if param == "weight" else None
-        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
-        if same in seen:
-            # A tied tensor (the output head sharing the embeddings) is written once, as
-            # save_pretrained does. peft's merge would add an adapter on the second name to
-            # the one storage both share, which a single write cannot say.
-            if layer is not None:
+        same = _storage(tensor)
+        if layer is not None:
+            folded.add(key.split(BASE_LAYER, 1)[0])
+            if shared[same] > 1:
+                # A tied tensor (the output head sharing the embeddings) is written once, as
+                # save_pretrained does, and a loader ties the other name to it again. An
+                # adapter on either name would then act on both: an embedding adapter, which
+                # peft applies to the lookup only, would change the head too.
                 raise ValueError(f"{key}: an adapter on a tied weight is not folded here")
+        if same in seen:
             continue
         seen.add(same)
         yield name, tensor, layer
+    unfolded = sorted(set(layers) - folded)
+    if unfolded:  # e.g. peft's adapters on parameters other than a module's weight
+        raise ValueError(f"{unfolded[0]}: an adapter this fold does not handle")
+
+
+def _active_adapter(model: Any) -> str:
+    name = model.active_adapter
+    if not isinstance(name, str):
+        raise ValueError(f"one active adapter is folded, not several: {name}")
+    return name
 
 
 def _folded(tensor: torch.Tensor, layer: Any | None, adapter_name: str) -> torch.Tensor:
@@ -149,7 +184,7 @@ def _remove_weights(folder: Path, keep: list[str]) -> None:
 def _save_folded(model: Any, base: Any, folder: Path, shard_bytes: int) -> list[Path]:
     from safetensors.torch import save_file
 
-    adapter_name = model.active_adapter
+    adapter_name = _active_adapter(model)
     tensors = {name: (tensor, layer) for name, tensor, layer in _plain_tensors(model)}
     sizes = [(name, t.numel() * t.element_size()) for name, (t, _) in tensors.items()]
     groups = _shards(sizes, shard_bytes)
@@ -170,7 +205,11 @@ def _save_folded(model: Any, base: Any, folder: Path, shard_bytes: int) -> list[
         total = sum(size for _, size in sizes)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (folder / INDEX).write_text(json.dumps(index, indent=2))
-    base.config.save_pretrained(folder)
+    # As save_pretrained: the config names the class and the dtype the tensors are in.
+    config = copy.deepcopy(base.config)
+    config.dtype = str(base.dtype).removeprefix("torch.")
+    config.architectures = [type(base).__name__]
+    config.save_pretrained(folder)
     if getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(folder)
     return written

@@ -183,33 +183,90 @@ def _peft_merged_tensors(model: Any, folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def test_an_adapter_on_the_embeddings_is_folded_and_one_on_a_tied_head_refused(
-    tmp_path: Path,
-) -> None:
-    from safetensors.torch import load_file
-
-    from sapo_core.policy.merged_weights import save_merged
-
-    base = build_tiny_model(tmp_path / "base")  # tied: the head shares the embeddings
-    on_embeddings = AdapterConfig(kind="lora", rank=4, alpha=8,
-                                  target_modules=["embed_tokens", "q_proj"])  # fmt: skip
-    model = adapter.attach(load_model(str(base)), on_embeddings)
-    _nudge(model)
+def _random_embedding_a(model: Any) -> None:
     for name, param in model.named_parameters():  # peft starts an embedding's A at 0
         if "lora_embedding_A" in name:
             with torch.no_grad():
                 param.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+
+
+ON_EMBEDDINGS = AdapterConfig(kind="lora", rank=4, alpha=8,
+                              target_modules=["embed_tokens", "q_proj"])  # fmt: skip
+
+
+def test_an_adapter_on_untied_embeddings_is_folded_into_the_same_function(
+    tmp_path: Path,
+) -> None:
+    """The folder, loaded by transformers, computes what the adapted model computes."""
+    from safetensors.torch import load_file
+
+    from sapo_core.policy.merged_weights import save_merged
+
+    base = build_tiny_model(tmp_path / "base", tied=False)
+    model = adapter.attach(load_model(str(base)), ON_EMBEDDINGS).eval()
+    _nudge(model)
+    _random_embedding_a(model)
     (file,) = save_merged(model, tmp_path / "merged")
     got = load_file(str(file))
     want = _peft_merged_tensors(model, tmp_path / "peft")
-    assert sorted(got) == sorted(want)
-    embed = "model.embed_tokens.weight"
+    assert sorted(got) == sorted(want) and "lm_head.weight" in got
     assert all(torch.equal(got[k], want[k]) for k in want)
+    embed = "model.embed_tokens.weight"
     assert not torch.equal(got[embed], load_model(str(base)).state_dict()[embed])
+    ids = torch.tensor([[1, 5, 9, 20, 3]])
+    with torch.no_grad():
+        plain = load_model(str(tmp_path / "merged")).eval()(ids).logits
+        adapted = model(ids).logits
+    assert torch.allclose(plain, adapted, atol=1e-4)
+    assert not torch.allclose(plain, load_model(str(base)).eval()(ids).logits, atol=1e-2)
+    config = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["dtype"] == "float32"
 
+
+def test_an_adapter_on_a_tied_weight_is_refused_either_side(tmp_path: Path) -> None:
+    """Written once and tied again by the loader, a tied tensor with the embeddings' delta
+    would change the head, which peft's embedding adapter leaves alone: a different policy
+    than the one trained. Refused, on the embeddings as on the head."""
+    from sapo_core.policy.merged_weights import save_merged
+
+    base = build_tiny_model(tmp_path / "base")  # tied: the head shares the embeddings
+    model = adapter.attach(load_model(str(base)), ON_EMBEDDINGS)
+    _random_embedding_a(model)
+    with pytest.raises(ValueError, match="tied weight"):
+        save_merged(model, tmp_path / "embeddings")
     on_head = AdapterConfig(kind="lora", rank=4, alpha=8, target_modules=["lm_head"])
     with pytest.raises(ValueError, match="tied weight"):
         save_merged(adapter.attach(load_model(str(base)), on_head), tmp_path / "head")
+
+
+def test_what_the_fold_cannot_say_is_refused_and_an_inactive_adapter_ignored(
+    tmp_path: Path,
+) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from sapo_core.policy.merged_weights import save_merged
+
+    base = build_tiny_model(tmp_path / "base", tied=False)
+    # a whole trained copy of the head (peft's modules_to_save): no plain name for it
+    saved_head = LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])
+    with pytest.raises(ValueError, match="other than LoRA"):
+        save_merged(get_peft_model(load_model(str(base)), saved_head), tmp_path / "a")
+    # merged in place already: folding again would add the delta twice
+    merged = adapter.attach(load_model(str(base)), LORA)
+    _nudge(merged)
+    merged.merge_adapter()
+    with pytest.raises(ValueError, match="unmerge first"):
+        save_merged(merged, tmp_path / "b")
+    # a second, inactive adapter elsewhere changes nothing the fold writes
+    model = adapter.attach(load_model(str(base)), LORA).eval()
+    _nudge(model)
+    model.add_adapter("other", LoraConfig(r=4, target_modules=["down_proj"]))
+    _nudge(model, seed=1)  # both adapters' B: the inactive one would change the function
+    assert len(save_merged(model, tmp_path / "c")) == 1
+    ids = torch.tensor([[1, 5, 9, 20, 3]])
+    with torch.no_grad():
+        plain = load_model(str(tmp_path / "c")).eval()(ids).logits
+        assert torch.allclose(plain, model(ids).logits, atol=1e-4)
 
 
 def test_a_model_transformers_regroups_on_save_is_merged_in_a_copy(tmp_path: Path) -> None:
