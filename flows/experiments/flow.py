@@ -69,18 +69,26 @@ def experiment_report(
 
     exp = load_experiment(experiment_file, overrides)
     out = Path(out_dir)
+    # A machine that never ran the sweep (no working directory) reports from the records
+    # alone, and leaves no empty ledger or MLflow store behind.
+    local = records_dir is None or exp.workdir_path().exists()
+    report = None
     try:
-        report = report_ledger(
-            exp.ledger_url(), out, tracking_uri=exp.tracking_uri(), experiment=exp.experiment
-        )
+        if local:
+            report = report_ledger(
+                exp.ledger_url(), out, tracking_uri=exp.tracking_uri(), experiment=exp.experiment
+            )
+        else:
+            print(f"no sweep here ({exp.workdir_path()}): the statistics come from {records_dir}")
     except ValueError as exc:
         if records_dir is None:
             raise
         # Every run was done on other machines: their records carry the statistics.
         print(f"no ledger report ({exc}); the statistics come from {records_dir}")
-        report = None
     records = None if records_dir is None else Path(records_dir)
-    statistics = report_replicates(exp, out, records, write_records=write_records)
+    statistics = report_replicates(
+        exp, out, records, write_records=write_records, from_ledger=local
+    )
     markdown = report.markdown if report is not None else f"# {exp.experiment}\n"
     if statistics is not None:
         markdown += "\n\n## Paired seeds\n\n" + statistics.read_text()

@@ -161,9 +161,12 @@ def report_replicates(
     records_dir: Path | None = None,
     *,
     write_records: bool = True,
+    from_ledger: bool = True,
 ) -> Path | None:
     """The experiment's paired-seed statistics and diagnostics (statistics.md, CSVs and the
     held-out figure) under ``out_dir``; None when the experiment has no J = 0 baseline.
+    Without ``from_ledger``, the records alone: no ledger or MLflow store is opened (or
+    made) on this machine.
 
     With ``records_dir``, every complete run this machine holds is (re)recorded there first
     (unless ``write_records`` is false: a report beside a running sweep, which writes its
@@ -173,7 +176,7 @@ def report_replicates(
     if baseline is None:
         return None
     first = exp.swarm_config(*exp.runs()[0])
-    records = ledger_records(exp)
+    records = ledger_records(exp) if from_ledger else RunRecords.concat([])
     if records_dir is not None:
         if write_records:
             here = record_runs(exp, records_dir, records=records)
