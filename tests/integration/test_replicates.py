@@ -418,31 +418,32 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
     }  # fmt: skip
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump(experiment))
+
+    def report_only(out: Path) -> str:
+        result = CliRunner().invoke(
+            app, ["experiment", "-c", str(path), "--records", str(root), "--report-only",
+                  "--report-dir", str(out)],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return result.output
+
     out = tmp_path / "report"
-    result = CliRunner().invoke(
-        app, ["experiment", "-c", str(path), "--records", str(root), "--report-only",
-              "--report-dir", str(out)],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    output = report_only(out)
     assert not (tmp_path / "progress.json").exists() and not (tmp_path / "swarms").exists()
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     runs = pl.read_csv(out / "runs.csv")
     assert sorted(runs["swarm_id"]) == sorted(replicates)  # seed 2 of 1/1 from the ledger
     text = (out / "statistics.md").read_text()
     assert "| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 0.500 | 0.833 | +66.7% |" in text
-    assert "## Paired seeds" in result.output and (out / "curves.png").is_file()
+    assert "## Paired seeds" in output and (out / "curves.png").is_file()
 
     # On a machine that never ran the sweep: the records alone, and no empty ledger or
     # MLflow store made where the working directory would be.
     experiment["workdir"] = str(tmp_path / "never-ran")
     path.write_text(yaml.safe_dump(experiment))
     elsewhere = tmp_path / "elsewhere"
-    result = CliRunner().invoke(
-        app, ["experiment", "-c", str(path), "--records", str(root), "--report-only",
-              "--report-dir", str(elsewhere)],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    output = report_only(elsewhere)
     assert not (tmp_path / "never-ran").exists()
     runs = pl.read_csv(elsewhere / "runs.csv")
     assert sorted(runs["swarm_id"]) == sorted(s for s in replicates if s != swarm(SHARED, 2))
-    assert "Planned runs with no rounds here: 1/1 seed 2." in result.output
+    assert "Planned runs with no rounds here: 1/1 seed 2." in output
