@@ -262,6 +262,45 @@ INTERVAL_COLUMNS = {"configuration": "configuration", "n_seeds": "seeds", "mean"
                     "low": "95% low", "high": "95% high"}  # fmt: skip
 
 
+GLANCE = {
+    "cumulative_claimed_reward": "own reward (cumulative)",
+    "cumulative_training_reward": "training reward (cumulative)",
+    "final_accuracy": "held-out accuracy",
+    "oscillation": "oscillation",
+    "tokens_generated": "tokens generated",
+    "tokens_trained": "tokens trained",
+}
+
+
+def _with_interval(row: dict[str, object], spec: str) -> str:
+    mean, low, high = row["mean"], row["low"], row["high"]
+    if not isinstance(mean, float) or mean != mean:
+        return "-"
+    if not isinstance(low, float) or not isinstance(high, float) or low != low:
+        return format(mean, spec)
+    return f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def glance_lines(tables: ReplicateTables) -> list[str]:
+    """One row per configuration with every described metric as mean [95% interval over
+    seeds] (unpaired; the paired gains follow): the table a reader quotes."""
+    metrics = [m for m in GLANCE if m in tables.configurations]
+    if not metrics:
+        return []
+    cells: dict[str, dict[str, str]] = {}
+    for metric in metrics:
+        spec = ".0f" if metric.startswith("tokens") else ".3f"
+        for row in tables.configurations[metric].iter_rows(named=True):
+            line = cells.setdefault(str(row["configuration"]), {"seeds": str(row["n_seeds"])})
+            line[metric] = _with_interval(row, spec)
+    columns = {"configuration": "configuration", "seeds": "seeds"} | {m: GLANCE[m] for m in metrics}
+    frame = pl.DataFrame(
+        [{"configuration": c, **{k: line.get(k, "-") for k in columns if k != "configuration"}}
+         for c, line in cells.items()]
+    )  # fmt: skip
+    return table_lines(frame, columns)
+
+
 def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
     """The statistics as markdown: per configuration with intervals, gains per seed."""
     lines = [f"Baseline: {baseline}. Intervals: 95% t intervals over replicate seeds."]
@@ -277,6 +316,10 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         lines.append(f"Incomplete runs, left out of the statistics: {', '.join(missing)}.")
     if tables.unrun:
         lines.append(f"Planned runs with no rounds here: {', '.join(tables.unrun)}.")
+    glance = glance_lines(tables)
+    if glance:
+        lines += ["", "### at a glance (mean [95% interval] over seeds, per configuration)", ""]
+        lines += glance
     names = {
         "cumulative_claimed_reward": "cumulative claimed reward",
         "cumulative_training_reward": "cumulative training reward (own and peers' groups "

@@ -313,6 +313,10 @@ def test_the_report_follows_the_plan_and_names_the_runs_it_lacks(ledger: Ledger)
     assert tables.unrun == ["1/1 seed 7", "3/0 seed 0"]
     text = replicate_markdown(tables, baseline=BASE)
     assert "Planned runs with no rounds here: 1/1 seed 7, 3/0 seed 0." in text
+    assert (
+        "| 1/1 | 3 | 0.833 [0.116, 1.550] | 0.958 [0.779, 1.138] | 0.500 [0.500, 0.500] | 80 "
+        "[80, 80] | 153 [125, 182] |" in text
+    )  # at a glance: one row per configuration
     assert "partly selection" in text  # under the training reward's tables
     # update seconds known for fewer seeds than tokens: the compute table says so
     rows = records.node_rounds
