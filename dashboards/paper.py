@@ -1,5 +1,5 @@
-"""An experiment read against SAPO's Table 1, and each sampler against the paper's at the
-same split of local and external groups.
+"""An experiment read against SAPO's Table 1, its shape step by step in external share, and
+each sampler against the paper's at the same split of local and external groups.
 
 The paper (arXiv 2509.08721, Table 1; 8 nodes, I + J = 8) reports one run per
 configuration: the cumulative reward summed over agents and rounds. Its configurations
@@ -15,6 +15,7 @@ Configuration labels are the sweep's (flows/experiments/sweep.py): ``I/J``, or
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -156,3 +157,47 @@ def same_split_gains(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
             gains.with_columns(pl.lit(f"{label} vs {split.plain}").alias("configuration"))
         )
     return pl.concat(frames) if frames else pl.DataFrame(schema=PAIRED_SCHEMA)
+
+
+SHAPE_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
+    **PAIRED_SCHEMA,
+    "rel_step": pl.Float64,
+    "paper_step": pl.Float64,
+}
+
+
+def shape_steps(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
+    """The paper's shape, tested: each configuration of the paper's sampler against the one
+    with the next smaller external share (3/1 vs 4/0, 2/2 vs 3/1, 1/3 vs 2/2), paired by
+    seed, with the paper's own step beside it. The paper rises to 4/4 and falls at 2/6: its
+    shape appears here when the middle steps' intervals say up and the last says down.
+
+    ``paired_gains`` columns (the configuration named ``"2/2 vs 3/1"``) plus ``rel_step``
+    (the mean difference over the earlier configuration's mean on the same seeds) and
+    ``paper_step`` (the paper's relative change between the matching configurations; null
+    for shares the paper did not run)."""
+    labels = runs.get_column("configuration").unique(maintain_order=True).to_list()
+    if not sweep_labels(labels):
+        return pl.DataFrame(schema=SHAPE_SCHEMA)
+    plain = sorted(
+        (parse_label(label) for label in labels if parse_label(label).policy is None),
+        key=lambda split: split.external_share,
+    )
+    paper = {row.external_share: row.cumulative_reward for row in PAPER_TABLE}
+    frames = []
+    for before, after in itertools.pairwise(plain):
+        pair = runs.filter(pl.col("configuration").is_in([before.plain, after.plain]))
+        known = pair.filter(pl.col("configuration") == before.plain)[metric].cast(pl.Float64)
+        if (known.is_null() | known.is_nan()).all():
+            continue
+        gains = paired_gains(pair, baseline=before.plain, metric=metric)
+        low, high = paper.get(before.external_share), paper.get(after.external_share)
+        step = None if low is None or high is None else high / low - 1
+        frames.append(
+            gains.with_columns(
+                pl.lit(f"{after.plain} vs {before.plain}").alias("configuration"),
+                (pl.col("diff_mean") / pl.col("baseline_mean")).alias("rel_step"),
+                pl.lit(step, pl.Float64).alias("paper_step"),
+            )
+        )
+    return pl.concat(frames) if frames else pl.DataFrame(schema=SHAPE_SCHEMA)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
-from dashboards.paper import paper_comparison, same_split_gains, sweep_labels
+from dashboards.paper import paper_comparison, same_split_gains, shape_steps, sweep_labels
 from dashboards.records import Query, RunRecords, records_from_ledger
 from dashboards.statistics import paired_gains, per_configuration
 
@@ -415,6 +415,22 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
         if metric == "cumulative_training_reward":
             lines += ["", SELECTION_NOTE]
     names["final_accuracy"] = "final held-out accuracy"
+    for metric, name in names.items():
+        steps = shape_steps(tables.runs, metric=metric)
+        if steps.is_empty():
+            continue
+        steps = steps.with_columns(
+            pl.col(c).map_elements(_percent, return_dtype=pl.String)
+            for c in ("rel_step", "paper_step")
+        )
+        lines += ["", f"### the shape, step by step in external share: {name}", ""]
+        lines += table_lines(
+            steps,
+            {"configuration": "step", "n_seeds": "seeds", "paper_step": "paper's step",
+             "baseline_mean": "before", "mean": "after", "diff_mean": "difference",
+             "rel_step": "relative", "diff_low": "95% low", "diff_high": "95% high",
+             "excludes_zero": "interval excludes 0"},
+        )  # fmt: skip
     for metric, name in names.items():
         same = same_split_gains(tables.runs, metric=metric)
         if same.is_empty():

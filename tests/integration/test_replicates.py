@@ -439,6 +439,7 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
     assert sorted(runs["swarm_id"]) == sorted(replicates)  # seed 2 of 1/1 from the ledger
     text = (out / "statistics.md").read_text()
     assert "| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 0.500 | 0.833 | +66.7% |" in text
+    assert "| 1/1 vs 2/0 | 3 | +94.6% | 0.500 | 0.833 | 0.333 | +66.7% |" in text  # the shape
     assert "## Paired seeds" in output and (out / "curves.png").is_file()
 
     # On a machine that never ran the sweep: the records alone, and no empty ledger or

@@ -1,12 +1,20 @@
-"""dashboards/paper.py: SAPO's Table 1 beside an experiment by external share, and a
-sampler of our own paired with the paper's at the same I/J, on hand-made per-run frames."""
+"""dashboards/paper.py: SAPO's Table 1 beside an experiment by external share, its shape
+step by step, and a sampler of our own paired with the paper's at the same I/J, on hand-made
+per-run frames."""
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
-from dashboards.paper import Split, paper_comparison, parse_label, same_split_gains, sweep_labels
+from dashboards.paper import (
+    Split,
+    paper_comparison,
+    parse_label,
+    same_split_gains,
+    shape_steps,
+    sweep_labels,
+)
 from dashboards.statistics import paired_gains, per_configuration
 
 
@@ -111,3 +119,32 @@ def test_the_gain_is_over_the_baseline_on_the_paired_seeds_and_its_bounds_ordere
 def test_an_all_nan_papers_sampler_gives_no_pair() -> None:
     frame = runs({"4/0": [1.0], "1/3": [float("nan")], "1/3-fresh": [2.0]})
     assert same_split_gains(frame, metric="metric").is_empty()
+
+
+def test_the_shape_is_each_step_in_external_share_paired_by_seed() -> None:
+    frame = runs({
+        "4/0": [1.0, 2.0, 3.0],
+        "2/2": [2.0, 3.0, 4.0],        # +1 every seed over 3/1... listed before it
+        "3/1": [1.0, 2.0, 3.0],        # no change over 4/0
+        "1/3": [1.0, 3.0, 3.0],        # -1, 0, -1 against 2/2
+        "1/3-fresh": [9.0, 9.0, 9.0],  # a sampler of our own: not a step of the paper's
+    })  # fmt: skip
+    steps = {r["configuration"]: r for r in shape_steps(frame, metric="metric").to_dicts()}
+    assert list(steps) == ["3/1 vs 4/0", "2/2 vs 3/1", "1/3 vs 2/2"]  # by external share
+    assert steps["3/1 vs 4/0"]["diff_mean"] == pytest.approx(0.0)
+    assert steps["3/1 vs 4/0"]["paper_step"] == pytest.approx(854.43 / 561.79 - 1)
+    up = steps["2/2 vs 3/1"]
+    assert (up["diff_mean"], up["diff_low"], up["diff_high"]) == pytest.approx((1, 1, 1))
+    assert up["rel_step"] == pytest.approx(0.5) and up["excludes_zero"] is True
+    assert up["paper_step"] == pytest.approx(1093.31 / 854.43 - 1)
+    down = steps["1/3 vs 2/2"]
+    half = 4.302653 * (1 / 3) ** 0.5 / 3**0.5  # sd of (-1, 0, -1) is sqrt(1/3)
+    assert down["diff_mean"] == pytest.approx(-2 / 3)
+    assert down["diff_low"] == pytest.approx(-2 / 3 - half) and down["excludes_zero"] is False
+    assert down["paper_step"] == pytest.approx(945.87 / 1093.31 - 1)
+    # a share the paper did not run has no paper step; a missing configuration is skipped
+    odd = shape_steps(runs({"4/0": [1.0, 2.0], "2/2": [2.0, 2.0], "0/4": [3.0, 3.0]}),
+                      metric="metric")  # fmt: skip
+    assert odd["configuration"].to_list() == ["2/2 vs 4/0", "0/4 vs 2/2"]
+    assert odd["paper_step"].to_list()[1] is None
+    assert shape_steps(runs({"base": [1.0], "shared": [2.0]}), metric="metric").is_empty()
