@@ -308,7 +308,8 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         seen, total = tables.heldout_overlap
         lines.append(
             f"Held-out questions whose text also appears among the runs' training questions: "
-            f"{seen} of {total} (other seeds can draw the same small-number question)."
+            f"{seen} of {total} distinct texts (other seeds can draw the same small-number "
+            f"question)."
         )
     partial = tables.runs.filter(~pl.col("complete"))
     missing = [f"{r['configuration']} seed {r['seed']}" for r in partial.iter_rows(named=True)]
