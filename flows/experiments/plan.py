@@ -23,7 +23,7 @@ def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, A
         tasks = sorted({t.name for s in specs for t in s.node.tasks.specs})
         rows.append(
             {
-                "configuration": conf.label,
+                "configuration": exp.label(conf),
                 "seed": "-" if seed is None else seed,
                 "swarm_id": swarm.swarm_id,
                 "policy": conf.policy_kind(exp.swarm),

@@ -86,8 +86,11 @@ def test_only_sharing_may_vary() -> None:
 
 
 def test_plan_lists_configurations_and_rollouts() -> None:
-    rows = plan(make())
-    assert [r["configuration"] for r in rows] == ["4/0", "2/2", "2/2"]
+    exp = make()
+    rows = plan(exp)
+    # named as the report names them: a policy of its own is in the name
+    assert [r["configuration"] for r in rows] == ["4/0", "2/2", "2/2-variance-weighted"]
+    assert [r["configuration"] for r in rows] == [c for c, _ in exp.replicates().values()]
     assert rows[2]["policy"] == "variance_weighted"
     assert all(r["rollouts"] == 2 * 3 * 4 * 4 and not r["done"] for r in rows)
     assert "sweep-2x2-variance-weighted" in format_plan(make())
