@@ -190,17 +190,21 @@ def _mean_line(ax: Any, frame: pl.DataFrame, column: str, **style: Any) -> Any:
     return ax.plot(mean["node_round"], mean[column], **style)[0]
 
 
-def configuration_curves(node_rounds: pl.DataFrame, path: Path) -> Path:
-    """An experiment's replicates, one line per configuration (mean over seeds and nodes):
-    held-out accuracy, the reward of the node's own completions round by round (where the
-    paper's learn / forget oscillation shows), and the two cumulative rewards, claimed and
-    training (the paper's measure), each seed's line faint."""
+def configuration_curves(
+    node_rounds: pl.DataFrame, path: Path, order: list[str] | None = None
+) -> Path:
+    """An experiment's replicates, one line per configuration (mean over seeds and nodes)
+    in ``order`` (the experiment's; by name otherwise): held-out accuracy, the reward of the
+    node's own completions round by round (where the paper's learn / forget oscillation
+    shows), and the two cumulative rewards, claimed and training (the paper's measure,
+    partly selection: dashboards/replicates.SELECTION_NOTE), each seed's line faint."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11.5, 8.4))
     (acc, per_round), (cum_claimed, cum_training) = axes
-    for (conf,), part in node_rounds.sort("configuration").group_by(
-        "configuration", maintain_order=True
-    ):
+    named = sorted(node_rounds["configuration"].unique().to_list())
+    ranked = [c for c in order or [] if c in named] + [c for c in named if c not in (order or [])]
+    for conf in ranked:
+        part = node_rounds.filter(pl.col("configuration") == conf)
         seeds = part["seed"].n_unique()
         name = f"{conf} ({seeds} seed{'' if seeds == 1 else 's'})"  # thin evidence shows
         evaluated = part.filter(pl.col("accuracy").is_not_null())
@@ -221,5 +225,6 @@ def configuration_curves(node_rounds: pl.DataFrame, path: Path) -> Path:
     _round_axes(cum_claimed, "cumulative claimed reward (mean node)",
                 "Cumulative claimed reward (seeds faint)")  # fmt: skip
     _round_axes(cum_training, "cumulative training reward (mean node)",
-                "Cumulative training reward: the paper's measure (seeds faint)")  # fmt: skip
+                "Cumulative training reward (seeds faint)\n"
+                "the paper's measure, partly selection")  # fmt: skip
     return _save(fig, path)

@@ -198,7 +198,8 @@ def report_replicates(
         families.runs.write_csv(out_dir / "families.csv")
         path.write_text(path.read_text() + "\n" + family_markdown(families, baseline=baseline))
     done = tables.runs.filter(pl.col("complete"))["swarm_id"].implode()
+    order = list(dict.fromkeys(c for c, _ in exp.replicates().values()))
     configuration_curves(
-        tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "curves.png"
+        tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "curves.png", order
     )
     return path
