@@ -149,8 +149,7 @@ def same_split_gains(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
         if split.policy is None or split.plain not in labels:
             continue
         pair = runs.filter(pl.col("configuration").is_in([label, split.plain]))
-        paper = pair.filter(pl.col("configuration") == split.plain)[metric].cast(pl.Float64)
-        if (paper.is_null() | paper.is_nan()).all():
+        if not _measured(pair, split.plain, metric):
             continue  # no complete run of the paper's sampler to pair with
         gains = paired_gains(pair, baseline=split.plain, metric=metric)
         frames.append(
@@ -180,15 +179,14 @@ def shape_steps(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
     if not sweep_labels(labels):
         return pl.DataFrame(schema=SHAPE_SCHEMA)
     plain = sorted(
-        (parse_label(label) for label in labels if parse_label(label).policy is None),
+        (split for split in map(parse_label, labels) if split.policy is None),
         key=lambda split: split.external_share,
     )
     paper = {row.external_share: row.cumulative_reward for row in PAPER_TABLE}
     frames = []
     for before, after in itertools.pairwise(plain):
         pair = runs.filter(pl.col("configuration").is_in([before.plain, after.plain]))
-        known = pair.filter(pl.col("configuration") == before.plain)[metric].cast(pl.Float64)
-        if (known.is_null() | known.is_nan()).all():
+        if not _measured(pair, before.plain, metric):
             continue
         gains = paired_gains(pair, baseline=before.plain, metric=metric)
         low, high = paper.get(before.external_share), paper.get(after.external_share)
@@ -201,3 +199,10 @@ def shape_steps(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
             )
         )
     return pl.concat(frames) if frames else pl.DataFrame(schema=SHAPE_SCHEMA)
+
+
+def _measured(runs: pl.DataFrame, configuration: str, metric: str) -> bool:
+    """Whether some run of ``configuration`` has ``metric`` (neither null nor NaN): a
+    configuration to pair with."""
+    values = runs.filter(pl.col("configuration") == configuration)[metric].cast(pl.Float64)
+    return not (values.is_null() | values.is_nan()).all()
