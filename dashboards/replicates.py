@@ -68,18 +68,12 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
         .agg(
             pl.col("claimed_reward").sum().alias("cumulative_claimed_reward"),
             # null unless every round's training log was read (no partial sums)
-            pl.when(pl.col("training_reward").is_not_null().all())
-            .then(pl.col("training_reward").sum())
-            .alias("cumulative_training_reward"),
+            _all_known("training_reward", pl.col("training_reward").sum()).alias(
+                "cumulative_training_reward"
+            ),
             pl.col("tokens_generated").sum(),
-            # null unless every round's training log was read (as the training reward)
-            pl.when(pl.col("tokens_trained").is_not_null().all())
-            .then(pl.col("tokens_trained").sum())
-            .alias("tokens_trained"),
-            # null unless every round's update time is known
-            pl.when(pl.col("seconds_update").is_not_null().all())
-            .then(pl.col("seconds_update").sum())
-            .alias("update_seconds"),
+            _all_known("tokens_trained", pl.col("tokens_trained").sum()),
+            _all_known("seconds_update", pl.col("seconds_update").sum()).alias("update_seconds"),
             pl.len().alias("rounds_done"),
             # the paper's instability at high J: how much reward jumps from round to round
             pl.col("claimed_reward").diff().std().alias("oscillation"),
@@ -93,7 +87,10 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     first = rows.filter(pl.col("node_round") == 0, pl.col("accuracy").is_not_null())
     first = first.group_by("swarm_id").agg(pl.col("accuracy").mean().alias("initial_accuracy"))
     summary = (
-        per_node.group_by("configuration", "seed", "swarm_id")
+        # nodes in a fixed order: float sums in group_by's own order differ in the last
+        # digits from one call to the next, and the report's CSVs should not
+        per_node.sort("swarm_id", "node_id")
+        .group_by("configuration", "seed", "swarm_id")
         .agg(
             pl.col("cumulative_claimed_reward").mean(),
             # a node without its training log nulls the run's figure: averaging the other
@@ -176,6 +173,12 @@ def replicate_tables(
     return tables_from_records(records, baseline=baseline, rounds=rounds, nodes=nodes)
 
 
+def planned_order(planned: dict[str, tuple[str, int]]) -> list[str]:
+    """The experiment's configurations in its own order, from its planned runs
+    (swarm_id -> (configuration, seed))."""
+    return list(dict.fromkeys(c for c, _ in planned.values()))
+
+
 def tables_from_records(
     records: RunRecords,
     *,
@@ -199,7 +202,7 @@ def tables_from_records(
     how = mechanism(rows, found)
     unrun = None
     if planned is not None:
-        order = list(dict.fromkeys(c for c, _ in planned.values()))
+        order = planned_order(planned)
         rank = pl.col("configuration").replace_strict(
             {c: i for i, c in enumerate(order)}, default=len(order), return_dtype=pl.Int64
         )

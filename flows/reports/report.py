@@ -23,7 +23,12 @@ from dashboards.records import (
     records_from_ledger,
     write_record,
 )
-from dashboards.replicates import run_metrics, tables_from_records, write_replicate_report
+from dashboards.replicates import (
+    planned_order,
+    run_metrics,
+    tables_from_records,
+    write_replicate_report,
+)
 from dashboards.report import Report, cross_check, render_report, report_tables
 from flows.config import SwarmConfig
 from flows.experiments.sweep import ExperimentConfig
@@ -198,7 +203,7 @@ def report_replicates(
         families.runs.write_csv(out_dir / "families.csv")
         path.write_text(path.read_text() + "\n" + family_markdown(families, baseline=baseline))
     done = tables.runs.filter(pl.col("complete"))["swarm_id"].implode()
-    order = list(dict.fromkeys(c for c, _ in exp.replicates().values()))
+    order = planned_order(exp.replicates())
     configuration_curves(
         tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "curves.png", order
     )
