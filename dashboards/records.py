@@ -10,11 +10,17 @@ computed from records alone, so a report can combine runs done on different mach
 a sweep skips a run whose record exists (flows/experiments/flow.py).
 
 Records are read back with fixed schemas; a folder that does not parse is an error naming
-the file, never a silently smaller table.
+the file, never a silently smaller table. A CSV cut short (a copy or an edit that stopped
+mid-file) parses as fewer rows, so every file must end a whole row with every field, and
+``record.json`` carries each file's SHA-256 (from version 2), which catches a file cut at a
+row's end or edited by hand as well.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
@@ -26,7 +32,8 @@ from polars.datatypes import DataTypeClass
 import dashboards
 
 Query = Callable[[str], pl.DataFrame]  # ledger SQL -> rows (Ledger.query)
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: record.json has each file's SHA-256; 1 (issue 32's sweep) had none
+READABLE_VERSIONS = (1, 2)
 Schema = dict[str, DataTypeClass | pl.DataType]
 MANIFEST = "record.json"
 
@@ -187,11 +194,14 @@ def write_record(records: RunRecords, swarm_id: str, root: Path, **facts: object
     folder = root / swarm_id
     staging = root / f".{swarm_id}.partial"
     staging.mkdir(parents=True, exist_ok=True)
+    digests = {}
     for name in SCHEMAS:
         frame: pl.DataFrame = getattr(mine, name)
         sort = [c for c in ("node_id", "node_round", "task", "group_id") if c in frame.columns]
-        frame.sort(sort).write_csv(staging / f"{name}.csv")
-    meta = {"version": RECORD_VERSION, "swarm_id": swarm_id, **facts}
+        text = frame.sort(sort).write_csv().encode()
+        (staging / f"{name}.csv").write_bytes(text)
+        digests[f"{name}.csv"] = hashlib.sha256(text).hexdigest()
+    meta = {"version": RECORD_VERSION, "swarm_id": swarm_id, "sha256": digests, **facts}
     (staging / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     if folder.exists():
         for old in folder.iterdir():
@@ -207,21 +217,50 @@ def read_record(folder: Path) -> RunRecords:
         meta = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError) as exc:
         raise RecordError(f"{folder / MANIFEST}: not a run record ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("version") != RECORD_VERSION:
+    if not isinstance(meta, dict) or meta.get("version") not in READABLE_VERSIONS:
         raise RecordError(f"{folder / MANIFEST}: unknown record version")
     if meta.get("swarm_id") != folder.name:
         raise RecordError(f"{folder / MANIFEST}: names {meta.get('swarm_id')!r}, not its folder")
+    digests = meta.get("sha256") if meta["version"] >= 2 else {}
+    if not isinstance(digests, dict) or (
+        meta["version"] >= 2 and set(digests) != {f"{name}.csv" for name in SCHEMAS}
+    ):
+        raise RecordError(f"{folder / MANIFEST}: no SHA-256 for each of its files")
     tables = {}
     for name, schema in SCHEMAS.items():
         path = folder / f"{name}.csv"
         try:
-            frame = pl.read_csv(path, schema=schema)
-        except (OSError, pl.exceptions.PolarsError) as exc:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise RecordError(f"{path}: {exc.strerror or exc}") from None
+        _require_whole_rows(path, data)  # first: it says how a file was damaged
+        if digests and hashlib.sha256(data).hexdigest() != digests.get(path.name):
+            raise RecordError(f"{path}: not the file record.json describes (SHA-256 differs)")
+        try:
+            frame = pl.read_csv(io.BytesIO(data), schema=schema)
+        except pl.exceptions.PolarsError as exc:
             raise RecordError(f"{path}: {str(exc).splitlines()[0]}") from None
         if frame.height and frame["swarm_id"].ne(folder.name).any():
             raise RecordError(f"{path}: rows of another run")
         tables[name] = frame
     return RunRecords(**tables)
+
+
+def _require_whole_rows(path: Path, data: bytes) -> None:
+    """RecordError unless ``data`` ends a row and every row has the header's fields: what a
+    file cut short looks like, which CSV readers would take as a smaller table."""
+    if not data.endswith(b"\n"):
+        raise RecordError(f"{path}: cut short (its last row does not end)")
+    try:
+        rows = csv.reader(io.StringIO(data.decode()))
+        header = next(rows, [])
+        for number, row in enumerate(rows, start=2):
+            if len(row) != len(header):
+                raise RecordError(
+                    f"{path}: row {number} has {len(row)} fields, the header {len(header)}"
+                )
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise RecordError(f"{path}: not CSV text ({exc})") from None
 
 
 def read_records(root: Path, swarm_ids: Iterable[str]) -> RunRecords:

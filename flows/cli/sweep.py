@@ -62,6 +62,9 @@ def experiment(
     if records is not None and records.exists() and not records.is_dir():
         # Found now, not when the first run of many hours tries to write its record.
         raise fail(f"--records {records}: not a folder")
+    if report_only and records is not None and not records.exists():
+        # a typo would otherwise read as "no run has rounds"
+        raise fail(f"--records {records}: no such folder to report from")
     print(format_plan(exp, None if records is None else records.resolve()))
     if dry_run:
         return

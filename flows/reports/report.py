@@ -190,6 +190,13 @@ def report_replicates(
         elsewhere = [s for s in exp.replicates() if s not in here and recorded(records_dir, s)]
         ours = records.only(s for s in records.swarm_ids() if s not in elsewhere)
         records = RunRecords.concat([ours, read_records(records_dir, elsewhere)])
+    if records.node_rounds.is_empty():  # say where it looked: a wrong file or folder, often
+        read = ["this machine's ledger"] if from_ledger else []
+        read += [] if records_dir is None else [f"the records in {records_dir}"]
+        raise ValueError(
+            f"none of {exp.experiment}'s {len(exp.replicates())} planned runs has rounds in "
+            f"{' or '.join(read) or 'nothing read'}"
+        )
     tables = tables_from_records(records, baseline=baseline, rounds=first.rounds,
                                  nodes=len(first.nodes), planned=exp.replicates())  # fmt: skip
     total = len(heldout_keys(first))

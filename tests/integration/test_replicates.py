@@ -3,6 +3,7 @@ answers are worked out by hand: rollouts, held-out evaluations and training logs
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -381,13 +382,40 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
     assert read_record(folder).node_rounds.height == records.node_rounds.height
     rows = folder / "node_rounds.csv"
     good = rows.read_text()
+    manifest = folder / "record.json"
+    written = json.loads(manifest.read_text())
+    assert written["version"] == 2 and set(written["sha256"]) == {
+        p.name for p in folder.glob("*.csv")
+    }
+    # A copy cut short: mid-row, or at a row's end (which parses as a smaller table: only
+    # the digest tells); any edit at all.
+    rows.write_text(good[: len(good) // 2])
+    with pytest.raises(RecordError, match=r"node_rounds\.csv: cut short"):
+        read_record(folder)
+    whole_rows = good[: good.index("\n", len(good) // 2) + 1]
+    rows.write_text(whole_rows)
+    with pytest.raises(RecordError, match=r"node_rounds\.csv: not the file record.json"):
+        read_record(folder)
+    rows.write_text(good.replace(sid, swarm(BASE, 1)))
+    with pytest.raises(RecordError, match="SHA-256 differs"):
+        read_record(folder)
+    # Version 1 (the issue-32 sweep's records) has no digests: read, with the checks that
+    # need none.
+    manifest.write_text(json.dumps({**written, "version": 1, "sha256": None}))
+    rows.write_text(good)
+    assert read_record(folder).node_rounds.height == records.node_rounds.height
+    rows.write_text(whole_rows)
+    assert read_record(folder).node_rounds.height < records.node_rounds.height  # undetectable
     rows.write_text(good.replace("\n", "\nnot,a,row\n", 1))
-    with pytest.raises(RecordError, match=r"node_rounds\.csv"):
+    with pytest.raises(RecordError, match=r"node_rounds\.csv: row 2 has 3 fields"):
         read_record(folder)
     rows.write_text(good.replace(sid, swarm(BASE, 1)))  # another run's rows in this folder
     with pytest.raises(RecordError, match="rows of another run"):
         read_record(folder)
     rows.write_text(good)
+    manifest.write_text(json.dumps({**written, "sha256": {"node_rounds.csv": "0" * 64}}))
+    with pytest.raises(RecordError, match="no SHA-256 for each of its files"):
+        read_record(folder)
     (folder / "record.json").write_text('{"version": 99}')
     with pytest.raises(RecordError, match="unknown record version"):
         read_record(folder)
@@ -452,3 +480,11 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
     runs = pl.read_csv(elsewhere / "runs.csv")
     assert sorted(runs["swarm_id"]) == sorted(s for s in replicates if s != swarm(SHARED, 2))
     assert "Planned runs with no rounds here: 1/1 seed 2." in output
+    # another experiment's file against these records: says where it looked
+    experiment["experiment"] = "y"
+    path.write_text(yaml.safe_dump(experiment))
+    result = CliRunner().invoke(
+        app, ["experiment", "-c", str(path), "--records", str(root), "--report-only"]
+    )
+    assert result.exit_code == 2
+    assert f"none of y's 6 planned runs has rounds in the records in {root}" in result.output

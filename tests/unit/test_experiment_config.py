@@ -223,6 +223,12 @@ def test_records_must_be_a_folder_and_a_recorded_run_counts_as_done(tmp_path: Pa
     args = ["experiment", "-c", str(path), "--dry-run", "--records", str(not_a_folder)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "not a folder" in result.output
+    # a report from records that are not there is a mistyped path, not "no rounds"
+    missing = tmp_path / "no-such-records"
+    args = ["experiment", "-c", str(path), "--report-only", "--records", str(missing)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "no such folder to report from" in result.output
+    assert not missing.exists()
     exp = load_experiment(path)
     first = exp.swarm_id(*exp.runs()[0])
     folder = tmp_path / "kept" / first
