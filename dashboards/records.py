@@ -274,11 +274,22 @@ def recorded(root: Path, swarm_id: str) -> bool:
     return (root / swarm_id / MANIFEST).is_file()
 
 
+def record_manifest(root: Path, swarm_id: str) -> dict[str, object]:
+    """What a run's ``record.json`` says beside its tables (code, host, time, wall time);
+    empty where there is none or it does not parse (reading the record says why)."""
+    try:
+        meta = json.loads((root / swarm_id / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 __all__ = [
     "RecordError",
     "RunRecords",
     "read_record",
     "read_records",
+    "record_manifest",
     "recorded",
     "records_from_ledger",
     "write_record",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flows.experiments.progress import read_progress, wall_label, wall_times
+from flows.experiments.progress import run_walls, wall_label
 from flows.experiments.sweep import ExperimentConfig, is_complete
 
 
@@ -47,9 +47,9 @@ def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, A
 
 def format_plan(exp: ExperimentConfig, records: Path | None = None) -> str:
     """The plan as a table, with each run's wall time from this machine's progress file
-    (the last attempt that ended, and how many attempts were stopped before it)."""
+    or its record (the last attempt that ended, and how many attempts were stopped before it)."""
     rows = plan(exp, records)
-    times = wall_times(read_progress(exp))
+    times = run_walls(exp, records)
     for row in rows:
         row["wall"] = wall_label(times.get(row["swarm_id"]))
     head = (

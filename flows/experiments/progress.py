@@ -3,6 +3,8 @@
 A sweep of many hours outlives sessions and machines; `<workdir>/progress.json` tells
 whoever resumes it where it stands, and how long each run took (`wall_times`): the
 interrupted attempts (a start with no end before the next start) are counted, not timed.
+The file stays on its machine; each run's record keeps its wall time too (`run_walls`), so
+a sweep resumed on a new machine still knows what its earlier runs took.
 """
 
 from __future__ import annotations
@@ -102,6 +104,35 @@ def wall_times(progress: dict[str, Any]) -> dict[str, dict[str, Any]]:
         interrupted += started is not None
         out[swarm_id] = {"seconds": seconds, "attempts": attempts, "interrupted": interrupted}
     return out
+
+
+def run_walls(exp: ExperimentConfig, records: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Per run, its wall time (as ``wall_times``) from this machine's progress file, or, for
+    a run this machine never started, from its record in ``records`` (written where it ran)."""
+    from dashboards.records import record_manifest
+
+    times = wall_times(read_progress(exp))
+    if records is None:
+        return times
+    for swarm_id in exp.replicates():
+        if not times.get(swarm_id, {}).get("attempts"):
+            kept = _as_wall(record_manifest(records, swarm_id).get("wall"))
+            if kept is not None:
+                times[swarm_id] = kept
+    return times
+
+
+def _as_wall(value: object) -> dict[str, Any] | None:
+    """A recorded wall time, or None unless it has ``wall_times``' shape (a record is a
+    committed file: it may have been edited)."""
+    if not isinstance(value, dict) or set(value) != {"seconds", "attempts", "interrupted"}:
+        return None
+    seconds, counts = value["seconds"], (value["attempts"], value["interrupted"])
+    if seconds is not None and (not isinstance(seconds, int | float) or seconds < 0):
+        return None
+    if not all(isinstance(n, int) and n >= 0 for n in counts):
+        return None
+    return dict(value)
 
 
 def _time(text: object) -> datetime | None:

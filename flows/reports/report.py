@@ -31,6 +31,7 @@ from dashboards.replicates import (
 )
 from dashboards.report import Report, cross_check, render_report, report_tables
 from flows.config import SwarmConfig
+from flows.experiments.progress import run_walls
 from flows.experiments.sweep import ExperimentConfig
 from ledger import Ledger
 
@@ -142,8 +143,9 @@ def record_runs(
     facts = {"experiment": exp.experiment, "code": code_version(), "host": platform.node(),
              "written_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
     done = complete_runs(exp, records)
+    walls = run_walls(exp, root)  # before any is rewritten: a record keeps what it had
     for swarm_id in done:
-        write_record(records, swarm_id, root, **facts)
+        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id))
     return done
 
 

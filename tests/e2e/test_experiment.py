@@ -204,9 +204,11 @@ def test_miniature_sweep_and_report(tmp_path: Path) -> None:
     assert sorted(p.name for p in records.iterdir()) == sorted(expected)
     meta = json.loads((records / "mini-2x0-s0" / "record.json").read_text())
     assert meta["experiment"] == "mini" and len(meta["code"]) == 40
+    assert meta["wall"]["attempts"] == 1 and meta["wall"]["seconds"] > 0  # kept off-machine
     first = (work / "reports" / "mini" / "statistics.md").read_text()
     shutil.rmtree(work)
     elsewhere = sapo("experiment", "-c", str(path), "--records", str(records), timeout=600)
     assert elsewhere.count("(done, here or elsewhere); skipped") == 4
     assert "round 0:" not in elsewhere
+    assert "timed runs: 4," in elsewhere  # the plan's wall times came with the records
     assert (work / "reports" / "mini" / "statistics.md").read_text() == first

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -424,6 +425,58 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
         read_record(folder)
 
 
+def mini_experiment(workdir: Path) -> dict[str, Any]:
+    """The experiment whose runs the ``ledger`` fixture holds (under ``workdir``)."""
+    return {
+        "experiment": "x", "workdir": str(workdir), "seeds": list(SEEDS),
+        "swarm": {"rounds": 2, "node_count": 2, "tracking": {"enabled": False},
+                  "defaults": {"model": "some/model", "evaluation": {"every": 2}}},
+        "configurations": [{"local_groups": 2, "external_groups": 0},
+                           {"local_groups": 1, "external_groups": 1}],
+    }  # fmt: skip
+
+
+def test_a_record_keeps_its_runs_wall_time_for_a_new_machine(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """The progress file stays on its machine; the record carries each run's wall time, so
+    the plan of a sweep resumed elsewhere still says what its earlier runs took."""
+    import shutil
+
+    from dashboards.records import record_manifest, records_from_ledger
+    from flows.experiments.plan import format_plan
+    from flows.experiments.progress import record_progress, run_walls
+    from flows.experiments.sweep import ExperimentConfig
+    from flows.reports.report import record_runs
+
+    exp = ExperimentConfig.model_validate(mini_experiment(tmp_path / "old-machine"))
+    records = records_from_ledger(ledger.query, exp.replicates())
+    timed, untimed = swarm(SHARED, 1), swarm(BASE, 0)
+    record_progress(exp, timed, "started")  # stopped with a session, then resumed
+    record_progress(exp, timed, "started")
+    record_progress(exp, timed, "finished", failed=0)
+    root = tmp_path / "records"
+    assert sorted(record_runs(exp, root, records=records)) == sorted(exp.replicates())
+    wall = record_manifest(root, timed)["wall"]
+    assert isinstance(wall, dict) and wall["attempts"] == 2 and wall["interrupted"] == 1
+    assert wall["seconds"] is not None and 0 <= wall["seconds"] < 60
+    assert record_manifest(root, untimed)["wall"] is None  # never started on that machine
+
+    shutil.rmtree(tmp_path / "old-machine")  # a new machine: no progress file
+    assert timed not in run_walls(exp) and run_walls(exp, root)[timed] == wall
+    (row,) = [line for line in format_plan(exp, root).splitlines() if timed in line]
+    assert row.rstrip().endswith("0.0 min (+1 earlier)")
+    # re-recorded where it was never timed (a report on the new machine): the wall is kept
+    record_runs(exp, root, records=records)
+    assert record_manifest(root, timed)["wall"] == wall
+    # a hand-edited wall time is not believed
+    manifest = root / timed / "record.json"
+    meta = json.loads(manifest.read_text())
+    for bad in ({"seconds": -5, "attempts": 1, "interrupted": 0}, {"seconds": 3}, "21 min"):
+        manifest.write_text(json.dumps({**meta, "wall": bad}))
+        assert timed not in run_walls(exp, root)
+
+
 def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_path: Path) -> None:
     """`sapo experiment --report-only` beside a sweep: the recorded runs and the runs this
     machine's ledger holds (one of them not recorded yet), with SAPO's Table 1 beside them;
@@ -441,13 +494,7 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
         if swarm_id != swarm(SHARED, 2):
             write_record(records, swarm_id, root, code="abc", host="elsewhere")
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    experiment = {
-        "experiment": "x", "workdir": str(tmp_path), "seeds": list(SEEDS),  # its ledger: ours
-        "swarm": {"rounds": 2, "node_count": 2, "tracking": {"enabled": False},
-                  "defaults": {"model": "some/model", "evaluation": {"every": 2}}},
-        "configurations": [{"local_groups": 2, "external_groups": 0},
-                           {"local_groups": 1, "external_groups": 1}],
-    }  # fmt: skip
+    experiment = mini_experiment(tmp_path)  # its ledger: ours
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump(experiment))
 
