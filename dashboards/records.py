@@ -22,9 +22,11 @@ import csv
 import hashlib
 import io
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from polars.datatypes import DataTypeClass
@@ -36,6 +38,7 @@ RECORD_VERSION = 2  # 2: record.json has each file's SHA-256; 1 (issue 32's swee
 READABLE_VERSIONS = (1, 2)
 Schema = dict[str, DataTypeClass | pl.DataType]
 MANIFEST = "record.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 NODE_ROUNDS: Schema = {
     "swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64,
@@ -201,7 +204,7 @@ def write_record(records: RunRecords, swarm_id: str, root: Path, **facts: object
         text = frame.sort(sort).write_csv().encode()
         (staging / f"{name}.csv").write_bytes(text)
         digests[f"{name}.csv"] = hashlib.sha256(text).hexdigest()
-    meta = {"version": RECORD_VERSION, "swarm_id": swarm_id, "sha256": digests, **facts}
+    meta = {**facts, "version": RECORD_VERSION, "swarm_id": swarm_id, "sha256": digests}
     (staging / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     if folder.exists():
         for old in folder.iterdir():
@@ -211,21 +214,33 @@ def write_record(records: RunRecords, swarm_id: str, root: Path, **facts: object
     return folder
 
 
+def _manifest(folder: Path) -> dict[str, Any]:
+    """The folder's ``record.json``, checked: a readable version, naming its folder, and
+    (from version 2) a well-formed SHA-256 for each of its files; RecordError otherwise."""
+    path = folder / MANIFEST
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"{path}: not a run record ({exc})") from None
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if type(version) is not int or version not in READABLE_VERSIONS:  # not True, not 1.0
+        raise RecordError(f"{path}: unknown record version")
+    if meta.get("swarm_id") != folder.name:
+        raise RecordError(f"{path}: names {meta.get('swarm_id')!r}, not its folder")
+    digests = meta.get("sha256")
+    if version >= 2 and (
+        not isinstance(digests, dict)
+        or set(digests) != {f"{name}.csv" for name in SCHEMAS}
+        or not all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values())
+    ):
+        raise RecordError(f"{path}: no SHA-256 for each of its files")
+    return meta
+
+
 def read_record(folder: Path) -> RunRecords:
     """One run's record; RecordError (naming the file) when it does not parse."""
-    try:
-        meta = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
-        raise RecordError(f"{folder / MANIFEST}: not a run record ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("version") not in READABLE_VERSIONS:
-        raise RecordError(f"{folder / MANIFEST}: unknown record version")
-    if meta.get("swarm_id") != folder.name:
-        raise RecordError(f"{folder / MANIFEST}: names {meta.get('swarm_id')!r}, not its folder")
-    digests = meta.get("sha256") if meta["version"] >= 2 else {}
-    if not isinstance(digests, dict) or (
-        meta["version"] >= 2 and set(digests) != {f"{name}.csv" for name in SCHEMAS}
-    ):
-        raise RecordError(f"{folder / MANIFEST}: no SHA-256 for each of its files")
+    meta = _manifest(folder)
+    digests = meta["sha256"] if meta["version"] >= 2 else {}
     tables = {}
     for name, schema in SCHEMAS.items():
         path = folder / f"{name}.csv"
@@ -240,7 +255,7 @@ def read_record(folder: Path) -> RunRecords:
             frame = pl.read_csv(io.BytesIO(data), schema=schema)
         except pl.exceptions.PolarsError as exc:
             raise RecordError(f"{path}: {str(exc).splitlines()[0]}") from None
-        if frame.height and frame["swarm_id"].ne(folder.name).any():
+        if frame.height and frame["swarm_id"].ne_missing(folder.name).any():
             raise RecordError(f"{path}: rows of another run")
         tables[name] = frame
     return RunRecords(**tables)
@@ -251,6 +266,8 @@ def _require_whole_rows(path: Path, data: bytes) -> None:
     file cut short looks like, which CSV readers would take as a smaller table."""
     if not data.endswith(b"\n"):
         raise RecordError(f"{path}: cut short (its last row does not end)")
+    # csv's default 128 KiB field limit would refuse a long question polars reads
+    csv.field_size_limit(max(csv.field_size_limit(), len(data)))
     try:
         rows = csv.reader(io.StringIO(data.decode()))
         header = next(rows, [])
@@ -276,12 +293,11 @@ def recorded(root: Path, swarm_id: str) -> bool:
 
 def record_manifest(root: Path, swarm_id: str) -> dict[str, object]:
     """What a run's ``record.json`` says beside its tables (code, host, time, wall time);
-    empty where there is none or it does not parse (reading the record says why)."""
+    empty where there is none or it is not a record of that run (reading it says why)."""
     try:
-        meta = json.loads((root / swarm_id / MANIFEST).read_text())
-    except (OSError, ValueError):
+        return _manifest(root / swarm_id)
+    except RecordError:
         return {}
-    return meta if isinstance(meta, dict) else {}
 
 
 __all__ = [

@@ -58,26 +58,24 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     columns (a frame made by hand) get them empty."""
     optional = {"training_reward": pl.Float64, "tokens_generated": pl.Int64,
                 "tokens_trained": pl.Int64, "seconds_update": pl.Float64}  # fmt: skip
+    # One row order whatever the input's: group_by's float sums and means follow it, and
+    # the report's CSVs should be the same bytes from one call to the next.
     rows = rows.with_columns(
         pl.lit(None, dtype).alias(name) for name, dtype in optional.items() if name not in rows
-    )
+    ).sort("swarm_id", "node_id", "node_round")
     trained = rows.filter(pl.col("node_round") < rounds, pl.col("claimed_reward").is_not_null())
-    per_node = (
-        trained.sort("node_round")
-        .group_by("configuration", "seed", "swarm_id", "node_id")
-        .agg(
-            pl.col("claimed_reward").sum().alias("cumulative_claimed_reward"),
-            # null unless every round's training log was read (no partial sums)
-            _all_known("training_reward", pl.col("training_reward").sum()).alias(
-                "cumulative_training_reward"
-            ),
-            pl.col("tokens_generated").sum(),
-            _all_known("tokens_trained", pl.col("tokens_trained").sum()),
-            _all_known("seconds_update", pl.col("seconds_update").sum()).alias("update_seconds"),
-            pl.len().alias("rounds_done"),
-            # the paper's instability at high J: how much reward jumps from round to round
-            pl.col("claimed_reward").diff().std().alias("oscillation"),
-        )
+    per_node = trained.group_by("configuration", "seed", "swarm_id", "node_id").agg(
+        pl.col("claimed_reward").sum().alias("cumulative_claimed_reward"),
+        # null unless every round's training log was read (no partial sums)
+        _all_known("training_reward", pl.col("training_reward").sum()).alias(
+            "cumulative_training_reward"
+        ),
+        pl.col("tokens_generated").sum(),
+        _all_known("tokens_trained", pl.col("tokens_trained").sum()),
+        _all_known("seconds_update", pl.col("seconds_update").sum()).alias("update_seconds"),
+        pl.len().alias("rounds_done"),
+        # the paper's instability at high J: how much reward jumps from round to round
+        pl.col("claimed_reward").diff().std().alias("oscillation"),
     )
     final = rows.filter(pl.col("node_round") == rounds, pl.col("accuracy").is_not_null())
     final = final.group_by("swarm_id").agg(
@@ -87,9 +85,7 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     first = rows.filter(pl.col("node_round") == 0, pl.col("accuracy").is_not_null())
     first = first.group_by("swarm_id").agg(pl.col("accuracy").mean().alias("initial_accuracy"))
     summary = (
-        # nodes in a fixed order: float sums in group_by's own order differ in the last
-        # digits from one call to the next, and the report's CSVs should not
-        per_node.sort("swarm_id", "node_id")
+        per_node.sort("swarm_id", "node_id")  # group_by's output order is its own
         .group_by("configuration", "seed", "swarm_id")
         .agg(
             pl.col("cumulative_claimed_reward").mean(),

@@ -10,6 +10,7 @@ a sweep resumed on a new machine still knows what its earlier runs took.
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,14 +109,15 @@ def wall_times(progress: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def run_walls(exp: ExperimentConfig, records: Path | None = None) -> dict[str, dict[str, Any]]:
     """Per run, its wall time (as ``wall_times``) from this machine's progress file, or, for
-    a run this machine never started, from its record in ``records`` (written where it ran)."""
+    a run this machine never timed to its end (never started here, or stopped here and
+    finished elsewhere), from its record in ``records``, written where it ran."""
     from dashboards.records import record_manifest
 
     times = wall_times(read_progress(exp))
     if records is None:
         return times
     for swarm_id in exp.replicates():
-        if not times.get(swarm_id, {}).get("attempts"):
+        if times.get(swarm_id, {}).get("seconds") is None:
             kept = _as_wall(record_manifest(records, swarm_id).get("wall"))
             if kept is not None:
                 times[swarm_id] = kept
@@ -123,14 +125,16 @@ def run_walls(exp: ExperimentConfig, records: Path | None = None) -> dict[str, d
 
 
 def _as_wall(value: object) -> dict[str, Any] | None:
-    """A recorded wall time, or None unless it has ``wall_times``' shape (a record is a
-    committed file: it may have been edited)."""
+    """A recorded wall time, or None unless it is one ``wall_times`` could have written for a
+    run that ended: a record is a committed file, and may have been edited."""
     if not isinstance(value, dict) or set(value) != {"seconds", "attempts", "interrupted"}:
         return None
-    seconds, counts = value["seconds"], (value["attempts"], value["interrupted"])
-    if seconds is not None and (not isinstance(seconds, int | float) or seconds < 0):
+    seconds, attempts, interrupted = value["seconds"], value["attempts"], value["interrupted"]
+    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
+        return None  # JSON's NaN and Infinity parse; booleans are ints to isinstance
+    if type(attempts) is not int or type(interrupted) is not int:
         return None
-    if not all(isinstance(n, int) and n >= 0 for n in counts):
+    if not 0 <= interrupted < attempts:  # the attempt that ended was not interrupted
         return None
     return dict(value)
 

@@ -212,6 +212,33 @@ def test_run_metrics_average_nodes_and_measure_oscillation() -> None:
     assert run["nodes"] == 2 and run["rounds_done"] == 3
 
 
+def test_run_metrics_are_the_same_bytes_whatever_the_rows_order() -> None:
+    """Float sums and means follow row order; the report's runs.csv must not."""
+    import random
+
+    from dashboards.replicates import run_metrics
+
+    rng = random.Random(7)
+    keys = [(c, s, n, r) for c in ("a", "b") for s in range(4) for n in range(6) for r in range(6)]
+    rows = pl.DataFrame(
+        {
+            "configuration": [c for c, *_ in keys],
+            "seed": [s for _, s, _, _ in keys],
+            "swarm_id": [f"{c}-s{s}" for c, s, _, _ in keys],
+            "node_id": [f"n{n}" for *_, n, _ in keys],
+            "node_round": [r for *_, r in keys],
+            "claimed_reward": [rng.random() / 3 for _ in keys],  # not exact in binary
+            "training_reward": [rng.random() / 7 for _ in keys],
+            "accuracy": [rng.random() / 9 if r in (0, 5) else None for *_, r in keys],
+        }
+    )
+    seen = {
+        run_metrics(rows.sample(fraction=1.0, shuffle=True, seed=i), rounds=5).write_csv()
+        for i in range(12)
+    }
+    assert len(seen) == 1
+
+
 def test_update_seconds_come_from_mlflow_figures_per_node_round(ledger: Ledger) -> None:
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
     seconds = pl.DataFrame(
@@ -417,12 +444,47 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
     manifest.write_text(json.dumps({**written, "sha256": {"node_rounds.csv": "0" * 64}}))
     with pytest.raises(RecordError, match="no SHA-256 for each of its files"):
         read_record(folder)
+    # a malformed digest is record.json's fault, not the CSV's
+    upper = {k: v.upper() for k, v in written["sha256"].items()}
+    for digests in (upper, dict.fromkeys(written["sha256"], None)):
+        manifest.write_text(json.dumps({**written, "sha256": digests}))
+        with pytest.raises(RecordError, match=r"record\.json: no SHA-256 for each of its files"):
+            read_record(folder)
+    # a version that only compares equal to 1 does not skip the digests
+    for version in (True, 1.0, "2"):
+        manifest.write_text(json.dumps({**written, "version": version}))
+        with pytest.raises(RecordError, match="unknown record version"):
+            read_record(folder)
+    manifest.write_text(json.dumps(written))
+    assert read_record(folder).node_rounds.height == records.node_rounds.height
+    # a blanked swarm_id is not this run's row (v1: no digest to catch it)
+    manifest.write_text(json.dumps({**written, "version": 1}))
+    rows.write_text(good.replace(f"\n{sid},", "\n,", 1))
+    with pytest.raises(RecordError, match="rows of another run"):
+        read_record(folder)
+    rows.write_text(good)
     (folder / "record.json").write_text('{"version": 99}')
     with pytest.raises(RecordError, match="unknown record version"):
         read_record(folder)
     (folder / "record.json").write_text("{")
     with pytest.raises(RecordError, match="not a run record"):
         read_record(folder)
+
+
+def test_a_record_keeps_long_fields_and_its_own_version(ledger: Ledger, tmp_path: Path) -> None:
+    from dashboards.records import read_record, records_from_ledger, write_record
+
+    sid = swarm(SHARED, 1)
+    long_question = "What is " + " + ".join(["1"] * 60_000) + "?"  # past csv's 128 KiB default
+    records = records_from_ledger(ledger.query, {sid: (SHARED, 1)}, heldout={("gcd", "x")})
+    records.heldout_seen = pl.DataFrame(
+        {"swarm_id": [sid], "task": ["gcd"], "question": [long_question]}
+    )
+    # a fact named like the manifest's own keys does not replace them
+    folder = write_record(records, sid, tmp_path, version=99, sha256="forged", host="h")
+    meta = json.loads((folder / "record.json").read_text())
+    assert meta["version"] == 2 and isinstance(meta["sha256"], dict) and meta["host"] == "h"
+    assert read_record(folder).heldout_seen["question"].to_list() == [long_question]
 
 
 def mini_experiment(workdir: Path) -> dict[str, Any]:
@@ -469,12 +531,39 @@ def test_a_record_keeps_its_runs_wall_time_for_a_new_machine(
     # re-recorded where it was never timed (a report on the new machine): the wall is kept
     record_runs(exp, root, records=records)
     assert record_manifest(root, timed)["wall"] == wall
-    # a hand-edited wall time is not believed
+    # this machine's own finished time comes first; one it never saw end does not hide the
+    # record's (stopped here before the record arrived from where it finished)
     manifest = root / timed / "record.json"
     meta = json.loads(manifest.read_text())
-    for bad in ({"seconds": -5, "attempts": 1, "interrupted": 0}, {"seconds": 3}, "21 min"):
+    recorded_wall = {"seconds": 1260.0, "attempts": 1, "interrupted": 0}
+    manifest.write_text(json.dumps({**meta, "wall": recorded_wall}))
+    record_progress(exp, timed, "started")
+    assert run_walls(exp, root)[timed] == recorded_wall
+    record_progress(exp, timed, "skipped", recorded=True)
+    (row,) = [line for line in format_plan(exp, root).splitlines() if timed in line]
+    assert row.rstrip().endswith("21.0 min")
+    record_progress(exp, timed, "started")
+    record_progress(exp, timed, "finished", failed=0)
+    local = run_walls(exp, root)[timed]
+    assert local["attempts"] == 2 and local["seconds"] < 60
+    shutil.rmtree(tmp_path / "old-machine")
+    # a hand-edited wall time is not believed
+    bad_walls = [
+        {"seconds": -5, "attempts": 1, "interrupted": 0}, {"seconds": 3}, "21 min",
+        {"seconds": True, "attempts": True, "interrupted": False},
+        {"seconds": float("nan"), "attempts": 1, "interrupted": 0},
+        {"seconds": float("inf"), "attempts": 1, "interrupted": 0},
+        {"seconds": 60, "attempts": 1, "interrupted": 5},
+        {"seconds": 60, "attempts": 0, "interrupted": 0},
+        {"seconds": None, "attempts": 1, "interrupted": 1},
+    ]  # fmt: skip
+    for bad in bad_walls:
         manifest.write_text(json.dumps({**meta, "wall": bad}))
-        assert timed not in run_walls(exp, root)
+        assert timed not in run_walls(exp, root), bad
+    assert "timed runs" not in format_plan(exp, root)
+    # nor is a record.json of another run put in this run's folder
+    manifest.write_text(json.dumps({**meta, "wall": recorded_wall, "swarm_id": untimed}))
+    assert timed not in run_walls(exp, root)
 
 
 def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_path: Path) -> None:
