@@ -1,0 +1,273 @@
+"""Run records (dashboards/records.py): what a finished run leaves to outlive its machine,
+read back exactly or refused with the file named; and `--report-only` from records alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ledger import Ledger
+from tests.integration.replicate_runs import (
+    BASE,
+    SEEDS,
+    SHARED,
+    mini_experiment,
+    replicate_ledger,
+    swarm,
+)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return replicate_ledger(tmp_path / "ledger")
+
+
+def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path: Path) -> None:
+    """A sweep finished across machines: half its runs come back from committed records,
+    the rest from this machine's ledger, and every number is what the ledger alone gives."""
+    from dashboards.records import RunRecords, read_records, records_from_ledger, write_record
+    from dashboards.replicates import tables_from_records
+
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    heldout = {("basic_arithmetic", "q0 of n1"), ("gcd", "never generated")}
+    records = records_from_ledger(ledger.query, replicates, heldout=heldout)
+    assert records.heldout_seen.height == 6  # every run generated "q0 of n1"
+    assert set(records.heldout_seen["question"]) == {"q0 of n1"}
+    assert records.models.is_empty()  # the hand-made ledger has no manifests
+    assert records.peer_groups.height == 3 * 2 * 2  # shared seeds x nodes x rounds
+    root = tmp_path / "records"
+    elsewhere = [swarm(SHARED, s) for s in SEEDS] + [swarm(BASE, 0)]
+    for swarm_id in elsewhere:
+        folder = write_record(records, swarm_id, root, code="abc", host="old-machine")
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "discoveries.csv", "heldout_seen.csv", "models.csv", "node_rounds.csv",
+            "peer_groups.csv", "record.json",
+        ]  # fmt: skip
+    assert not list(root.glob(".*"))  # no staging folder left behind
+    here = records.only(s for s in replicates if s not in elsewhere)
+    combined = RunRecords.concat([here, read_records(root, list(replicates))])
+    assert combined.swarm_ids() == sorted(replicates)
+    direct = tables_from_records(records, baseline=BASE, rounds=2)
+    mixed = tables_from_records(combined, baseline=BASE, rounds=2)
+    for metric in ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy"):
+        assert mixed.gains[metric].to_dicts() == direct.gains[metric].to_dicts()
+    assert mixed.runs.sort("swarm_id").equals(direct.runs.sort("swarm_id"))
+    assert mixed.mechanism.equals(direct.mechanism)
+    assert mixed.discoveries.equals(direct.discoveries)
+
+
+def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_path: Path) -> None:
+    from dashboards.records import RecordError, read_record, records_from_ledger, write_record
+
+    sid = swarm(SHARED, 1)
+    records = records_from_ledger(ledger.query, {sid: (SHARED, 1)})
+    folder = write_record(records, sid, tmp_path)
+    assert read_record(folder).node_rounds.height == records.node_rounds.height
+    rows = folder / "node_rounds.csv"
+    good = rows.read_text()
+    manifest = folder / "record.json"
+    written = json.loads(manifest.read_text())
+    assert written["version"] == 2 and set(written["sha256"]) == {
+        p.name for p in folder.glob("*.csv")
+    }
+    # A copy cut short: mid-row, or at a row's end (which parses as a smaller table: only
+    # the digest tells); any edit at all.
+    rows.write_text(good[: len(good) // 2])
+    with pytest.raises(RecordError, match=r"node_rounds\.csv: cut short"):
+        read_record(folder)
+    whole_rows = good[: good.index("\n", len(good) // 2) + 1]
+    rows.write_text(whole_rows)
+    with pytest.raises(RecordError, match=r"node_rounds\.csv: not the file record.json"):
+        read_record(folder)
+    rows.write_text(good.replace(sid, swarm(BASE, 1)))
+    with pytest.raises(RecordError, match="SHA-256 differs"):
+        read_record(folder)
+    # Version 1 (the issue-32 sweep's records) has no digests: read, with the checks that
+    # need none.
+    manifest.write_text(json.dumps({**written, "version": 1, "sha256": None}))
+    rows.write_text(good)
+    assert read_record(folder).node_rounds.height == records.node_rounds.height
+    rows.write_text(whole_rows)
+    assert read_record(folder).node_rounds.height < records.node_rounds.height  # undetectable
+    rows.write_text(good.replace("\n", "\nnot,a,row\n", 1))
+    with pytest.raises(RecordError, match=r"node_rounds\.csv: row 2 has 3 fields"):
+        read_record(folder)
+    rows.write_text(good.replace(sid, swarm(BASE, 1)))  # another run's rows in this folder
+    with pytest.raises(RecordError, match="rows of another run"):
+        read_record(folder)
+    rows.write_text(good)
+    manifest.write_text(json.dumps({**written, "sha256": {"node_rounds.csv": "0" * 64}}))
+    with pytest.raises(RecordError, match="no SHA-256 for each of its files"):
+        read_record(folder)
+    # a malformed digest is record.json's fault, not the CSV's
+    upper = {k: v.upper() for k, v in written["sha256"].items()}
+    for digests in (upper, dict.fromkeys(written["sha256"], None)):
+        manifest.write_text(json.dumps({**written, "sha256": digests}))
+        with pytest.raises(RecordError, match=r"record\.json: no SHA-256 for each of its files"):
+            read_record(folder)
+    # a version that only compares equal to 1 does not skip the digests
+    for version in (True, 1.0, "2"):
+        manifest.write_text(json.dumps({**written, "version": version}))
+        with pytest.raises(RecordError, match="unknown record version"):
+            read_record(folder)
+    manifest.write_text(json.dumps(written))
+    assert read_record(folder).node_rounds.height == records.node_rounds.height
+    # a blanked swarm_id is not this run's row (v1: no digest to catch it)
+    manifest.write_text(json.dumps({**written, "version": 1}))
+    rows.write_text(good.replace(f"\n{sid},", "\n,", 1))
+    with pytest.raises(RecordError, match="rows of another run"):
+        read_record(folder)
+    rows.write_text(good)
+    (folder / "record.json").write_text('{"version": 99}')
+    with pytest.raises(RecordError, match="unknown record version"):
+        read_record(folder)
+    (folder / "record.json").write_text("{")
+    with pytest.raises(RecordError, match="not a run record"):
+        read_record(folder)
+
+
+def test_a_record_keeps_long_fields_and_its_own_version(ledger: Ledger, tmp_path: Path) -> None:
+    from dashboards.records import read_record, records_from_ledger, write_record
+
+    sid = swarm(SHARED, 1)
+    long_question = "What is " + " + ".join(["1"] * 60_000) + "?"  # past csv's 128 KiB default
+    records = records_from_ledger(ledger.query, {sid: (SHARED, 1)}, heldout={("gcd", "x")})
+    records.heldout_seen = pl.DataFrame(
+        {"swarm_id": [sid], "task": ["gcd"], "question": [long_question]}
+    )
+    # a fact named like the manifest's own keys does not replace them
+    folder = write_record(records, sid, tmp_path, version=99, sha256="forged", host="h")
+    meta = json.loads((folder / "record.json").read_text())
+    assert meta["version"] == 2 and isinstance(meta["sha256"], dict) and meta["host"] == "h"
+    assert read_record(folder).heldout_seen["question"].to_list() == [long_question]
+
+
+def test_a_record_keeps_its_runs_wall_time_for_a_new_machine(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """The progress file stays on its machine; the record carries each run's wall time, so
+    the plan of a sweep resumed elsewhere still says what its earlier runs took."""
+    import shutil
+
+    from dashboards.records import record_manifest, records_from_ledger
+    from flows.experiments.plan import format_plan
+    from flows.experiments.progress import record_progress, run_walls
+    from flows.experiments.sweep import ExperimentConfig
+    from flows.reports.report import record_runs
+
+    exp = ExperimentConfig.model_validate(mini_experiment(tmp_path / "old-machine"))
+    records = records_from_ledger(ledger.query, exp.replicates())
+    timed, untimed = swarm(SHARED, 1), swarm(BASE, 0)
+    record_progress(exp, timed, "started")  # stopped with a session, then resumed
+    record_progress(exp, timed, "started")
+    record_progress(exp, timed, "finished", failed=0)
+    root = tmp_path / "records"
+    assert sorted(record_runs(exp, root, records=records)) == sorted(exp.replicates())
+    wall = record_manifest(root, timed)["wall"]
+    assert isinstance(wall, dict) and wall["attempts"] == 2 and wall["interrupted"] == 1
+    assert wall["seconds"] is not None and 0 <= wall["seconds"] < 60
+    assert record_manifest(root, untimed)["wall"] is None  # never started on that machine
+
+    shutil.rmtree(tmp_path / "old-machine")  # a new machine: no progress file
+    assert timed not in run_walls(exp) and run_walls(exp, root)[timed] == wall
+    (row,) = [line for line in format_plan(exp, root).splitlines() if timed in line]
+    assert row.rstrip().endswith("0.0 min (+1 earlier)")
+    # re-recorded where it was never timed (a report on the new machine): the wall is kept
+    record_runs(exp, root, records=records)
+    assert record_manifest(root, timed)["wall"] == wall
+    # this machine's own finished time comes first; one it never saw end does not hide the
+    # record's (stopped here before the record arrived from where it finished)
+    manifest = root / timed / "record.json"
+    meta = json.loads(manifest.read_text())
+    recorded_wall = {"seconds": 1260.0, "attempts": 1, "interrupted": 0}
+    manifest.write_text(json.dumps({**meta, "wall": recorded_wall}))
+    record_progress(exp, timed, "started")
+    assert run_walls(exp, root)[timed] == recorded_wall
+    record_progress(exp, timed, "skipped", recorded=True)
+    (row,) = [line for line in format_plan(exp, root).splitlines() if timed in line]
+    assert row.rstrip().endswith("21.0 min")
+    record_progress(exp, timed, "started")
+    record_progress(exp, timed, "finished", failed=0)
+    local = run_walls(exp, root)[timed]
+    assert local["attempts"] == 2 and local["seconds"] < 60
+    shutil.rmtree(tmp_path / "old-machine")
+    # a hand-edited wall time is not believed
+    bad_walls = [
+        {"seconds": -5, "attempts": 1, "interrupted": 0}, {"seconds": 3}, "21 min",
+        {"seconds": True, "attempts": True, "interrupted": False},
+        {"seconds": float("nan"), "attempts": 1, "interrupted": 0},
+        {"seconds": float("inf"), "attempts": 1, "interrupted": 0},
+        {"seconds": 60, "attempts": 1, "interrupted": 5},
+        {"seconds": 60, "attempts": 0, "interrupted": 0},
+        {"seconds": None, "attempts": 1, "interrupted": 1},
+    ]  # fmt: skip
+    for bad in bad_walls:
+        manifest.write_text(json.dumps({**meta, "wall": bad}))
+        assert timed not in run_walls(exp, root), bad
+    assert "timed runs" not in format_plan(exp, root)
+    # nor is a record.json of another run put in this run's folder
+    manifest.write_text(json.dumps({**meta, "wall": recorded_wall, "swarm_id": untimed}))
+    assert timed not in run_walls(exp, root)
+
+
+def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_path: Path) -> None:
+    """`sapo experiment --report-only` beside a sweep: the recorded runs and the runs this
+    machine's ledger holds (one of them not recorded yet), with SAPO's Table 1 beside them;
+    nothing trained and no record written or rewritten (the running sweep writes its own)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from dashboards.records import records_from_ledger, write_record
+    from flows.cli import app
+
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    records = records_from_ledger(ledger.query, replicates)
+    root = tmp_path / "records"
+    for swarm_id in replicates:
+        if swarm_id != swarm(SHARED, 2):
+            write_record(records, swarm_id, root, code="abc", host="elsewhere")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    experiment = mini_experiment(tmp_path)  # its ledger: ours
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+
+    def report_only(out: Path) -> str:
+        result = CliRunner().invoke(
+            app, ["experiment", "-c", str(path), "--records", str(root), "--report-only",
+                  "--report-dir", str(out)],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    out = tmp_path / "report"
+    output = report_only(out)
+    assert not (tmp_path / "progress.json").exists() and not (tmp_path / "swarms").exists()
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    runs = pl.read_csv(out / "runs.csv")
+    assert sorted(runs["swarm_id"]) == sorted(replicates)  # seed 2 of 1/1 from the ledger
+    text = (out / "statistics.md").read_text()
+    assert "| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 0.500 | 0.833 | +66.7% |" in text
+    assert "| 1/1 vs 2/0 | 3 | +94.6% | 0.500 | 0.833 | 0.333 | +66.7% |" in text  # the shape
+    assert "## Paired seeds" in output and (out / "curves.png").is_file()
+
+    # On a machine that never ran the sweep: the records alone, and no empty ledger or
+    # MLflow store made where the working directory would be.
+    experiment["workdir"] = str(tmp_path / "never-ran")
+    path.write_text(yaml.safe_dump(experiment))
+    elsewhere = tmp_path / "elsewhere"
+    output = report_only(elsewhere)
+    assert not (tmp_path / "never-ran").exists()
+    runs = pl.read_csv(elsewhere / "runs.csv")
+    assert sorted(runs["swarm_id"]) == sorted(s for s in replicates if s != swarm(SHARED, 2))
+    assert "Planned runs with no rounds here: 1/1 seed 2." in output
+    # another experiment's file against these records: says where it looked
+    experiment["experiment"] = "y"
+    path.write_text(yaml.safe_dump(experiment))
+    result = CliRunner().invoke(
+        app, ["experiment", "-c", str(path), "--records", str(root), "--report-only"]
+    )
+    assert result.exit_code == 2
+    assert f"none of y's 6 planned runs has rounds in the records in {root}" in result.output
