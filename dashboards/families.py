@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from dashboards.records import RunRecords
-from dashboards.replicates import INTERVAL_COLUMNS, run_metrics, table_lines
+from dashboards.replicate_report import INTERVAL_COLUMNS, table_lines
+from dashboards.replicates import run_metrics
 from dashboards.statistics import paired_gains, per_configuration
 
 FAMILY_METRICS = ("final_accuracy", "cumulative_claimed_reward")

@@ -197,7 +197,7 @@ def configuration_curves(
     in ``order`` (the experiment's; by name otherwise): held-out accuracy, the reward of the
     node's own completions round by round (where the paper's learn / forget oscillation
     shows), and the two cumulative rewards, claimed and training (the paper's measure,
-    partly selection: dashboards/replicates.SELECTION_NOTE), each seed's line faint."""
+    partly selection: dashboards/replicate_report.SELECTION_NOTE), each seed's line faint."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11.5, 8.4))
     (acc, per_round), (cum_claimed, cum_training) = axes

@@ -23,12 +23,8 @@ from dashboards.records import (
     records_from_ledger,
     write_record,
 )
-from dashboards.replicates import (
-    planned_order,
-    run_metrics,
-    tables_from_records,
-    write_replicate_report,
-)
+from dashboards.replicate_report import write_replicate_report
+from dashboards.replicates import planned_order, run_metrics, tables_from_records
 from dashboards.report import Report, cross_check, render_report, report_tables
 from flows.config import SwarmConfig
 from flows.experiments.progress import run_walls

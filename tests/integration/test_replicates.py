@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 
 from dashboards.figures import configuration_curves
-from dashboards.replicates import replicate_markdown, replicate_tables, write_replicate_report
+from dashboards.replicate_report import replicate_markdown, write_replicate_report
+from dashboards.replicates import replicate_tables
 from ledger import Ledger
 from tests.factories import round_rows
 from tests.integration.replicate_runs import (
