@@ -61,6 +61,11 @@ def format_plan(exp: ExperimentConfig, records: Path | None = None) -> str:
     timed = [t["seconds"] for t in times.values() if t["seconds"] is not None]
     if timed:
         head += f"; timed runs: {len(timed)}, {sum(timed) / 3600:.1f} h in all (last attempts)"
+    left = sum(not row["done"] for row in rows)
+    if timed and left:
+        # what whoever resumes the sweep plans around
+        estimate = left * sum(timed) / len(timed) / 3600
+        head += f"; {left} of {len(rows)} runs left, about {estimate:.1f} h at the timed mean"
     cols = ["configuration", "seed", "swarm_id", "policy", "nodes", "rounds", "questions",
             "completions", "max_new_tokens", "rollouts", "done", "wall"]  # fmt: skip
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}

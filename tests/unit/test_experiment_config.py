@@ -284,3 +284,18 @@ def test_the_plan_shows_each_runs_wall_time_from_the_progress_file(tmp_path: Pat
     assert row.rstrip().endswith("0.0 min")
     (other,) = [line for line in text.splitlines() if "sweep-2x2-s0" in line]
     assert other.rstrip().endswith("-")
+    # what is left, at the timed runs' mean: two runs of 30 and 60 minutes, one done
+    second = exp.swarm_id(exp.configurations[1], 0)
+    events = {first: [("started", "10:00:00"), ("finished", "10:30:00")],
+              second: [("started", "11:00:00"), ("failed", "12:00:00")]}  # fmt: skip
+    progress = {"experiment": exp.experiment, "runs": {
+        sid: {"events": [{"event": e, "at": f"2026-12-04T{at}+00:00"} for e, at in evs]}
+        for sid, evs in events.items()
+    }}  # fmt: skip
+    (tmp_path / "progress.json").write_text(json.dumps(progress))
+    runs = len(exp.runs())
+    records = tmp_path / "records"
+    (records / first).mkdir(parents=True)
+    (records / first / "record.json").write_text("{}")  # counts as done
+    head = format_plan(exp, records).splitlines()[0]
+    assert f"{runs - 1} of {runs} runs left, about {(runs - 1) * 0.75:.1f} h" in head
