@@ -14,6 +14,8 @@ import pyarrow as pa
 
 from ledger.schema import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
 
+# The paper's nine tasks, as sapo_core.config.PAPER_SPECIALTIES (the ledger may not import
+# sapo_core: a person analysing rollouts needs no training stack).
 SPECIALTIES = (
     "base_conversion",
     "basic_arithmetic",
