@@ -102,6 +102,12 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         lines.append(f"Incomplete runs, left out of the statistics: {', '.join(missing)}.")
     if tables.unrun:
         lines.append(f"Planned runs with no rounds here: {', '.join(tables.unrun)}.")
+    if tables.unpaired:
+        lines.append(
+            "Seeds whose configurations did not start from the same draws (the untrained "
+            "model's round-0 held-out answers differ between them: another machine or code), "
+            f"so their pairing mixes in that difference: {'; '.join(tables.unpaired)}."
+        )
     glance = glance_lines(tables)
     if glance:
         lines += ["", "### at a glance (mean [95% interval] over seeds, per configuration)", ""]

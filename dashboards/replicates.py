@@ -45,6 +45,7 @@ class ReplicateTables:
     discoveries: pl.DataFrame  # per run, node and task
     heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
     unrun: list[str] | None = None  # planned runs with no rounds here: "<configuration> seed <s>"
+    unpaired: list[str] | None = None  # seeds whose runs drew differently: `unpaired_seeds`
 
 
 def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl.DataFrame:
@@ -118,6 +119,43 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
         pl.when(trained_all & evaluated_all).then(pl.col("final_accuracy")).alias("final_accuracy"),
         (trained_all & evaluated_all).alias("complete"),
     )
+
+
+def unpaired_seeds(rows: pl.DataFrame, order: list[str] | None = None) -> list[str]:
+    """Seeds whose configurations did not start from the same draws, as
+    "seed <s>: <configurations> apart from <configurations>".
+
+    Round 0's held-out evaluation answers with the untrained model before any update, so
+    within a seed every configuration gets the same accuracy on every node, unless the runs
+    sampled differently: another machine's kernels (a sweep moved mid-seed), another code or
+    library version. Such a seed is paired in name only; its gains mix the configurations'
+    effect with the machine's. Seeds without a round-0 evaluation cannot be checked and are
+    not named. ``order`` lists configurations in the experiment's order (else by name)."""
+    first = rows.filter(pl.col("node_round") == 0, pl.col("accuracy").is_not_null())
+    if first.is_empty():
+        return []
+    draws = (
+        first.sort("node_id")
+        .group_by("configuration", "seed")
+        .agg(
+            pl.format("{}={}", "node_id", pl.col("accuracy").cast(pl.String))
+            .str.join("|")
+            .alias("draw")
+        )
+    )
+    rank = {c: i for i, c in enumerate(order or [])}
+    for conf in sorted(set(draws["configuration"]) - set(rank)):  # not in order: by name
+        rank[conf] = len(rank)
+    named = []
+    for (seed,), runs in sorted(draws.group_by("seed"), key=lambda kv: kv[0][0]):
+        if runs["draw"].n_unique() < 2:
+            continue
+        in_order = sorted(runs.iter_rows(named=True), key=lambda r: rank[r["configuration"]])
+        apart: dict[str, list[str]] = {}  # draw -> the configurations that drew it
+        for run in in_order:
+            apart.setdefault(run["draw"], []).append(run["configuration"])
+        named.append(f"seed {seed}: " + " apart from ".join(", ".join(c) for c in apart.values()))
+    return named
 
 
 def _all_known(column: str, value: pl.Expr) -> pl.Expr:
@@ -196,6 +234,7 @@ def tables_from_records(
     found = records.discoveries
     how = mechanism(rows, found)
     unrun = None
+    order = None
     if planned is not None:
         order = planned_order(planned)
         rank = pl.col("configuration").replace_strict(
@@ -223,4 +262,5 @@ def tables_from_records(
         mechanism=how,
         discoveries=found.sort("configuration", "seed", "node_id", "task"),
         unrun=unrun,
+        unpaired=unpaired_seeds(rows, order),
     )

@@ -316,3 +316,67 @@ def test_the_report_follows_the_plan_and_names_the_runs_it_lacks(ledger: Ledger)
     tables = tables_from_records(records, baseline=BASE, rounds=2, planned=planned)
     assert "final_accuracy" not in tables.gains
     assert "cumulative_claimed_reward" in tables.gains
+
+
+def test_seeds_whose_configurations_drew_differently_at_round_0_are_named(ledger: Ledger) -> None:
+    """Round 0's held-out answers come from the untrained model: the same in every
+    configuration of a seed, unless the runs sampled differently (a sweep moved to another
+    machine mid-seed). Such a seed is named, with which configurations drew alike."""
+    from dataclasses import replace
+
+    from dashboards.records import records_from_ledger
+    from dashboards.replicates import tables_from_records, unpaired_seeds
+
+    def rows(accuracy: dict[tuple[str, int], list[float | None]]) -> pl.DataFrame:
+        return pl.DataFrame(
+            [
+                {
+                    "configuration": conf,
+                    "seed": seed,
+                    "node_id": f"n{i}",
+                    "node_round": 0,
+                    "accuracy": acc,
+                }
+                for (conf, seed), accs in accuracy.items()
+                for i, acc in enumerate(accs)
+            ]
+        )
+
+    same = [0.25, 0.125]
+    other = [0.25, 0.5]  # node n1 answered otherwise on the other machine
+    frame = rows(
+        {
+            ("4/0", 0): same,
+            ("2/2", 0): same,
+            ("1/3", 0): same,
+            ("4/0", 1): same,
+            ("2/2", 1): same,
+            ("1/3", 1): other,
+        }
+    )
+    assert unpaired_seeds(frame, ["4/0", "2/2", "1/3"]) == ["seed 1: 4/0, 2/2 apart from 1/3"]
+    # the order given is the order shown; without one, by name
+    assert unpaired_seeds(frame) == ["seed 1: 1/3 apart from 2/2, 4/0"]
+    # no round-0 evaluation, nothing to compare: nothing named
+    unevaluated = rows({("4/0", 0): [None, None], ("2/2", 0): [None, None]})
+    assert unpaired_seeds(unevaluated) == []
+    assert unpaired_seeds(frame.filter(pl.col("seed") == 0)) == []
+
+    # In the report: the hand-made sweep's seeds drew alike; move one run's round 0
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    records = records_from_ledger(ledger.query, replicates)
+    tables = tables_from_records(records, baseline=BASE, rounds=2)
+    assert tables.unpaired == []
+    assert "did not start from the same draws" not in replicate_markdown(tables, baseline=BASE)
+    moved = swarm(SHARED, SEEDS[-1])
+    shifted = records.node_rounds.with_columns(
+        pl.when((pl.col("swarm_id") == moved) & (pl.col("node_round") == 0))
+        .then(pl.col("accuracy") + 0.5)
+        .otherwise(pl.col("accuracy"))
+        .alias("accuracy")
+    )
+    tables = tables_from_records(replace(records, node_rounds=shifted), baseline=BASE, rounds=2)
+    # without the plan's order, configurations by name
+    assert tables.unpaired == [f"seed {SEEDS[-1]}: {SHARED} apart from {BASE}"]
+    markdown = replicate_markdown(tables, baseline=BASE)
+    assert f"so their pairing mixes in that difference: seed {SEEDS[-1]}: " in markdown
