@@ -35,6 +35,12 @@ PUBLISHED = {
         f"{PAPER_TABLE}/report-without-seed4",
         overrides=["seeds=[0,1,2,3,5,6,7]"],
     ),
+    "paper-table-seed-4-re-paired": Published(
+        "examples/paper-table-cpu.yaml",
+        f"{PAPER_TABLE}/records",
+        f"{PAPER_TABLE}/report-seed4-rerun",
+        replaced_by=f"{PAPER_TABLE}/records-seed4-rerun",
+    ),
 }
 
 
