@@ -104,9 +104,10 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         lines.append(f"Planned runs with no rounds here: {', '.join(tables.unrun)}.")
     if tables.unpaired:
         lines.append(
-            "Seeds whose configurations did not start from the same draws (the untrained "
-            "model's round-0 held-out answers differ between them: another machine or code), "
-            f"so their pairing mixes in that difference: {'; '.join(tables.unpaired)}."
+            "Seeds whose configurations did not compute alike at round 0 (the untrained "
+            "model's own groups or held-out answers differ between them: another machine's "
+            "numerics, or other code), so their pairing mixes in that difference: "
+            f"{'; '.join(tables.unpaired)}."
         )
     glance = glance_lines(tables)
     if glance:

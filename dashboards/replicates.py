@@ -45,7 +45,7 @@ class ReplicateTables:
     discoveries: pl.DataFrame  # per run, node and task
     heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
     unrun: list[str] | None = None  # planned runs with no rounds here: "<configuration> seed <s>"
-    unpaired: list[str] | None = None  # seeds whose runs drew differently: `unpaired_seeds`
+    unpaired: list[str] | None = None  # seeds whose runs computed apart: `unpaired_seeds`
 
 
 def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl.DataFrame:
@@ -121,27 +121,45 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     )
 
 
+# What a node did at round 0, before any update: the same in every configuration of a seed
+# (I + J is fixed across an experiment's configurations, and the held-out evaluation is
+# seeded apart from them) when the runs compute alike.
+ROUND_0_FINGERPRINT = ("claimed_reward", "tokens_generated", "accuracy")
+
+
 def unpaired_seeds(rows: pl.DataFrame, order: list[str] | None = None) -> list[str]:
-    """Seeds whose configurations did not start from the same draws, as
+    """Seeds whose configurations did not compute alike at round 0, as
     "seed <s>: <configurations> apart from <configurations>".
 
-    Round 0's held-out evaluation answers with the untrained model before any update, so
-    within a seed every configuration gets the same accuracy on every node, unless the runs
-    sampled differently: another machine's kernels (a sweep moved mid-seed), another code or
-    library version. Such a seed is paired in name only; its gains mix the configurations'
-    effect with the machine's. Seeds without a round-0 evaluation cannot be checked and are
-    not named. ``order`` lists configurations in the experiment's order (else by name)."""
-    first = rows.filter(pl.col("node_round") == 0, pl.col("accuracy").is_not_null())
-    if first.is_empty():
-        return []
+    At round 0 every node samples its own groups and answers the held-out set with the
+    untrained model, so within a seed each node's reward, tokens generated and held-out
+    accuracy are the same in every configuration, unless the runs computed differently:
+    another machine's kernels (a sweep moved mid-seed), another code or library version.
+    Such a seed is paired in name only; its gains mix the configurations' effect with the
+    machine's. Only what every run of the seed logged is compared (a node or a figure a run
+    lacks is left out, not counted as a difference); a seed with nothing to compare is not
+    named. ``order`` lists configurations in the experiment's order (else by name). For an
+    experiment's own runs: pairs of runs that differ in more than sharing differ anyway."""
+    fields = [f for f in ROUND_0_FINGERPRINT if f in rows.columns]
+    first = rows.filter(pl.col("node_round") == 0).select(
+        "configuration", "seed", "node_id", *[pl.col(f).cast(pl.String) for f in fields]
+    )
+    known = first.unpivot(
+        index=["configuration", "seed", "node_id"], variable_name="field", value_name="value"
+    ).drop_nulls("value")
+    runs_per_seed = first.group_by("seed").agg(pl.col("configuration").n_unique().alias("runs"))
+    shared = (  # (seed, node, figure) logged by every run of the seed
+        known.group_by("seed", "node_id", "field")
+        .agg(pl.col("configuration").n_unique().alias("logged"))
+        .join(runs_per_seed, on="seed")
+        .filter(pl.col("logged") == pl.col("runs"))
+        .drop("logged", "runs")
+    )
     draws = (
-        first.sort("node_id")
+        known.join(shared, on=["seed", "node_id", "field"])
+        .sort("node_id", "field")
         .group_by("configuration", "seed")
-        .agg(
-            pl.format("{}={}", "node_id", pl.col("accuracy").cast(pl.String))
-            .str.join("|")
-            .alias("draw")
-        )
+        .agg(pl.format("{}/{}={}", "node_id", "field", "value").str.join("|").alias("draw"))
     )
     rank = {c: i for i, c in enumerate(order or [])}
     for conf in sorted(set(draws["configuration"]) - set(rank)):  # not in order: by name

@@ -111,9 +111,9 @@ def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
     text = (out / "statistics.md").read_text()
     assert "vs 2/0" in text and "1/1-reward-filtered" in text
     assert "Held-out questions whose text also appears" in text
-    # one machine, one code: every seed's configurations drew alike at round 0 (a sweep
-    # moved mid-seed to another machine would be named here)
-    assert "did not start from the same draws" not in text
+    # one machine, one code: every seed's configurations computed alike at round 0 (its
+    # rewards, tokens and held-out answers; a sweep moved mid-seed would be named here)
+    assert "did not compute alike at round 0" not in text
     assert (out / "curves.png").stat().st_size > 1000
 
 

@@ -318,16 +318,17 @@ def test_the_report_follows_the_plan_and_names_the_runs_it_lacks(ledger: Ledger)
     assert "cumulative_claimed_reward" in tables.gains
 
 
-def test_seeds_whose_configurations_drew_differently_at_round_0_are_named(ledger: Ledger) -> None:
-    """Round 0's held-out answers come from the untrained model: the same in every
-    configuration of a seed, unless the runs sampled differently (a sweep moved to another
-    machine mid-seed). Such a seed is named, with which configurations drew alike."""
+def test_seeds_whose_configurations_computed_apart_at_round_0_are_named(ledger: Ledger) -> None:
+    """At round 0 a node's reward, tokens and held-out answers come from the untrained
+    model: the same in every configuration of a seed, unless the runs computed differently
+    (a sweep moved to another machine mid-seed). Such a seed is named, with which
+    configurations agree; what a run did not log is not a difference."""
     from dataclasses import replace
 
     from dashboards.records import records_from_ledger
     from dashboards.replicates import tables_from_records, unpaired_seeds
 
-    def rows(accuracy: dict[tuple[str, int], list[float | None]]) -> pl.DataFrame:
+    def rows(round_0: dict[tuple[str, int], list[tuple[float | None, int | None]]]) -> pl.DataFrame:
         return pl.DataFrame(
             [
                 {
@@ -335,15 +336,17 @@ def test_seeds_whose_configurations_drew_differently_at_round_0_are_named(ledger
                     "seed": seed,
                     "node_id": f"n{i}",
                     "node_round": 0,
-                    "accuracy": acc,
+                    "accuracy": accuracy,
+                    "tokens_generated": tokens,
                 }
-                for (conf, seed), accs in accuracy.items()
-                for i, acc in enumerate(accs)
+                for (conf, seed), nodes in round_0.items()
+                for i, (accuracy, tokens) in enumerate(nodes)
             ]
         )
 
-    same = [0.25, 0.125]
-    other = [0.25, 0.5]  # node n1 answered otherwise on the other machine
+    same = [(0.25, 900), (0.125, 950)]
+    answered_otherwise = [(0.25, 900), (0.5, 950)]  # n1's held-out answers differ
+    wrote_otherwise = [(0.25, 901), (0.125, 950)]  # n0 generated one token more
     frame = rows(
         {
             ("4/0", 0): same,
@@ -351,24 +354,36 @@ def test_seeds_whose_configurations_drew_differently_at_round_0_are_named(ledger
             ("1/3", 0): same,
             ("4/0", 1): same,
             ("2/2", 1): same,
-            ("1/3", 1): other,
+            ("1/3", 1): answered_otherwise,
+            ("4/0", 2): same,
+            ("2/2", 2): wrote_otherwise,
+            ("1/3", 2): wrote_otherwise,
         }
     )
-    assert unpaired_seeds(frame, ["4/0", "2/2", "1/3"]) == ["seed 1: 4/0, 2/2 apart from 1/3"]
+    assert unpaired_seeds(frame, ["4/0", "2/2", "1/3"]) == [
+        "seed 1: 4/0, 2/2 apart from 1/3",
+        "seed 2: 4/0 apart from 2/2, 1/3",
+    ]
     # the order given is the order shown; without one, by name
-    assert unpaired_seeds(frame) == ["seed 1: 1/3 apart from 2/2, 4/0"]
-    # no round-0 evaluation, nothing to compare: nothing named
-    unevaluated = rows({("4/0", 0): [None, None], ("2/2", 0): [None, None]})
-    assert unpaired_seeds(unevaluated) == []
+    assert unpaired_seeds(frame.filter(pl.col("seed") == 1)) == ["seed 1: 1/3 apart from 2/2, 4/0"]
     assert unpaired_seeds(frame.filter(pl.col("seed") == 0)) == []
+    # a node or a figure one run did not log is left out of the comparison, not a difference
+    lacking = rows({("4/0", 0): same, ("2/2", 0): same[:1], ("1/3", 0): [(None, 900), same[1]]})
+    assert unpaired_seeds(lacking) == []
+    assert unpaired_seeds(rows({("4/0", 0): [(None, None)], ("2/2", 0): [(None, None)]})) == []
 
-    # In the report: the hand-made sweep's seeds drew alike; move one run's round 0
+    # The hand-made sweep gives its 1/1 nodes other round-0 rewards than its 2/0 nodes at
+    # seeds 0 and 1 (replicate_runs.own), as a moved sweep would; at seed 2 they agree
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
     records = records_from_ledger(ledger.query, replicates)
     tables = tables_from_records(records, baseline=BASE, rounds=2)
-    assert tables.unpaired == []
-    assert "did not start from the same draws" not in replicate_markdown(tables, baseline=BASE)
-    moved = swarm(SHARED, SEEDS[-1])
+    # without the plan's order, configurations by name
+    assert tables.unpaired == [f"seed {s}: {SHARED} apart from {BASE}" for s in (0, 1)]
+    markdown = replicate_markdown(tables, baseline=BASE)
+    assert (
+        "so their pairing mixes in that difference: seed 0: 1/1 apart from 2/0; seed 1:" in markdown
+    )
+    moved = swarm(SHARED, 2)
     shifted = records.node_rounds.with_columns(
         pl.when((pl.col("swarm_id") == moved) & (pl.col("node_round") == 0))
         .then(pl.col("accuracy") + 0.5)
@@ -376,7 +391,4 @@ def test_seeds_whose_configurations_drew_differently_at_round_0_are_named(ledger
         .alias("accuracy")
     )
     tables = tables_from_records(replace(records, node_rounds=shifted), baseline=BASE, rounds=2)
-    # without the plan's order, configurations by name
-    assert tables.unpaired == [f"seed {SEEDS[-1]}: {SHARED} apart from {BASE}"]
-    markdown = replicate_markdown(tables, baseline=BASE)
-    assert f"so their pairing mixes in that difference: seed {SEEDS[-1]}: " in markdown
+    assert tables.unpaired == [f"seed {s}: {SHARED} apart from {BASE}" for s in (0, 1, 2)]
