@@ -106,7 +106,8 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
         lines.append(
             "Seeds whose configurations did not compute alike at round 0 (the untrained "
             "model's own groups or held-out answers differ between them: another machine's "
-            "numerics, or other code), so their pairing mixes in that difference: "
+            "numerics, nondeterministic kernels or other code), so their pairing mixes in "
+            "that difference: "
             f"{'; '.join(tables.unpaired)}."
         )
     glance = glance_lines(tables)

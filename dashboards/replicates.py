@@ -134,7 +134,8 @@ def unpaired_seeds(rows: pl.DataFrame, order: list[str] | None = None) -> list[s
     At round 0 every node samples its own groups and answers the held-out set with the
     untrained model, so within a seed each node's reward, tokens generated and held-out
     accuracy are the same in every configuration, unless the runs computed differently:
-    another machine's kernels (a sweep moved mid-seed), another code or library version.
+    another machine's kernels (a sweep moved mid-seed), kernels that are not deterministic
+    (GPU sampling may not be), another code or library version.
     Such a seed is paired in name only; its gains mix the configurations' effect with the
     machine's. Only what every run of the seed logged is compared (a node or a figure a run
     lacks is left out, not counted as a difference); a seed with nothing to compare is not
