@@ -404,6 +404,7 @@ TRAININGS: Final = NodeLog(
         LogColumn("reward_mean", "DOUBLE", low=0, high=1),
         LogColumn("informative", "BOOLEAN"),
         LogColumn("trained", "BOOLEAN"),
+        LogColumn("loss_share", "DOUBLE", low=0, high=1),
         LogColumn("recorded_at", "TIMESTAMPTZ"),
     ),
     stamp="recorded_at",
@@ -413,7 +414,8 @@ TRAININGS: Final = NodeLog(
 """What a node trained on in a round, one line per group considered for its training set:
 ``origin`` 'local' or 'external', ``peer_node_id`` the publisher (the node itself for local
 groups), ``reward_mean`` under this node's verifier, ``informative`` whether its rewards
-differ, ``trained`` false when it was dropped as zero-variance."""
+differ, ``trained`` false when it was dropped as zero-variance, ``loss_share`` its share of
+the update's loss weight (0 when not trained; absent from logs written before it)."""
 
 ALL: Final = (SAMPLES, EVALUATIONS, TRAININGS)
 PREFIXES: Final = tuple(log.prefix for log in ALL)

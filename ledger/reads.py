@@ -38,6 +38,7 @@ class LedgerReads(LedgerHandle):
         exclude_nodes: Sequence[str] = (),
         known_nodes: Sequence[str] | None = None,
         for_round: int | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> pl.DataFrame:
         """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
 
@@ -49,11 +50,21 @@ class LedgerReads(LedgerHandle):
         come after the known ones' beyond the policy's ``max_unknown_share`` (None: every
         peer counts as known); ``for_round``: the receiver's round this draw is for (policies
         that remember earlier draws, `fresh`, count only those of earlier rounds, so a
-        retried round draws again what it drew the first time).
+        retried round draws again what it drew the first time); ``tasks``: the tasks the
+        receiver can judge (None: any), so that groups it could not verify take no slot.
         """
         when = now or datetime.now(UTC)
         draw = self._draw(
-            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes, for_round
+            node_id,
+            n_groups,
+            policy,
+            seed,
+            swarm_id,
+            when,
+            exclude_nodes,
+            known_nodes,
+            for_round,
+            tasks,
         )
 
         def attempt() -> pl.DataFrame:
@@ -76,11 +87,21 @@ class LedgerReads(LedgerHandle):
         exclude_nodes: Sequence[str] = (),
         known_nodes: Sequence[str] | None = None,
         for_round: int | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> list[str]:
         """The group ids ``sample`` would return, in draw order, without reading their rows."""
         when = now or datetime.now(UTC)
         draw = self._draw(
-            node_id, n_groups, policy, seed, swarm_id, when, exclude_nodes, known_nodes, for_round
+            node_id,
+            n_groups,
+            policy,
+            seed,
+            swarm_id,
+            when,
+            exclude_nodes,
+            known_nodes,
+            for_round,
+            tasks,
         )
         ids: list[str] = self._with_refresh(draw)
         return ids
@@ -96,6 +117,7 @@ class LedgerReads(LedgerHandle):
         exclude_nodes: Sequence[str] = (),
         known_nodes: Sequence[str] | None = None,
         for_round: int | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> Callable[[], list[str]]:
         """A call that runs the policy's SQL: the drawn group ids in draw order."""
         chosen = parse_policy(policy)
@@ -109,6 +131,7 @@ class LedgerReads(LedgerHandle):
             "excluded": [check_id("node_id", n) for n in exclude_nodes],
             "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
             "node_round": None if for_round is None else int(for_round),
+            "tasks": None if tasks is None else [str(t) for t in tasks],
             **chosen.caps(int(n_groups)),
             **chosen.parameters(when),
         }

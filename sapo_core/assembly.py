@@ -36,10 +36,12 @@ class TrainingSet:
     def external_used(self) -> int:
         return sum(g.group.source == "external" for g in self.selected)
 
-    def records(self) -> list[dict[str, object]]:
+    def records(self, loss_shares: Mapping[str, float] | None = None) -> list[dict[str, object]]:
         """One row per selected group, for the ledger's training log: where it came from,
-        whether it carried a gradient, whether it was trained on."""
+        whether it carried a gradient, whether it was trained on, and its share of the
+        update's loss weight (``loss_shares``, by group id: RoundReport's)."""
         trained = {id(g) for g in self.trained}
+        shares = loss_shares or {}
         return [
             {
                 "group_id": g.group.group_id,
@@ -50,9 +52,25 @@ class TrainingSet:
                 "reward_mean": g.mean_reward,
                 "informative": not g.zero_variance,
                 "trained": id(g) in trained,
+                "loss_share": min(shares.get(g.group.group_id, 0.0), 1.0),  # float sums
             }
             for g in self.selected
         ]
+
+
+def within_group_size(group: Group, size: int, seed: str) -> Group:
+    """A peer's group as at most ``size`` rows (the receiver's own group size), chosen by
+    the receiver's ``seed``: whatever a peer publishes, one of its groups weighs in the
+    receiver's verification, evidence and update what one of the receiver's own groups does.
+
+    Rows are drawn from the group sorted by id, so the peer's order of its rows has no say
+    in which are kept; a group within ``size`` is returned as it is.
+    """
+    if len(group.rollouts) <= size:
+        return group
+    rows = sorted(group.rollouts, key=lambda r: r.rollout_id)
+    kept = sorted(random.Random(f"{seed}/{group.group_id}").sample(range(len(rows)), size))
+    return Group(group.group_id, group.source, tuple(rows[i] for i in kept))
 
 
 def choose_local(groups: Sequence[Group], count: int, seed: str) -> list[Group]:

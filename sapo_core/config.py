@@ -156,6 +156,42 @@ class RewardConfig(Strict):
     )
 
 
+class ReputationConfig(Strict):
+    """What a node's verifier must see of a peer before it trusts or excludes it
+    (sapo_core/reputation.py). Only rows it judged count: a row of a task it does not
+    train, or left when its verification budget ran out, says nothing about the peer."""
+
+    min_rows: int = Field(
+        16,
+        ge=1,
+        le=100_000,
+        description="Judged rows a peer needs before it is known: known peers' groups are "
+        "drawn before the unknown-peer budget (sampling's max_unknown_share) applies to the "
+        "rest.",
+    )
+    exclude_after_rows: int = Field(
+        8,
+        ge=1,
+        le=100_000,
+        description="Judged rows a peer needs before it can be excluded (two groups of 4): "
+        "failures are caught quickly, one unlucky group is not enough.",
+    )
+    max_bad_share: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="Excluded above this share of bad rows (failed, plus half the "
+        "misclaimed), recent rows weighing most; at 0.5 misclaims alone never exclude (an "
+        "honest peer with another verifier setting misclaims every row).",
+    )
+    half_life_rows: float = Field(
+        16.0,
+        gt=0.0,
+        description="Judged rows after which a row's verdict weighs half: a good past "
+        "does not buy a bad present (a peer's last ~2 x half_life rows decide).",
+    )
+
+
 class VLLMConfig(Strict):
     """The vLLM engine (``generation.backend: vllm``), in its own environment."""
 
@@ -396,6 +432,7 @@ class NodeConfig(Strict):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)  # type: ignore[arg-type]
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)  # type: ignore[arg-type]
     compute: ComputeConfig = Field(default_factory=ComputeConfig)  # type: ignore[arg-type]
+    reputation: ReputationConfig = Field(default_factory=ReputationConfig)  # type: ignore[arg-type]
 
     @model_validator(mode="after")
     def _batch_is_consistent(self) -> Self:

@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
-from sapo_core.assembly import TrainingSet, assemble, choose_local
+from sapo_core.assembly import TrainingSet, assemble, choose_local, within_group_size
 from sapo_core.config import GenerationConfig, NodeConfig
 from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
+from sapo_core.grpo.loss import LossType, row_loss_shares
 from sapo_core.grpo.segments import Segment
 from sapo_core.grpo.update import (
     UpdateResult,
@@ -88,6 +89,12 @@ class RoundReport:
     update_s: float
     update: dict[str, float] = field(default_factory=dict)
     rows_skipped: dict[str, int] = field(default_factory=dict)  # reason -> completions
+    loss_shares: dict[str, float] = field(default_factory=dict)
+    """Per trained group id, its share of the update's loss weight (sums to 1)."""
+    peer_loss_shares: dict[str, float] = field(default_factory=dict)
+    """Per peer whose groups were trained on, its share of the loss weight: at most its
+    groups' rows (a peer group holds no more than the node's own group size) over all rows
+    trained, under the default loss (sapo_core.grpo.loss.row_loss_shares)."""
 
 
 TOO_LONG = "too_long"
@@ -100,6 +107,27 @@ def _unusable(completion: Sequence[int], limit: int) -> str | None:
     if not completion:
         return EMPTY
     return TOO_LONG if len(completion) > limit else None
+
+
+def _loss_shares(
+    pairs: Sequence[tuple[ScoredGroup, Segment]], loss_type: LossType
+) -> dict[str, float]:
+    """Per group id, its rows' share of the update's loss weight."""
+    tokens = [len(ids) for _, seg in pairs for ids in seg.completion_ids]
+    rows = iter(row_loss_shares(tokens, loss_type))
+    return {g.group.group_id: sum(next(rows) for _ in seg.completion_ids) for g, seg in pairs}
+
+
+def _peer_shares(
+    pairs: Sequence[tuple[ScoredGroup, Segment]], shares: dict[str, float]
+) -> dict[str, float]:
+    """Per peer, the loss weight its groups hold (own groups are not a peer's)."""
+    found: dict[str, float] = {}
+    for g, _ in pairs:
+        if g.group.source == "external":
+            peer = g.rollouts[0].node_id
+            found[peer] = found.get(peer, 0.0) + shares[g.group.group_id]
+    return found
 
 
 def round_seed(node_seed: int, round_: int) -> int:
@@ -251,6 +279,16 @@ class Learner:
 
     # -- train ------------------------------------------------------------------------------
 
+    @property
+    def judged_tasks(self) -> list[str]:
+        """The tasks whose peer groups this node's verifier judges: those it trains or is
+        evaluated on (sapo_core.rewards.ConfigBounds); the draw asks for no others."""
+        return sorted(self._bounds().own)
+
+    def _bounds(self) -> ConfigBounds:
+        cfg = self.config
+        return ConfigBounds.for_node(cfg.tasks, cfg.evaluation.tasks, cfg.reward.max_config_number)
+
     def select(
         self, round_: int, local: Sequence[Group], external: Sequence[Group]
     ) -> tuple[TrainingSet, int]:
@@ -261,10 +299,13 @@ class Learner:
         # Whatever a caller labelled them, peers' groups are external here, and their task
         # configs are built only within this node's bounds.
         peers = [Group(g.group_id, "external", g.rollouts) for g in external]
-        bounds = ConfigBounds.for_node(
-            cfg.tasks, cfg.evaluation.tasks, cfg.reward.max_config_number
-        )
-        considered = peers[: cfg.external_groups]
+        bounds = self._bounds()
+        # A peer group weighs what one of ours does: at most G rows, drawn by our seed.
+        size = cfg.generation.completions_per_question
+        considered = [
+            within_group_size(g, size, f"{cfg.seed}/{round_}/external")
+            for g in peers[: cfg.external_groups]
+        ]
         scored_ext, flagged_ext = score_groups(considered, cfg.reward, bounds)
         chosen = assemble(
             scored_own,
@@ -286,6 +327,13 @@ class Learner:
         """`segments`, and the peers' completions left out, by reason: one that this node's
         tokenizer makes longer than its own `max_new_tokens`, or empty, is skipped (cut, it
         would train on text without the answer its reward was for)."""
+        pairs, skipped = self._encode_groups(groups)
+        return [seg for _, seg in pairs], skipped
+
+    def _encode_groups(
+        self, groups: Sequence[ScoredGroup]
+    ) -> tuple[list[tuple[ScoredGroup, Segment]], Counter[str]]:
+        """Each group with at least one row trained, beside its segment; the rows skipped."""
         cfg = self.config
         rewards = torch.tensor([r for g in groups for r in g.rewards])
         ids = dense_group_ids([g.group.group_id for g in groups for _ in g.rewards])
@@ -305,7 +353,7 @@ class Learner:
                     skipped[reason] += 1
                 i += 1
             if len(seg):
-                out.append(seg)
+                out.append((g, seg))
         return out, skipped
 
     def _completion_tokens(self, rollout: Rollout) -> tuple[list[int], list[float] | None]:
@@ -340,7 +388,9 @@ class Learner:
     def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:
         """Take the GRPO step on an assembled training set; returns the round's figures."""
         cfg = self.config
-        segments, skipped = self.encode(chosen.trained)
+        pairs, skipped = self._encode_groups(chosen.trained)
+        segments = [seg for _, seg in pairs]
+        shares = _loss_shares(pairs, cfg.grpo.loss_type)
         pad_id = int(self.policy.tokenizer.pad_token_id)
         temperature = cfg.generation.temperature
         with self.policy.precision():
@@ -374,6 +424,8 @@ class Learner:
             update_s=result.seconds,
             update=result.metrics,
             rows_skipped=dict(skipped),
+            loss_shares=shares,
+            peer_loss_shares=_peer_shares(pairs, shares),
         )
 
     def train(

@@ -224,6 +224,7 @@ def score_group(
     bounds: ConfigBounds | None = None,
     rebuilder: Rebuilder | None = None,
     time_left_s: float | None = None,
+    clock: Any = time.monotonic,
 ) -> tuple[ScoredGroup | None, list[str]]:
     """Verify every row, rebuilding each question once; drop flagged rows, and the group if
     fewer than two remain.
@@ -231,11 +232,12 @@ def score_group(
     With ``bounds`` the group is a peer's: its config must pass them, its rows must all
     answer the group's one question, and that question is rebuilt and its answers scored
     by ``rebuilder`` (the process's shared one by default) within
-    ``config.rebuild_timeout_s``, or ``time_left_s`` if less. Without, in this process.
+    ``config.rebuild_timeout_s``, or ``time_left_s`` if less; rows whose answer is read after
+    ``time_left_s`` (by ``clock``) are left unjudged. Without, in this process.
     """
     if bounds is not None:
         worker = rebuilder or rebuild.shared(config.rebuild_timeout_s, config.rebuild_memory_mb)
-        verdicts = _peer_verdicts(group, config, bounds, worker, time_left_s)
+        verdicts = _peer_verdicts(group, config, bounds, worker, time_left_s, clock)
     else:
         verdicts = _own_verdicts(group, config)
     kept: list[Rollout] = []
@@ -270,10 +272,13 @@ def _peer_verdicts(
     bounds: ConfigBounds,
     rebuilder: Rebuilder,
     time_left_s: float | None,
+    clock: Any = time.monotonic,
 ) -> list[Verdict]:
     """Each row's verdict, the group's one question rebuilt and every distinct answer scored
     in one call of the bounded worker; rows of another question are refused, so a group
-    costs at most one rebuild."""
+    costs at most one rebuild. Answers are read row by row within ``time_left_s``: rows
+    left when it is spent are unjudged (reading is linear in the text, see
+    sapo_core.prompts.tagged_answer, so this binds only on a slow machine)."""
     if not group.rollouts:
         return []
     q = group.question
@@ -282,9 +287,18 @@ def _peer_verdicts(
         # A task this node has no use for (an honest specialist's, say) is no fault.
         why = f"{UNJUDGED if q.task not in bounds.own else 'refused: '}{problem}"
         return [Verdict(None, why)] * len(group.rollouts)
-    answers = [extract_answer(r.completion, config.extraction) for r in group.rollouts]
+    deadline = None if time_left_s is None else clock() + time_left_s
+    spent = [Verdict(None, f"{UNJUDGED}verification budget spent within the group")]
+    answers: list[str | None] = []
+    for row in group.rollouts:
+        if deadline is not None and clock() >= deadline:
+            return spent * len(group.rollouts)
+        answers.append(extract_answer(row.completion, config.extraction))
+    left = None if deadline is None else deadline - clock()
+    if left is not None and left <= 0:
+        return spent * len(group.rollouts)
     distinct = list(dict.fromkeys(answers))
-    rebuilt = rebuilder.check(q, distinct, time_left_s)
+    rebuilt = rebuilder.check(q, distinct, left)
     if isinstance(rebuilt, str):
         return [Verdict(None, rebuilt)] * len(group.rollouts)
     score = dict(zip(distinct, rebuilt.scores, strict=True))
@@ -320,7 +334,7 @@ def score_groups(
             spent = f"{UNJUDGED}verification budget of {config.verify_budget_s:g} s spent"
             problems.extend(f"{r.rollout_id}: {spent}" for r in group.rollouts)
             continue
-        result, found = score_group(group, config, bounds, rebuilder, deadline - now)
+        result, found = score_group(group, config, bounds, rebuilder, deadline - now, clock)
         problems.extend(found)
         if result is not None:
             scored.append(result)

@@ -23,6 +23,7 @@ from flows.node.files import write_atomically
 from flows.progress import NodeProgress
 from flows.tracking import MODEL_PATH_TAG, Tracker, flatten, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
+from sapo_core.config import NodeConfig
 from sapo_core.learner import Learner
 from sapo_core.reputation import Reputation
 
@@ -66,9 +67,10 @@ class NodeRuntime:
     def reputation(self) -> Reputation:
         """What this node's verifier has seen of its peers (sapo_core/reputation.py)."""
         path = self.reputation_path
+        config = self.spec.node.reputation
         if not path.exists():
-            return Reputation.empty()
-        return Reputation.from_json(json.loads(path.read_text()))
+            return Reputation.empty(config)
+        return Reputation.from_json(json.loads(path.read_text()), config)
 
     def save_reputation(self, reputation: Reputation) -> None:
         write_atomically(self.reputation_path, json.dumps(reputation.to_json(), indent=1))
@@ -158,7 +160,15 @@ def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
     saved = checkpoint.latest(swarm.workdir, spec.node_id)
     if saved is None or saved.config is None:
         return []
-    return checkpoint.config_differences(saved.config, node_config(spec))
+    # A setting added to sapo since the checkpoint was made, left at its default, is no
+    # change of the user's (the reputation thresholds, say).
+    defaults = flatten("", NodeConfig.model_validate({}).model_dump(mode="json"))
+    current = {
+        k: v
+        for k, v in node_config(spec).items()
+        if k in saved.config or k.startswith("sampling.") or defaults.get(k) != v
+    }
+    return checkpoint.config_differences(saved.config, current)
 
 
 def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str] = ()) -> str:

@@ -180,28 +180,17 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
     config = node.spec.node
     state.external = []
     if config.external_groups > 0:
-        seed = round_seed(config.seed, state.round)
-        reputation = node.reputation()
+        draw = draw_arguments(node, state.round)
         with riding_out() as down:
-            wait_for_peers(node, seed, state.round)
-            frame = node.ledger.sample(
-                node.node_id,
-                config.external_groups,
-                node.spec.sampling,
-                seed=seed,
-                swarm_id=node.swarm.swarm_id,
-                exclude_nodes=reputation.excluded(),
-                # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
-                known_nodes=reputation.known() or None,
-                for_round=state.round,
-            )
+            wait_for_peers(node, draw)
+            frame = node.ledger.sample(**draw)
             node.ledger.write_sample(
                 node.swarm.swarm_id,
                 node.node_id,
                 state.round,
                 frame,
                 policy=node.spec.sampling.kind,
-                seed=seed,
+                seed=draw["seed"],
             )
         if down:
             state.ledger_down = True
@@ -211,6 +200,26 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
             return []
         state.external = peer_groups(frame, state)
     return [g.group_id for g in state.external]
+
+
+def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
+    """What the node's draw of peers' groups for ``round_`` asks of the ledger: the one
+    set of arguments its warm-up wait and its draw both use."""
+    config = node.spec.node
+    reputation = node.reputation()
+    return {
+        "node_id": node.node_id,
+        "n_groups": config.external_groups,
+        "policy": node.spec.sampling,
+        "seed": round_seed(config.seed, round_),
+        "swarm_id": node.swarm.swarm_id,
+        "exclude_nodes": reputation.excluded(),
+        # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
+        "known_nodes": reputation.known() or None,
+        "for_round": round_,
+        # Groups this node's verifier cannot judge would take a slot and teach nothing.
+        "tasks": node.learner.judged_tasks,
+    }
 
 
 def peer_groups(frame: pl.DataFrame, state: RoundState) -> list[Group]:
@@ -230,20 +239,12 @@ def peer_groups(frame: pl.DataFrame, state: RoundState) -> list[Group]:
     return group_rollouts(rows, "external")
 
 
-def wait_for_peers(node: NodeRuntime, seed: int, round_: int) -> None:
-    """Up to peer_wait_s for J qualifying peer groups to exist (a bounded warm-up)."""
-    wanted = node.spec.node.external_groups
+def wait_for_peers(node: NodeRuntime, draw: dict[str, Any]) -> None:
+    """Up to peer_wait_s for J qualifying peer groups to exist (a bounded warm-up), as the
+    draw (``draw_arguments``) would find them: excluded peers' groups do not count."""
     deadline = time.monotonic() + node.swarm.peer_wait_s
     while time.monotonic() < deadline:
-        found = node.ledger.sample_group_ids(
-            node.node_id,
-            wanted,
-            node.spec.sampling,
-            seed=seed,
-            swarm_id=node.swarm.swarm_id,
-            for_round=round_,
-        )
-        if len(found) >= wanted:
+        if len(node.ledger.sample_group_ids(**draw)) >= draw["n_groups"]:
             return
         time.sleep(PEER_POLL_S)
 
@@ -269,7 +270,7 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     generated = require(state.generated, state, "update", "generate")
     node.wait_for_checkpoint()  # never step while a write reads the weights (see below)
     state.report = node.learner.update(state.round, chosen, state.flagged)
-    write_node_log(node, "training", state.round, chosen.records())
+    write_node_log(node, "training", state.round, chosen.records(state.report.loss_shares))
     node.totals.add(own_reward=generated.own_reward, training_reward=state.report.training_reward)
     return node.totals.as_metrics()
 

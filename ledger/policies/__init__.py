@@ -132,8 +132,9 @@ class VarianceWeightedPolicy(_Policy):
 
 
 class FreshPolicy(_Policy):
-    """Peers' informative groups the receiver never drew before, newest first; fewer than
-    asked for when peers have not published that many (see fresh.sql).
+    """Peers' informative groups the receiver never drew before, each peer's newest first
+    and peers taking turns in a seeded order (a later stamp buys no larger share); fewer
+    than asked for when peers have not published that many (see fresh.sql).
 
     Beyond the paper: at high J the uniform draw serves the same stale groups over and
     over (the pool degrades when nodes take more than they give); this takes each group

@@ -1,6 +1,6 @@
 -- Fresh sampling (not in the paper): peers' informative groups this receiver has never
--- drawn before, newest first; when fewer qualify than asked for, fewer come back (J adapts
--- to what peers give).
+-- drawn before, each peer's newest first, peers taking turns; when fewer qualify than asked
+-- for, fewer come back (J adapts to what peers give).
 --
 -- Why (from the aha-cpu diagnostics, docs/aha-cpu): every node generates and publishes
 -- I + J groups a round, and without sharing 1.28 of a node's 4 groups a round were
@@ -20,9 +20,11 @@
 -- with them off, a peer who writes a log in the receiver's name can hide groups from it
 -- (the receiver still gets J from others, or fewer). Newest by the
 -- earlier of the publisher's stamp and this reader's first sight, so a peer cannot jump
--- the queue with a stamp from the future; ties in a random order from the seed.
+-- the queue with a stamp from the future; ties in a random order from the seed. Newest
+-- within each peer only: across peers the draw takes turns (below), so neither newness
+-- nor a stamp buys a peer a larger share of J than the caps of fair_draw.sql allow.
 --
--- Parameters: $node_id, $swarm_id, $seed, $excluded as in paper.sql, and
+-- Parameters: $node_id, $swarm_id, $seed, $excluded, $tasks as in paper.sql, and
 --             $node_round    the receiver's round this draw is for (NULL: every draw counts)
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
@@ -31,14 +33,25 @@ WITH drawn_before AS (
     WHERE node_id = $node_id AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND ($node_round IS NULL OR node_round < $node_round)
 ),
-candidates AS (
-    SELECT group_id, node_id,
-           {'age': -epoch_us(least(published_at, first_seen)),
-            'shuffle': hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed))))} AS draw
+unseen AS (
+    SELECT group_id, node_id, least(published_at, first_seen) AS seen_at
     FROM groups ANTI JOIN drawn_before USING (group_id)
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND ($tasks IS NULL OR list_contains($tasks::VARCHAR[], task))
       AND reward_max > reward_min
       AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
+),
+candidates AS (
+    -- Peers take turns: every peer's newest group, the peers in a random order from the
+    -- seed, then every peer's second newest, and so on. Newness picks which of a peer's
+    -- groups come first, never which peer: a peer stamping its groups last gets no more
+    -- of J than one that published a second earlier.
+    SELECT group_id, node_id,
+           {'turn': row_number() OVER (
+                PARTITION BY node_id
+                ORDER BY seen_at DESC, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed))))),
+            'peer': hash(xor(hash(node_id), hash(concat_ws('/', $node_id, $seed))))} AS draw
+    FROM unseen
 )

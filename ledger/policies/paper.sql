@@ -16,11 +16,14 @@
 --                       combines its inputs too weakly for this: over seeds it reached 8
 --                       of 20 possible 3-of-6 draws.)
 --             $excluded peers the receiver no longer samples (its reputation of them)
+--             $tasks    tasks the receiver's verifier judges (NULL: any): a group it
+--                       cannot judge would take a slot of J and teach it nothing
 WITH candidates AS (
     SELECT group_id, node_id, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) AS draw
     FROM groups
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND ($tasks IS NULL OR list_contains($tasks::VARCHAR[], task))
       AND reward_max > reward_min
 )

@@ -14,7 +14,7 @@
 -- and the largest keys win: its draw is -ln(u) / w, lowest first, as fair_draw.sql takes
 -- them. Replayable and independent between receivers, like paper.sql.
 --
--- Parameters: $node_id, $swarm_id, $seed, $excluded as in paper.sql, and
+-- Parameters: $node_id, $swarm_id, $seed, $excluded, $tasks as in paper.sql, and
 --             $min_std       smallest reward standard deviation kept (0: drop only groups
 --                            whose rewards all agree)
 --             $max_age_s, $now   recency window (NULL: no window), by the
@@ -27,6 +27,7 @@ WITH candidates AS (
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND ($tasks IS NULL OR list_contains($tasks::VARCHAR[], task))
       AND reward_max > reward_min
       AND reward_std > $min_std
       AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))

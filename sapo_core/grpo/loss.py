@@ -6,7 +6,7 @@ trained on and 0 on padding. Log-probs are of the sampled tokens under logits / 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -108,6 +108,22 @@ def policy_loss(
         if kl is not None:
             metrics["kl"] = float(masked_mean(kl, mask))
     return loss, metrics
+
+
+def row_loss_shares(tokens: Sequence[int], loss_type: LossType) -> list[float]:
+    """Each trained row's share of the weight the loss gives the round's rows (summing to 1),
+    given each row's completion tokens: what a row, a group or a peer holds of the gradient.
+
+    grpo: every row weighs the same, whatever its length (mean over its tokens, then over
+    rows). dr_grpo, dapo and bnpo weigh tokens, so a row weighs its token count (bnpo weighs
+    tokens within each micro-batch: the token share is its value over the whole batch).
+    """
+    if not tokens:
+        return []
+    if loss_type == "grpo":
+        return [1.0 / len(tokens)] * len(tokens)
+    total = float(sum(tokens))
+    return [t / total if total else 1.0 / len(tokens) for t in tokens]
 
 
 def micro_batch_weight(

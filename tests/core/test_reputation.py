@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from sapo_core.config import RewardConfig, TaskConfig, TaskSpec
+from sapo_core.config import ReputationConfig, RewardConfig, TaskConfig, TaskSpec
 from sapo_core.reputation import PeerEvidence, Reputation, evidence
-from sapo_core.rewards import score_groups
+from sapo_core.rewards import ConfigBounds, score_groups
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskSource
 from tests.factories import rollout_of
@@ -43,22 +43,21 @@ def test_evidence_counts_failed_and_misclaimed_rows_per_peer() -> None:
 
 
 def test_a_lying_peer_is_excluded_once_the_evidence_suffices_and_an_honest_one_never() -> None:
-    reputation = Reputation.empty(min_rows=24)
+    reputation = Reputation.empty(ReputationConfig(exclude_after_rows=24))
     for round_ in range(3):
         groups = _groups("honest", True) + _groups("liar", False)
         scored, problems = score_groups(groups, RewardConfig())
         reputation.update(evidence(groups, scored, problems))
         assert reputation.excluded() == ([] if round_ == 0 else ["liar"])  # 12 rows, then 24
     assert reputation.bad_share("honest") < 0.1
-    again = Reputation.from_json(reputation.to_json(), min_rows=24)
+    assert reputation.known() == ["honest"]  # 24 judged rows, over min_rows
+    again = Reputation.from_json(reputation.to_json(), ReputationConfig(exclude_after_rows=24))
     assert again.peers == reputation.peers and again.excluded() == ["liar"]
 
 
-def test_rows_refused_for_the_receivers_own_reasons_are_not_held_against_the_peer() -> None:
+def test_rows_refused_for_the_receivers_own_reasons_are_not_evidence_at_all() -> None:
     # An honest specialist's groups of a task this node neither trains nor is evaluated on,
-    # and groups left when the round's budget ran out: no evidence against their peer.
-    from sapo_core.rewards import ConfigBounds
-
+    # and groups left when the round's budget ran out: nothing for or against their peer.
     other = TaskConfig(specs=(TaskSpec(name="products", config={"max_terms": 2}),))
     groups = []
     for k, q in enumerate(TaskSource(other, seed=5).draw(0, 3)):
@@ -67,8 +66,67 @@ def test_rows_refused_for_the_receivers_own_reasons_are_not_held_against_the_pee
     bounds = ConfigBounds.for_node(EASY, None, 1000.0)
     scored, problems = score_groups(groups, RewardConfig(), bounds)
     assert scored == [] and len(problems) == 6
-    assert evidence(groups, scored, problems)["specialist"] == PeerEvidence(rows=6)
+    assert evidence(groups, scored, problems) == {}
     spent = RewardConfig(verify_budget_s=1e-9)
     scored, problems = score_groups(_groups("late", True), spent, clock=iter(range(100)).__next__)
     assert all("verification budget" in p for p in problems)
-    assert evidence(_groups("late", True), scored, problems)["late"].failed == 0
+    assert evidence(_groups("late", True), scored, problems) == {}
+
+
+def _unjudged_group(node: str, slot: int, rows: int = 256) -> Group:
+    """A group of a task the receiver does not train (so its verifier cannot judge it)."""
+    other = TaskConfig(specs=(TaskSpec(name="products", config={"max_terms": 2}),))
+    q = TaskSource(other, seed=slot).draw(0, 1)[0]
+    made = [_row(q, node, j, f"<answer>{q.answer}</answer>", 1.0) for j in range(rows)]
+    return Group(made[0].group_id, "external", tuple(made))
+
+
+def _tampered(node: str, slot: int, rows: int = 4) -> Group:
+    """A group of a task the receiver trains whose shipped answer is not the real one."""
+    q = dataclasses.replace(TaskSource(EASY, seed=slot).draw(0, 1)[0], answer="-1")
+    made = [_row(q, node, j, "<answer>-1</answer>", 1.0) for j in range(rows)]
+    return Group(made[0].group_id, "external", tuple(made))
+
+
+def test_a_sybil_cannot_become_known_on_rows_the_receiver_cannot_judge() -> None:
+    # Issue 43: a 256-row group of an untrained task made a Sybil "known" after one draw,
+    # and its later tampered groups were diluted below the exclusion line.
+    reputation = Reputation.empty()
+    bounds = ConfigBounds.for_node(EASY, None, 1000.0)
+    warm_up = [_unjudged_group("sybil", k) for k in range(4)]
+    scored, problems = score_groups(warm_up, RewardConfig(), bounds)
+    reputation.update(evidence(warm_up, scored, problems))
+    assert reputation.known() == [] and "sybil" not in reputation.peers
+    for round_ in range(2):
+        bad = [_tampered("sybil", round_)]  # one group a round, its answer tampered
+        scored, problems = score_groups(bad, RewardConfig(), bounds)
+        reputation.update(evidence(bad, scored, problems))
+    assert reputation.excluded() == ["sybil"] and reputation.known() == []
+
+
+def test_a_good_past_does_not_buy_a_bad_present() -> None:
+    # 1,000 honest rows, then tampered groups: recent verdicts weigh most, so the peer is
+    # excluded within about two half-lives of bad rows (counting all rows alike, it would
+    # take 1,000 bad rows).
+    reputation = Reputation.empty()
+    reputation.update({"turncoat": PeerEvidence(rows=1000)})
+    assert reputation.known() == ["turncoat"]
+    bad_rows = 0
+    while not reputation.excluded():
+        reputation.update({"turncoat": PeerEvidence(rows=4, failed=4)})
+        bad_rows += 4
+        assert bad_rows <= 2 * ReputationConfig().half_life_rows
+    assert reputation.excluded() == ["turncoat"] and reputation.known() == []
+
+
+def test_misclaims_alone_never_exclude_an_honest_peer() -> None:
+    reputation = Reputation.empty()
+    for _ in range(50):
+        reputation.update({"other-verifier": PeerEvidence(rows=4, misclaimed=4)})
+    assert reputation.excluded() == [] and reputation.known() == ["other-verifier"]
+
+
+def test_a_reputation_saved_before_version_2_still_loads() -> None:
+    old = {"peers": {"liar": {"rows": 20, "failed": 12, "misclaimed": 0}, "ok": {"rows": 20}}}
+    reputation = Reputation.from_json(old)
+    assert reputation.excluded() == ["liar"] and reputation.known() == ["ok"]
