@@ -58,21 +58,6 @@ class TrainingSet:
         ]
 
 
-def within_group_size(group: Group, size: int, seed: str) -> Group:
-    """A peer's group as at most ``size`` rows (the receiver's own group size), chosen by
-    the receiver's ``seed``: whatever a peer publishes, one of its groups weighs in the
-    receiver's verification, evidence and update what one of the receiver's own groups does.
-
-    Rows are drawn from the group sorted by id, so the peer's order of its rows has no say
-    in which are kept; a group within ``size`` is returned as it is.
-    """
-    if len(group.rollouts) <= size:
-        return group
-    rows = sorted(group.rollouts, key=lambda r: r.rollout_id)
-    kept = sorted(random.Random(f"{seed}/{group.group_id}").sample(range(len(rows)), size))
-    return Group(group.group_id, group.source, tuple(rows[i] for i in kept))
-
-
 def choose_local(groups: Sequence[Group], count: int, seed: str) -> list[Group]:
     """I of the node's own groups, drawn without replacement (seeded, order kept)."""
     if count >= len(groups):

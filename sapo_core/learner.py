@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sapo_core.assembly import TrainingSet, assemble, choose_local, within_group_size
+from sapo_core.assembly import TrainingSet, assemble, choose_local
 from sapo_core.config import GenerationConfig, NodeConfig
 from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
@@ -32,12 +32,12 @@ from sapo_core.grpo.update import (
     make_optimizer,
     reference_logprobs,
 )
+from sapo_core.peers import judge_peers, judged_tasks
 from sapo_core.policy import adapter, bundled
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_model, load_policy
 from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
-from sapo_core.reputation import evidence
-from sapo_core.rewards import ConfigBounds, ScoredGroup, score_groups, verify
+from sapo_core.rewards import ScoredGroup, score_groups, verify
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskSource
 
@@ -281,13 +281,8 @@ class Learner:
 
     @property
     def judged_tasks(self) -> list[str]:
-        """The tasks whose peer groups this node's verifier judges: those it trains or is
-        evaluated on (sapo_core.rewards.ConfigBounds); the draw asks for no others."""
-        return sorted(self._bounds().own)
-
-    def _bounds(self) -> ConfigBounds:
-        cfg = self.config
-        return ConfigBounds.for_node(cfg.tasks, cfg.evaluation.tasks, cfg.reward.max_config_number)
+        """The tasks whose peer groups this node's verifier judges (sapo_core.peers)."""
+        return judged_tasks(self.config)
 
     def select(
         self, round_: int, local: Sequence[Group], external: Sequence[Group]
@@ -296,28 +291,16 @@ class Learner:
         cfg = self.config
         own = choose_local(local, cfg.local_groups, f"{cfg.seed}/{round_}/local")
         scored_own, flagged_own = score_groups(own, cfg.reward)
-        # Whatever a caller labelled them, peers' groups are external here, and their task
-        # configs are built only within this node's bounds.
-        peers = [Group(g.group_id, "external", g.rollouts) for g in external]
-        bounds = self._bounds()
-        # A peer group weighs what one of ours does: at most G rows, drawn by our seed.
-        size = cfg.generation.completions_per_question
-        considered = [
-            within_group_size(g, size, f"{cfg.seed}/{round_}/external")
-            for g in peers[: cfg.external_groups]
-        ]
-        scored_ext, flagged_ext = score_groups(considered, cfg.reward, bounds)
+        peers = judge_peers(external, cfg, round_)
         chosen = assemble(
             scored_own,
-            scored_ext,
+            peers.scored,
             local_groups=cfg.local_groups,
             external_groups=cfg.external_groups,
             drop_zero_variance=cfg.grpo.drop_zero_variance,
         )
-        chosen = dataclasses.replace(
-            chosen, peer_evidence=evidence(considered, scored_ext, flagged_ext)
-        )
-        return chosen, len(flagged_own) + len(flagged_ext)
+        chosen = dataclasses.replace(chosen, peer_evidence=peers.evidence)
+        return chosen, len(flagged_own) + len(peers.problems)
 
     def segments(self, groups: Sequence[ScoredGroup]) -> list[Segment]:
         """Re-encode groups with this node's tokenizer and template; attach advantages."""

@@ -29,7 +29,15 @@ StorageOpt = Annotated[
         "Defaults come from the standard AWS_* environment variables.",
     ),
 ]
-FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")]
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        "-f",
+        help="table, csv or json. Table and CSV escape control characters and neutralise "
+        "spreadsheet formulas (peers wrote the text); JSON is the lossless form.",
+    ),
+]
 SwarmFileOpt = Annotated[
     Path | None,
     typer.Option("-c", "--config", help="Swarm YAML (default: the embedded CPU swarm)."),
@@ -64,8 +72,11 @@ def require(extra: str, *modules: str) -> None:
 
 
 def fail(message: str) -> typer.Exit:
-    """Print `error: <message>` (one line) and give the exit to raise (status 2)."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    """Print `error: <message>` (one line, made inert: it may quote a peer's text) and give
+    the exit to raise (status 2)."""
+    from flows.cli.inert import inert_text
+
+    typer.secho(f"error: {inert_text(message)}", fg=typer.colors.RED, err=True)
     return typer.Exit(2)
 
 
@@ -115,15 +126,20 @@ def open_ledger(
 
 
 def print_frame(frame: pl.DataFrame, fmt: str) -> None:
+    """Print a frame of ledger values: table and CSV made inert (flows/cli/inert.py: no
+    control character reaches the terminal, no cell runs as a spreadsheet formula); JSON
+    escapes by itself."""
     import polars as pl
 
+    from flows.cli.inert import inert_frame
+
     if fmt == "csv":
-        sys.stdout.write(frame.write_csv())
+        sys.stdout.write(inert_frame(frame, for_csv=True).write_csv())
     elif fmt == "json":
         sys.stdout.write(frame.write_json() + "\n")
     elif fmt == "table":
         with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
-            print(frame)
+            print(inert_frame(frame, for_csv=False))
     else:
         raise fail(f"unknown format {fmt!r}: use table, csv or json")
 

@@ -24,6 +24,7 @@ from flows.cli.common import (
     open_ledger,
     print_frame,
 )
+from flows.cli.inert import inert_text
 
 app = typer.Typer(
     help="Query, sample, validate and compact a rollout ledger.", no_args_is_help=True
@@ -130,7 +131,7 @@ def validate(
     print(f"files    {report.files} ({report.ok_files} readable)")
     print(f"rows     {report.rows} read, {report.valid_rows} valid in {report.groups} groups")
     for key, status, detail in report.bad_files:
-        print(f"  skipped file {key}: {status}: {detail}")
+        print(inert_text(f"  skipped file {key}: {status}: {detail}"))
     for reason, count in sorted(report.skipped.items()):
         print(f"  skipped {count:>8} x {reason}")
     if report.clean:

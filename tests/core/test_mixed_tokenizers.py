@@ -51,7 +51,7 @@ def _learner(model_dir: Path, prompt: PromptConfig, max_new_tokens: int = 64) ->
         model=str(model_dir),
         tasks=TASKS,
         prompt=prompt,
-        generation=GenerationConfig(completions_per_question=2, max_new_tokens=max_new_tokens),
+        generation=GenerationConfig(completions_per_question=4, max_new_tokens=max_new_tokens),
         grpo=GRPOConfig(drop_zero_variance=False),
         local_groups=1,
         external_groups=1,

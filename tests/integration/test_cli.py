@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -45,6 +47,37 @@ def test_query_formats(filled):
     assert out.output.splitlines() == ["node_id,n", "me,2", "p1,4", "p2,3"]
     out = runner.invoke(app, args_for(filled, "ledger", "query", sql))
     assert "p2" in out.output and "│" in out.output
+
+
+OSC52 = "\x1b]52;c;c3VkbyBybSAtcmYgfg==\x07"  # sets the terminal's clipboard
+FORGED = "\x1b[2J\x1b[31mFORGED: node-1 reward 1.0\x1b[0m"  # clears the screen, red text
+
+
+def test_query_output_is_inert_in_a_terminal_and_a_spreadsheet(site):
+    # Issue 43: a peer's completion and model id wrote ESC and BEL bytes to the terminal of
+    # whoever ran `sapo ledger query`, and a CSV cell ran as a spreadsheet formula.
+    led = site.open()
+    formula = '=HYPERLINK("http://evil.example","x")'
+    led.publish(round_rows("p1", 0, [[1, 0]], completion=OSC52 + FORGED, model_id=OSC52))
+    led.publish(round_rows("p2", 0, [[1, 0]], completion=formula))
+    sql = "SELECT node_id, model_id, completion, reward FROM rollouts ORDER BY rollout_id"
+    outputs = {}
+    for fmt in ("table", "csv"):
+        out = runner.invoke(app, args_for(site, "ledger", "query", sql, "-f", fmt))
+        assert out.exit_code == 0, out.output
+        outputs[fmt] = out.output
+        assert not any(ord(c) < 0x20 and c != "\n" for c in out.output), fmt
+        assert "\x7f" not in out.output and "\x9b" not in out.output
+        assert "\\x1b]52;c;" in out.output  # shown, escaped, not run
+    header, *cells = csv.reader(io.StringIO(outputs["csv"]))
+    assert header == ["node_id", "model_id", "completion", "reward"]
+    assert [c[2] for c in cells if "HYPERLINK" in c[2]] == ["'" + formula] * 2
+    assert all(not c[2].startswith(("=", "+", "-", "@")) for c in cells)
+    assert [c[3] for c in cells] == ["1.0", "0.0"] * 2  # numbers stay numbers
+    # JSON is the lossless form: the text as the peer wrote it, escaped by JSON itself.
+    out = runner.invoke(app, args_for(site, "ledger", "query", sql, "-f", "json"))
+    assert json.loads(out.output)[0]["completion"] == OSC52 + FORGED
+    assert "\x1b" not in out.output
 
 
 def test_query_runs_the_shipped_dashboards(filled):

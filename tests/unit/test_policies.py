@@ -277,28 +277,63 @@ def test_a_draw_from_the_lowest_draws_is_the_draw_over_every_candidate(tmp_path,
 
 def test_fresh_takes_each_peer_group_once_newest_first_and_no_more_than_there_is(ledger):
     policy = FreshPolicy(max_peer_share=None)
-    # Newest first: a's and b's groups (published at T0) before c's (two days older).
+    # Peers take turns, each its newest group first: one of a's (published at T0), b's,
+    # and one of c's (two days older) before any peer's second.
     first = ledger.sample_group_ids("me", 3, policy, seed=3, swarm_id="sw")
-    assert set(first) == {"sw.a.r0.g0", "sw.a.r0.g1", "sw.b.r0.g0"}
+    assert sorted(g.split(".")[1] for g in first) == ["a", "b", "c"]
+    assert "sw.b.r0.g0" in first
     drawn = ledger.sample("me", 3, policy, seed=3, swarm_id="sw")
     ledger.write_sample("sw", "me", 0, drawn, policy="fresh", seed=3)
-    # What the receiver drew before is never drawn again: only c's three are left, and
-    # asking for five returns those three (J adapts to what peers give).
+    # What the receiver drew before is never drawn again: three are left, and asking for
+    # five returns those three (J adapts to what peers give).
     second = ledger.sample_group_ids("me", 5, policy, seed=4, swarm_id="sw")
-    assert sorted(second) == ["sw.c.r0.g0", "sw.c.r0.g1", "sw.c.r0.g2"]
+    assert sorted(second) == sorted(MIXED_PEERS - set(first))
     # Another receiver's log, or the same node id's log in another swarm, changes nothing.
     for_x = ledger.sample_group_ids("x", 4, policy, seed=3, swarm_id="sw")
-    assert set(for_x) == {*first, "sw.me.r0.g0"}
+    assert sorted(g.split(".")[1] for g in for_x) == ["a", "b", "c", "me"]
     ledger.write_sample("other", "me", 0, drawn, policy="fresh", seed=3)
     assert sorted(ledger.sample_group_ids("me", 5, policy, seed=4, swarm_id="sw")) == sorted(second)
     ledger.publish(round_rows("a", 1, [[0, 1]], published_at=T0 + timedelta(hours=1)))
-    assert ledger.sample_group_ids("me", 1, policy, seed=5, swarm_id="sw") == ["sw.a.r1.g0"]
-    # A retried round 0 draws again what round 0 drew (only earlier rounds' draws count);
-    # round 1 excludes them.
+    newest = ledger.sample_group_ids("me", 2, policy, seed=5, swarm_id="sw")
+    assert "sw.a.r1.g0" in newest  # a's turn brings its newest
+    # A retried round 0 draws again what round 0 could draw (only earlier rounds' draws
+    # count); round 1 excludes them.
     again = ledger.sample_group_ids("me", 4, policy, seed=3, swarm_id="sw", for_round=0)
-    assert set(again) == {"sw.a.r1.g0", *first}  # the newest, then round 0's first draw
+    assert {"sw.a.r1.g0", "sw.b.r0.g0"} <= set(again) and len(again) == 4
     later = ledger.sample_group_ids("me", 5, policy, seed=3, swarm_id="sw", for_round=1)
     assert not set(later) & set(first)
+
+
+def test_under_fresh_a_later_stamp_buys_no_larger_share(ledger):
+    # Issue 43: fresh ordered every candidate by age, so a peer that always published last
+    # took every slot its caps allowed, round after round. Peers now take turns.
+    later = T0 + timedelta(hours=1)
+    ledger.publish(round_rows("flooder", 0, [[1, 0]] * 12, published_at=later))
+    policy = FreshPolicy(max_peer_share=None)
+    for seed in range(20):
+        drawn = ledger.sample_group_ids("me", 4, policy, seed=seed, swarm_id="sw")
+        peers = [g.split(".")[1] for g in drawn]
+        assert sorted(peers).count("flooder") == 1, (seed, peers)  # one turn of four
+    # The unknown-peer budget holds under fresh too: unknown peers' groups, all of them
+    # together, take one slot of four while known peers have candidates.
+    for seed in range(10):
+        drawn = ledger.sample_group_ids(
+            "me", 4, FreshPolicy(), seed=seed, swarm_id="sw", known_nodes=["a", "c"]
+        )
+        assert sum(g.split(".")[1] in ("flooder", "b") for g in drawn) == 1
+
+
+@pytest.mark.parametrize("kind", ["paper", "reward_filtered", "variance_weighted", "fresh"])
+def test_only_tasks_the_receiver_judges_are_drawn(ledger, kind):
+    # A group of a task the receiver neither trains nor is evaluated on takes a slot of J
+    # and teaches nothing (its verifier cannot judge it): the draw asks for its tasks only.
+    ledger.publish(round_rows("d", 0, [[1, 0]] * 3, task="products"))
+    everything = ledger.sample_group_ids("me", 100, kind, swarm_id="sw")
+    assert sum(g.startswith("sw.d.") for g in everything) == 3
+    judged = ledger.sample_group_ids("me", 100, kind, swarm_id="sw", tasks=["basic_arithmetic"])
+    assert set(judged) == set(everything) - {g for g in everything if g.startswith("sw.d.")}
+    only_d = ledger.sample_group_ids("me", 100, kind, swarm_id="sw", tasks=["products"])
+    assert set(only_d) == {g for g in everything if g.startswith("sw.d.")}
 
 
 def test_fresh_keeps_the_paper_filter_the_caps_and_a_window(ledger):
