@@ -71,6 +71,9 @@ class LogColumn:
     """DuckDB type: one of BIGINT, DOUBLE, VARCHAR, BOOLEAN, TIMESTAMPTZ."""
     required: bool = False
     """A line without it (or with it null) is skipped by readers."""
+    optional: bool = False
+    """A writer may leave it out (written as null): a column added after logs without it
+    were written, so a caller of the older form still writes."""
     low: float | None = None
     high: float | None = None
     """Inclusive bounds of a number; readers skip lines outside, writers refuse them."""
@@ -279,6 +282,8 @@ def _checked(log: str, i: int, col: LogColumn, value: Any) -> Any:
     """``value`` as a writer may write it in ``col``; ValueError otherwise."""
     where = f"{log} row {i}: {col.name}"
     if value is None:
+        if col.optional:
+            return None
         raise ValueError(f"{where} is missing")
     if col.type == "BIGINT":
         if isinstance(value, bool) or not isinstance(value, int):
@@ -404,7 +409,7 @@ TRAININGS: Final = NodeLog(
         LogColumn("reward_mean", "DOUBLE", low=0, high=1),
         LogColumn("informative", "BOOLEAN"),
         LogColumn("trained", "BOOLEAN"),
-        LogColumn("loss_share", "DOUBLE", low=0, high=1),
+        LogColumn("loss_share", "DOUBLE", low=0, high=1, optional=True),
         LogColumn("recorded_at", "TIMESTAMPTZ"),
     ),
     stamp="recorded_at",
