@@ -42,6 +42,8 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from receiver_attacks import ATTACKS as RECEIVER_ATTACKS  # noqa: E402
+from receiver_attacks import run_attack as run_receiver_attack  # noqa: E402
 
 from ledger import Ledger, NodeKey  # noqa: E402
 from ledger import identity as ident  # noqa: E402
@@ -666,6 +668,7 @@ def main() -> None:
         "missing-bucket",
         "control-tokens",
         "verifier-bomb",
+        *RECEIVER_ATTACKS,
     ]
     server = _Moto() if "s3" in args.backends else None
     rows = []
@@ -682,6 +685,8 @@ def main() -> None:
                         result = silent_endpoint(args.timeout)
                     elif name == "missing-bucket":
                         result = missing_bucket(site.options)
+                    elif name in RECEIVER_ATTACKS:  # issue 43's, in receiver_attacks.py
+                        result = run_receiver_attack(name, site, args.timeout)
                     elif name in ("control-tokens", "verifier-bomb"):
                         if kind != "local":
                             continue
