@@ -361,8 +361,11 @@ def main() -> None:
     if args.receiver:
         _receiver(args.receiver)
         return
+    import logging
+
     from attacks import _line, _Moto, new_site
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     server = _Moto() if "s3" in args.backends else None
     rows = []
     try:

@@ -110,6 +110,12 @@ def rebuild_and_score(
     )
 
 
+def _quoted(text: str) -> str:
+    """A generator's error about a peer's config, as inert text (it may quote the config:
+    control characters escaped as ``repr`` writes them), at most 500 characters."""
+    return repr(text)[1:-1][:500]
+
+
 def _caused_by_memory(exc: BaseException) -> bool:
     while exc is not None:
         if isinstance(exc, MemoryError):
@@ -406,7 +412,7 @@ def _reply(line: bytes, cap: int | None, memory_mb: int) -> dict[str, Any]:
             [None if a is None else str(a) for a in request["answers"]],
         )
     except (ValueError, KeyError, TypeError) as exc:
-        return {"problem": f"bad request: {exc}"[:500]}
+        return {"problem": _quoted(f"bad request: {exc}")}
     peak_before = _vm_bytes("VmPeak")
     try:
         rebuilt = rebuild_and_score(*fields)
@@ -415,7 +421,7 @@ def _reply(line: bytes, cap: int | None, memory_mb: int) -> dict[str, Any]:
     except Exception as exc:  # TaskError, or what a generator raised under the cap
         if _caused_by_memory(exc) or _ran_into(cap, memory_mb, peak_before):
             return {"memory": True}
-        return {"problem": str(exc)[:500]}
+        return {"problem": _quoted(str(exc))}
     return {
         "question_sha256": rebuilt.question_sha256,
         "answer_sha256": rebuilt.answer_sha256,

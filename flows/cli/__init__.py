@@ -15,6 +15,7 @@ import typer
 
 from flows.cli import infra, ledger, swarm, sweep, vllm
 from flows.cli.common import parse_storage_options
+from flows.cli.inert import inert_logs
 from flows.env import apply_offline_defaults
 
 DEBUG_ENV = "SAPO_DEBUG"
@@ -75,6 +76,7 @@ def main() -> None:
 
     try:
         apply_offline_defaults()  # inside: a bad SAPO_MMAP_THRESHOLD is one line too
+        inert_logs()  # peers' text in log lines reaches no terminal as control codes
         # Not standalone: click would print usage errors as a boxed block, and exit itself.
         status = app(prog_name="sapo", standalone_mode=False)
     except NoArgsIsHelpError:  # `sapo` or `sapo ledger` alone: the help was shown

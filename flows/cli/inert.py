@@ -12,6 +12,7 @@ for reading; ``--format json`` is the lossless form for programs.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -75,3 +76,30 @@ def inert_frame(frame: pl.DataFrame, *, for_csv: bool) -> pl.DataFrame:
     if len(set(names)) < len(names):
         return out  # two names alike once escaped: keep them as they were told apart
     return out.rename(dict(zip(out.columns, names, strict=True)))
+
+
+OWN_LOGGERS = ("ledger", "sapo_core", "flows", "dashboards")
+"""Loggers whose messages may quote a peer's text (a key, a task's error, a skipped file's
+detail): the node's terminal shows them."""
+
+
+def inert_logs() -> None:
+    """Make every log record of sapo's own loggers inert before any handler sees it (the
+    terminal, Prefect's console, a log file alike). Idempotent; `sapo`'s entry point calls it,
+    so every node process has it."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "sapo_inert", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if record.name.split(".")[0] in OWN_LOGGERS:
+            try:
+                message = record.getMessage()
+            except Exception:  # a malformed call: logging reports it as it would have
+                return record
+            record.msg, record.args = inert_text(message), None
+        return record
+
+    factory.sapo_inert = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
