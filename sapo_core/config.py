@@ -7,7 +7,7 @@ This module imports no torch, so tools that only read configs or the ledger stay
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -354,18 +354,19 @@ class GRPOConfig(Strict):
         description="Completions per forward/backward at most; gradients accumulate across "
         "micro-batches.",
     )
-    micro_batch_tokens: int | None = Field(
-        768,
-        ge=1,
-        description="Also cap the tokens of a micro-batch's forward (prompts once, "
-        "completions packed after them, padded to the longest): activation memory grows with "
-        "them; null: completions only.",
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto",
+        description="Cap the tokens of one forward/backward pass (prompts once, completions "
+        "packed after them, padded to the longest): activation memory grows with them. auto: "
+        "planned for the device (sapo_core/grpo/plan.py: 768 on a CPU, from the free memory "
+        "and the model's shape on a GPU); null: completions only.",
     )
-    gradient_checkpointing: bool = Field(
-        True,
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
         description="Keep only each layer's input during the forward and recompute the rest "
         "in the backward: about a 25th of the activation memory per token, for a second "
-        "forward pass.",
+        "forward pass. auto: on a CPU; on a GPU only when the free memory without it holds "
+        "too small a pass (sapo_core/grpo/plan.py).",
     )
     drop_zero_variance: bool = Field(
         True, description="Leave out groups whose completions all got the same reward."

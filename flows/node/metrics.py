@@ -73,6 +73,11 @@ UPDATE_METRICS = {
     "kl": "kl",
     "grad_norm": "grad_norm",
     "tokens_per_s": "update_tokens_per_s",
+    # The plan the update ran (sapo_core/grpo/plan.py): its passes, its cap on tokens per
+    # pass (0: none), whether it checkpointed.
+    "passes": "update_passes",
+    "tokens_per_pass": "update_tokens_per_pass",
+    "checkpointing": "update_checkpointing",
 }
 
 

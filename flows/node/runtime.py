@@ -161,14 +161,22 @@ def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
     if saved is None or saved.config is None:
         return []
     # A setting added to sapo since the checkpoint was made, left at its default, is no
-    # change of the user's (the reputation thresholds, say).
+    # change of the user's (the reputation thresholds, say); nor is a default that became
+    # `auto` where the checkpoint holds the old default (auto plans it so on a CPU).
     defaults = flatten("", NodeConfig.model_validate({}).model_dump(mode="json"))
     current = {
-        k: v
+        k: saved.config[k] if SUPERSEDED_DEFAULTS.get(k) == (saved.config.get(k), v) else v
         for k, v in node_config(spec).items()
         if k in saved.config or k.startswith("sampling.") or defaults.get(k) != v
     }
     return checkpoint.config_differences(saved.config, current)
+
+
+SUPERSEDED_DEFAULTS = {
+    "grpo.micro_batch_tokens": ("768", "auto"),
+    "grpo.gradient_checkpointing": ("True", "auto"),
+}
+"""Settings whose default was a value and is now `auto`: (the old default, `auto`)."""
 
 
 def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str] = ()) -> str:

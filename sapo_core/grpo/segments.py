@@ -30,10 +30,11 @@ class Segment:
 MICRO_BATCH_OVERHEAD_TOKENS = 48
 
 
-# The longest packed sequence a segment is laid out as. Attention over a packed sequence
-# costs its length squared, the blocks the mask hides included (on 2 cores, 1.7 s for one
-# 768-token sequence on the bundled model, a quarter of its forward and backward, growing
-# as the square), so a group with long answers is shared out among copies of its prompt.
+# The longest packed sequence a segment is laid out as, unless the plan says otherwise
+# (sapo_core/grpo/plan.py). Attention over a packed sequence costs its length squared, the
+# blocks the mask hides included (on 2 cores, 1.7 s for one 768-token sequence on the
+# bundled model, a quarter of its forward and backward, growing as the square), so a group
+# with long answers is shared out among copies of its prompt.
 MAX_PACKED_TOKENS = 768
 
 
@@ -75,7 +76,10 @@ def _pieces(seg: Segment, max_rows: int, max_tokens: int | None) -> list[Segment
 
 
 def split_segments(
-    segments: Sequence[Segment], micro_batch_size: int, micro_batch_tokens: int | None = None
+    segments: Sequence[Segment],
+    micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
+    max_packed_tokens: int = MAX_PACKED_TOKENS,
 ) -> list[list[Segment]]:
     """Pack segments into micro-batches of at most micro_batch_size completions.
 
@@ -85,8 +89,9 @@ def split_segments(
     the longest. With micro_batch_tokens it also stays within that many tokens (sequences
     x the longest): activation memory grows with them, so the cap bounds a step's memory
     whatever the answers' lengths. A segment too large for one micro-batch, or longer than
-    `MAX_PACKED_TOKENS`, is split, its prompt repeated in each piece; a completion that
-    alone exceeds the cap trains alone.
+    `max_packed_tokens`, is split, its prompt repeated in each piece; a completion that
+    alone exceeds the cap trains alone. (`max_packed_tokens` is the plan's: see
+    sapo_core/grpo/plan.py.)
 
     Sequences are placed longest first; one joins the current micro-batch unless the
     padding it needs would cost more than a micro-batch's fixed cost
@@ -94,7 +99,7 @@ def split_segments(
     every group over the micro-batches and repeated its prompt in each: on a long system
     prompt that doubled the update's compute.)
     """
-    longest = min(micro_batch_tokens or MAX_PACKED_TOKENS, MAX_PACKED_TOKENS)
+    longest = min(micro_batch_tokens or max_packed_tokens, max_packed_tokens)
     pieces = [
         piece for seg in segments if len(seg) for piece in _pieces(seg, micro_batch_size, longest)
     ]

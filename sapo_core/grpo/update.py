@@ -19,8 +19,10 @@ from torch import Tensor
 from sapo_core.config import GRPOConfig
 from sapo_core.grpo.logprobs import completion_logprobs
 from sapo_core.grpo.loss import micro_batch_weight, policy_loss
-from sapo_core.grpo.segments import Segment, padded, split_segments
+from sapo_core.grpo.plan import UpdatePlan, plan_for
+from sapo_core.grpo.segments import MAX_PACKED_TOKENS, Segment, padded, split_segments
 from sapo_core.memory import release_free_memory
+from sapo_core.policy.compat import set_checkpointing
 
 
 @dataclass
@@ -62,6 +64,7 @@ def grpo_update(
     temperature: float,
     pad_id: int,
     max_completion_length: int,
+    plan: UpdatePlan | None = None,
 ) -> UpdateResult:
     """`config.iterations` optimizer steps on one batch; gradients accumulate over micro-batches.
 
@@ -70,13 +73,20 @@ def grpo_update(
     act as PPO intends. The current policy's are the first iteration's own forward, detached:
     the weights change only after its last micro-batch, so they are what a separate pass
     before the update would compute, without its cost.
+
+    How the segments become passes is ``plan``'s (by default the one chosen for the model's
+    device now: sapo_core/grpo/plan.py); the loss and its gradient are the same whatever it
+    is. The plan and the passes it made are in the result's metrics.
     """
     started = time.perf_counter()
     if not segments:
         return UpdateResult({}, 0.0, 0)
     model.train()
-    _set_checkpointing(model, config.gradient_checkpointing)
-    batches = split_segments(segments, config.micro_batch_size, config.micro_batch_tokens)
+    plan = plan or plan_for(model, config)
+    set_checkpointing(model, plan.checkpointing)
+    batches = split_segments(
+        segments, plan.micro_batch_size, plan.tokens_per_pass, plan.max_packed_tokens
+    )
     device = next(model.parameters()).device
     behaviour: list[Tensor | None] = [_known_behaviour(batch, device) for batch in batches]
     total_seqs = sum(len(s) for s in segments)
@@ -117,7 +127,8 @@ def grpo_update(
                 micro_batches=len(batches),
             )
             (loss * weight).backward()
-            release_free_memory()  # this micro-batch's activations, before the next's
+            if plan.release_memory:
+                release_free_memory()  # this micro-batch's activations, before the next's
             # The loss logged is the objective optimised (the micro-batches' losses as the
             # gradient weighs them), per iteration; the other figures are token means.
             sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight / config.iterations
@@ -130,21 +141,12 @@ def grpo_update(
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) / config.iterations
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # gradients are not kept through generation
-    release_free_memory()  # ... nor their pages, which generation's peak would sit on
+    if plan.release_memory:
+        release_free_memory()  # ... nor their pages, which generation's peak would sit on
     seconds = time.perf_counter() - started
     sums["tokens_per_s"] = total_tokens * config.iterations / max(seconds, 1e-9)
+    sums.update(plan.metrics(len(batches)))
     return UpdateResult(sums, seconds, int(total_tokens))
-
-
-def _set_checkpointing(model: Any, wanted: bool) -> None:
-    """Turn transformers' activation checkpointing on or off (it acts in training mode only,
-    so generation, in eval mode, keeps its cache either way)."""
-    if not hasattr(model, "activation_checkpointing_enable"):
-        return
-    if wanted and not model.is_activation_checkpointing:
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    elif not wanted and model.is_activation_checkpointing:
-        model.activation_checkpointing_disable()
 
 
 def make_optimizer(model: Any, config: GRPOConfig) -> torch.optim.Optimizer:
@@ -160,12 +162,17 @@ def make_optimizer(model: Any, config: GRPOConfig) -> torch.optim.Optimizer:
 
 
 def reference_logprobs(
-    ref_model: Any, segments: Sequence[Segment], temperature: float, pad_id: int, chunk: int
+    ref_model: Any,
+    segments: Sequence[Segment],
+    temperature: float,
+    pad_id: int,
+    chunk: int,
+    max_packed_tokens: int = MAX_PACKED_TOKENS,
 ) -> None:
     """Fill each segment's ref_logprobs from a frozen reference model (for beta > 0)."""
     for seg in segments:
         rows: list[list[float]] = []
-        for piece in split_segments([seg], chunk):
+        for piece in split_segments([seg], chunk, max_packed_tokens=max_packed_tokens):
             with torch.no_grad():
                 logprobs, _ = completion_logprobs(ref_model, piece, temperature, pad_id)
             rows.extend(

@@ -16,6 +16,7 @@ from torch import Tensor
 from sapo_core.config import GenerationConfig
 from sapo_core.memory import release_free_memory
 from sapo_core.policy.backend import Completion, ProgressCallback, Prompt, stop_window
+from sapo_core.policy.compat import cache_argument, output_cache
 from sapo_core.policy.loading import Policy
 
 SAMPLING_BLOCK = 256  # tokens per block of the two-level inverse CDF (49,152 = 192 x 256)
@@ -136,7 +137,8 @@ class TransformersBackend:
         finally:
             model.train(was_training)  # whatever stopped the sampling
         del model  # a reduced copy's pages go back with the caches'
-        release_free_memory()  # before the update needs its own
+        if self.policy.device.type == "cpu":
+            release_free_memory()  # before the update needs its own (glibc's pages)
         return groups
 
     @torch.inference_mode()
@@ -167,7 +169,7 @@ class TransformersBackend:
             use_cache=True,
             logits_to_keep=last_position(enc["input_ids"]),
         )
-        cache = out.cache
+        cache = output_cache(out)
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1, :].repeat_interleave(n, 0)  # [B, V]
         batch = attention.size(0)
@@ -206,11 +208,11 @@ class TransformersBackend:
                 input_ids=nxt.unsqueeze(1),
                 attention_mask=attention,
                 position_ids=positions,
-                cache=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **{cache_argument(): cache},
             )
-            cache = out.cache
+            cache = output_cache(out)
             logits = out.logits[:, -1, :]
         return self._unpack(tokens, logprobs, lengths, finished)
 

@@ -1,0 +1,192 @@
+"""How a round's sequences become forward/backward passes, chosen for the device and model.
+
+The update's arithmetic (`logprobs.py`, `loss.py`) is the same whatever the plan; the plan
+decides only its schedule: how many completions and tokens one pass holds, how long a packed
+sequence (a prompt and its completions) may grow, whether activations are recomputed in the
+backward (checkpointing), and whether freed pages go back to the operating system between
+passes. Each constant says which device it was measured on.
+
+- **CPU** (measured on 2 cores, issues 14 and 20): one pass of at most 768 tokens and packed
+  sequences of at most 768 (attention over a packed sequence costs its length squared, the
+  masked blocks included), checkpointing on (it barely costs on a CPU, whose passes are
+  compute-bound either way, and bounds the laptop's memory), glibc's free pages handed back
+  between passes (`sapo_core/memory.py`).
+- **GPU**: a pass is as large as the free device memory allows. Its tokens come from a budget
+  (a share of the memory free when the update starts, the weights, gradients and optimizer
+  state already in place) over what one token holds between its forward and its backward
+  (`activation_bytes_per_token`, from the model's shape); checkpointing only when that
+  budget without it is too small for a useful pass; no allocator calls between passes.
+  Unmeasured here: no GPU was lent to the session that wrote it (see benchmarks/README.md).
+
+`micro_batch_tokens` and `gradient_checkpointing` in GRPOConfig override the plan when set
+to a value instead of ``auto``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sapo_core.config import GRPOConfig
+from sapo_core.grpo.segments import MAX_PACKED_TOKENS
+
+CPU_TOKENS_PER_PASS = 768
+"""Tokens (sequences x the longest) of one pass on a CPU: measured best on 2 cores."""
+CPU_MAX_PACKED_TOKENS = MAX_PACKED_TOKENS
+"""Longest packed sequence on a CPU (attention's square cost, measured on 2 cores: 768)."""
+GPU_MAX_PACKED_TOKENS = 4096
+"""Longest packed sequence on a GPU: a group of 8 x 512-token answers in two pieces; the
+block mask of one is L^2 bytes (16 MiB), counted in the budget."""
+GPU_BUDGET_SHARE = 0.6
+"""Share of the free device memory the update's activations may take: the rest is the
+allocator's fragmentation, the mask, the chunked head's temporaries and the reference model."""
+GPU_MIN_TOKENS_PER_PASS = 8192
+"""A pass smaller than this without checkpointing is a poor use of a GPU: below it,
+checkpointing (a second forward) buys passes several times as large."""
+GPU_MAX_TOKENS_PER_PASS = 131_072
+"""An upper bound, whatever the memory: past it a pass gains nothing on any current GPU."""
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How one update is laid out as passes."""
+
+    device: str
+    """'cpu' or 'cuda': what the plan was chosen for."""
+    micro_batch_size: int
+    """Most completions in one pass."""
+    tokens_per_pass: int | None
+    """Most tokens in one pass (sequences x the longest); None: no cap."""
+    max_packed_tokens: int
+    """Longest packed sequence (a prompt and its completions); a longer group is shared out
+    among copies of its prompt."""
+    checkpointing: bool
+    """Recompute each layer's activations in the backward, keeping only its input."""
+    release_memory: bool
+    """Hand the allocator's free pages back to the OS between passes (glibc, CPU)."""
+    budget_bytes: int | None = None
+    """Device memory the passes were sized from; None where constants chose."""
+
+    def metrics(self, passes: int) -> dict[str, float]:
+        """The plan as a round's metrics (MLflow), with the passes it made."""
+        return {
+            "passes": float(passes),
+            "tokens_per_pass": float(self.tokens_per_pass or 0),
+            "checkpointing": float(self.checkpointing),
+        }
+
+    def describe(self) -> str:
+        cap = "no cap" if self.tokens_per_pass is None else f"{self.tokens_per_pass} tokens"
+        budget = "" if self.budget_bytes is None else f" from {self.budget_bytes / 2**30:.1f} GiB"
+        return (
+            f"{self.device}: passes of {cap} and {self.micro_batch_size} completions at most"
+            f"{budget}, packed sequences up to {self.max_packed_tokens}, checkpointing "
+            f"{'on' if self.checkpointing else 'off'}"
+        )
+
+
+def activation_bytes_per_token(
+    model_config: Any, *, checkpointing: bool, activation_bytes: int, shared_prompt: bool
+) -> float:
+    """What one token holds between its forward and its backward, in bytes, from the
+    model's shape (a decoder of `num_hidden_layers` blocks of attention and a gated MLP).
+
+    Per block without checkpointing, the tensors autograd keeps: about 16 of the hidden size
+    (the norms' inputs and outputs, queries, keys, values, attention's output, the residual
+    sums) and 6 of the MLP's intermediate size (gate, up, their activation and product, the
+    fp32 copies a norm makes). With checkpointing only each block's input stays, and one
+    block is recomputed at a time. The head: the shared-prompt path runs it in chunks (a
+    token keeps its hidden state and a log-normaliser); the plain path keeps the logits of
+    the whole vocabulary in fp32, with their log-softmax and its gradient: on a 152k
+    vocabulary that is 1.8 MB a token, the largest tensor of the update.
+    """
+    hidden = int(model_config.hidden_size)
+    intermediate = int(getattr(model_config, "intermediate_size", 4 * hidden))
+    layers = int(model_config.num_hidden_layers)
+    vocab = int(model_config.vocab_size)
+    block = (16 * hidden + 6 * intermediate) * activation_bytes
+    body = (layers * hidden * activation_bytes + block) if checkpointing else layers * block
+    head = (hidden * 4 + 8) if shared_prompt else vocab * 4 * 3
+    return float(body + head)
+
+
+def _tokens(config: GRPOConfig, planned: int) -> int | None:
+    """The tokens per pass: the config's when it sets them (None: no cap), else ``planned``."""
+    given = config.micro_batch_tokens
+    return planned if isinstance(given, str) else given
+
+
+def _checkpointing(config: GRPOConfig, planned: bool) -> bool:
+    given = config.gradient_checkpointing
+    return planned if isinstance(given, str) else given
+
+
+def plan_update(
+    config: GRPOConfig,
+    model_config: Any,
+    *,
+    device: str,
+    free_bytes: int | None = None,
+    activation_bytes: int = 4,
+    shared_prompt: bool = True,
+) -> UpdatePlan:
+    """The plan for an update on ``device`` ('cpu' or 'cuda'), of a model of
+    ``model_config``'s shape whose activations take ``activation_bytes`` each (2 under bf16
+    autocast). On a GPU, ``free_bytes`` is the device memory free when the update starts.
+    `micro_batch_tokens` and `gradient_checkpointing` set to a value win over the plan's."""
+    if device != "cuda" or free_bytes is None:
+        return UpdatePlan(
+            device=device,
+            micro_batch_size=config.micro_batch_size,
+            tokens_per_pass=_tokens(config, CPU_TOKENS_PER_PASS),
+            max_packed_tokens=CPU_MAX_PACKED_TOKENS,
+            checkpointing=_checkpointing(config, True),
+            release_memory=device == "cpu",
+        )
+    budget = int(free_bytes * GPU_BUDGET_SHARE)
+
+    def fitting(checkpointing: bool) -> int:
+        per_token = activation_bytes_per_token(
+            model_config,
+            checkpointing=checkpointing,
+            activation_bytes=activation_bytes,
+            shared_prompt=shared_prompt,
+        )
+        # The packed block mask is L^2 bytes a sequence: per token, L bytes at most.
+        return max(int(budget / (per_token + GPU_MAX_PACKED_TOKENS)), 1)
+
+    checkpointing = _checkpointing(config, fitting(False) < GPU_MIN_TOKENS_PER_PASS)
+    tokens = _tokens(config, min(fitting(checkpointing), GPU_MAX_TOKENS_PER_PASS))
+    return UpdatePlan(
+        device="cuda",
+        micro_batch_size=config.micro_batch_size,
+        tokens_per_pass=tokens,
+        max_packed_tokens=min(GPU_MAX_PACKED_TOKENS, tokens or GPU_MAX_PACKED_TOKENS),
+        checkpointing=checkpointing,
+        release_memory=False,
+        budget_bytes=budget,
+    )
+
+
+def plan_for(model: Any, config: GRPOConfig) -> UpdatePlan:
+    """The plan for updating ``model`` where it is, now: its device, the memory free there,
+    the format its activations take under the precision in force (bf16 autocast: 2 bytes),
+    and whether its log-probs take the shared-prompt path."""
+    import torch
+
+    from sapo_core.grpo.logprobs import supports_shared_prompt
+
+    weight = next(model.parameters())
+    device = weight.device
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    autocast = torch.is_autocast_enabled(device.type)
+    dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
+    shape = getattr(model.config, "text_config", None) or model.config
+    return plan_update(
+        config,
+        shape,
+        device=device.type,
+        free_bytes=free,
+        activation_bytes=dtype.itemsize,
+        shared_prompt=supports_shared_prompt(model),
+    )
