@@ -39,10 +39,28 @@ QWEN25_05B: dict[str, Any] = {
     "hidden_act": "silu",
     "use_sliding_window": False,
 }
+# Qwen2.5-1.5B's (its config.json); the rest as 0.5B's.
+QWEN25_15B: dict[str, Any] = {
+    **QWEN25_05B,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+}
+# A Qwen2.5 of Qwen's vocabulary and a tiny body: runs the GPU benchmarks end to end on a CPU.
+TINY_QWEN: dict[str, Any] = {
+    **QWEN25_05B,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
+ARCHS = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-1.5b": QWEN25_15B, "tiny-qwen": TINY_QWEN}
 
 
-def build_model(folder: Path, layers: int | None) -> Path:
-    """A random Qwen2.5-0.5B-shaped model with the bundled tokenizer, saved to folder."""
+def build_model(folder: Path, layers: int | None, shape: dict[str, Any] | None = None) -> Path:
+    """A random model of Qwen2.5 ``shape`` (default 0.5B's) with the bundled tokenizer,
+    saved to folder."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -50,7 +68,7 @@ def build_model(folder: Path, layers: int | None) -> Path:
     from sapo_core.policy.loading import load_tokenizer
 
     torch.manual_seed(0)
-    shape = {**QWEN25_05B, **({"num_hidden_layers": layers} if layers else {})}
+    shape = {**(shape or QWEN25_05B), **({"num_hidden_layers": layers} if layers else {})}
     tokenizer = load_tokenizer(BUNDLED_MODEL)
     config = Qwen2Config(
         **shape,

@@ -14,8 +14,19 @@ beta 0, max grad norm 1, lr 1e-5), every group trained on
 Each side runs in its own process, one after the other, so each has the machine to itself
 and its peak RSS is its own. The first round of each is a warm-up and is left out.
 
+On a GPU (issue 44's workload): `--device cuda --arch qwen2.5-0.5b` (or `qwen2.5-1.5b`)
+takes random weights of that published architecture with the bundled tokenizer (nothing can
+be fetched there; a random model never stops, so every completion runs to the limit), bf16
+autocast over fp32 weights on both sides, and prints generation tokens/s and peak GPU memory
+per side; `--adapter lora` trains a rank-8 LoRA on both. `--arch tiny-qwen` is Qwen's
+vocabulary on a tiny body: the same run end to end on a CPU.
+
     python benchmarks/vs_trl.py                       # both prompt lengths, 3 rounds each
     python benchmarks/vs_trl.py --prompts long --rounds 4
+    python benchmarks/vs_trl.py --device cuda --arch qwen2.5-0.5b --prompts short \\
+        --questions 8 --completions 8 --max-new-tokens 512 --micro-batch 16
+    python benchmarks/vs_trl.py --arch tiny-qwen --prompts short --rounds 2 \\
+        --max-new-tokens 16 --adapter lora             # the GPU run's path, on a CPU
 """
 
 from __future__ import annotations
@@ -34,9 +45,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu_round import ARCHS, build_model  # benchmarks/ is the script's folder
+
 from sapo_core.config import NodeConfig
 
 QUESTIONS, COMPLETIONS, MAX_NEW_TOKENS, MICRO_BATCH = 8, 4, 128, 8
+"""The default workload (the CPU peers'); --questions etc. change it for a run."""
 TASK_NAME = "chain_sum"
 TASK_CONFIG: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "max_digits": 1}
 SHORT_PROMPT = "Answer with the final number."
@@ -63,37 +77,53 @@ SAPO_SIDES = {"sapo": "auto", "sapo-fp32": "fp32"}
 
 
 def sapo_config(
-    kind: str, seed: int, grpo: dict[str, Any] | None = None, generation_precision: str = "auto"
+    kind: str,
+    seed: int,
+    grpo: dict[str, Any] | None = None,
+    generation_precision: str = "auto",
+    workload: argparse.Namespace | None = None,
 ) -> NodeConfig:
     """The node's config for this workload (`kind`: short or long prompts); `grpo`
-    overrides GRPOConfig fields."""
+    overrides GRPOConfig fields; `workload` the run's model, device, sizes and adapter."""
+    w = workload or argparse.Namespace(
+        model=None, device="cpu", adapter="none", questions=QUESTIONS,
+        completions=COMPLETIONS, max_new_tokens=MAX_NEW_TOKENS,
+    )  # fmt: skip
+    adapter = {"kind": "lora", "rank": 8, "alpha": 16} if w.adapter == "lora" else {}
     return NodeConfig.model_validate(
         {
             "node_id": "bench",
-            "local_groups": QUESTIONS,
+            **({"model": w.model} if w.model else {}),
+            "local_groups": w.questions,
             "external_groups": 0,
             "seed": seed,
             "tasks": {"specs": [{"name": TASK_NAME, "config": TASK_CONFIG}]},
             "prompt": {"system_prompt": system_prompt(kind)},
             "reward": {"extraction": "last_number"},
             "generation": {
-                "completions_per_question": COMPLETIONS,
-                "max_new_tokens": MAX_NEW_TOKENS,
+                "completions_per_question": w.completions,
+                "max_new_tokens": w.max_new_tokens,
                 "temperature": 1.0,
-                "batch_size": QUESTIONS * COMPLETIONS,
+                "batch_size": w.questions * w.completions,
             },
-            "grpo": {"drop_zero_variance": False, **(grpo or {})},  # else sapo's defaults
-            "compute": {"device": "cpu", "generation_precision": generation_precision},
+            # else sapo's defaults (its update planned for the device)
+            "grpo": {"drop_zero_variance": False, "adapter": adapter, **(grpo or {})},
+            "compute": {"device": w.device, "generation_precision": generation_precision},
         }
     )
 
 
 def run_sapo(
-    kind: str, rounds: int, seed: int, grpo: dict[str, Any], side: str
+    kind: str,
+    rounds: int,
+    seed: int,
+    grpo: dict[str, Any],
+    side: str,
+    workload: argparse.Namespace | None = None,
 ) -> list[dict[str, float]]:
     from sapo_core.learner import Learner
 
-    learner = Learner(sapo_config(kind, seed, grpo, SAPO_SIDES[side]))
+    learner = Learner(sapo_config(kind, seed, grpo, SAPO_SIDES[side], workload))
     sampling = learner.policy.sampling_dtype
     print(f"{side}: generation samples in {sampling or 'fp32'}", file=sys.stderr, flush=True)
     rows = []
@@ -107,6 +137,7 @@ def run_sapo(
                 "generation_s": generated.seconds,
                 "update_s": report.update_s,
                 "tokens": generated.tokens,
+                "passes": report.update.get("passes", 0.0),
             }
         )
         print(f"sapo {kind} round {r}: {rows[-1]}", file=sys.stderr, flush=True)
@@ -116,7 +147,9 @@ def run_sapo(
 # --- TRL --------------------------------------------------------------------------------
 
 
-def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
+def run_trl(
+    kind: str, rounds: int, seed: int, workload: argparse.Namespace | None = None
+) -> list[dict[str, float]]:
     import reasoning_gym
     import torch
     from datasets import Dataset
@@ -127,8 +160,12 @@ def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
     from sapo_core.policy.loading import load_model, load_tokenizer
     from sapo_core.prompts import extract_answer
 
+    w = workload or argparse.Namespace(
+        model=None, device="cpu", adapter="none", questions=QUESTIONS,
+        completions=COMPLETIONS, max_new_tokens=MAX_NEW_TOKENS, micro_batch=MICRO_BATCH,
+    )  # fmt: skip
     questions = reasoning_gym.create_dataset(
-        TASK_NAME, size=QUESTIONS * rounds, seed=seed, **TASK_CONFIG
+        TASK_NAME, size=w.questions * rounds, seed=seed, **TASK_CONFIG
     )
     system = system_prompt(kind)
     data = Dataset.from_list(
@@ -177,18 +214,19 @@ def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
             print(f"trl {kind} round {len(rows) - 1}: {row}", file=sys.stderr, flush=True)
             self.last = now
 
-    tokenizer = load_tokenizer(BUNDLED_MODEL)
-    model = load_model(BUNDLED_MODEL)
+    tokenizer = load_tokenizer(w.model or BUNDLED_MODEL)
+    model = load_model(w.model or BUNDLED_MODEL)
+    cuda = w.device == "cuda"
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not cuda,
+        bf16=cuda,  # autocast over fp32 weights, as sapo's compute.precision auto there
         seed=seed,
         max_steps=rounds,
-        per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=QUESTIONS * COMPLETIONS // MICRO_BATCH,
-        num_generations=COMPLETIONS,
-        max_completion_length=MAX_NEW_TOKENS,
+        per_device_train_batch_size=w.micro_batch,
+        gradient_accumulation_steps=w.questions * w.completions // w.micro_batch,
+        num_generations=w.completions,
+        max_completion_length=w.max_new_tokens,
         temperature=1.0,
         learning_rate=1e-5,
         lr_scheduler_type="constant",
@@ -206,6 +244,11 @@ def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
         logging_steps=1,
         dataloader_num_workers=0,
     )
+    peft_config = None
+    if w.adapter == "lora":  # sapo's: rank 8, alpha 16, peft's default modules
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM")
     torch.manual_seed(seed)
     trainer = Timed(
         model=model,
@@ -214,6 +257,7 @@ def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
         train_dataset=data,
         processing_class=tokenizer,
         callbacks=[Rounds()],
+        peft_config=peft_config,
     )
     trainer.train()
     return rows
@@ -222,17 +266,20 @@ def run_trl(kind: str, rounds: int, seed: int) -> list[dict[str, float]]:
 # --- the comparison ---------------------------------------------------------------------
 
 
-def summarise(rows: list[dict[str, float]], peak: float) -> dict[str, float]:
+def summarise(rows: list[dict[str, float]], peak: float, peak_gpu: float) -> dict[str, float]:
     timed = rows[1:] or rows  # the first round warms up
     tokens = sum(r["tokens"] for r in timed)
+    generation = sum(r["generation_s"] for r in timed)
     return {
         "rounds": len(timed),
         "round_s": statistics.fmean(r["round_s"] for r in timed),
         "generation_s": statistics.fmean(r["generation_s"] for r in timed),
         "update_s": statistics.fmean(r["update_s"] for r in timed),
         "tokens": tokens / len(timed),
+        "gen_tokens_per_s": tokens / max(generation, 1e-9),
         "s_per_1k": 1000 * sum(r["round_s"] for r in timed) / tokens,
         "peak_gb": peak,
+        "peak_gpu_gb": peak_gpu,
     }
 
 
@@ -249,20 +296,29 @@ def child(args: argparse.Namespace) -> None:
 
     apply_offline_defaults()
     if args.side in SAPO_SIDES:
-        rows = run_sapo(args.prompt, args.rounds, args.seed, dict(args.grpo), args.side)
+        rows = run_sapo(args.prompt, args.rounds, args.seed, dict(args.grpo), args.side, args)
     else:
-        rows = run_trl(args.prompt, args.rounds, args.seed)
-    print(json.dumps({"rows": rows, "peak_gb": peak_rss_gb()}))
+        rows = run_trl(args.prompt, args.rounds, args.seed, args)
+    import torch
+
+    cuda = torch.cuda.is_available() and args.device == "cuda"
+    peak_gpu = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    print(json.dumps({"rows": rows, "peak_gb": peak_rss_gb(), "peak_gpu_gb": peak_gpu}))
 
 
 def measure(side: str, kind: str, args: argparse.Namespace) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--side", side, "--prompt", kind]
     cmd += ["--rounds", str(args.rounds), "--seed", str(args.seed)]
+    cmd += ["--device", args.device, "--adapter", args.adapter]
+    cmd += ["--questions", str(args.questions), "--completions", str(args.completions)]
+    cmd += ["--max-new-tokens", str(args.max_new_tokens), "--micro-batch", str(args.micro_batch)]
+    if args.model:
+        cmd += ["--model", args.model]
     for key, value in args.grpo:
         cmd += ["--grpo", f"{key}={json.dumps(value)}"]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return summarise(result["rows"], result["peak_gb"])
+    return summarise(result["rows"], result["peak_gb"], result.get("peak_gpu_gb", 0.0))
 
 
 def main() -> None:
@@ -281,12 +337,29 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a sapo GRPOConfig field for this run, e.g. micro_batch_tokens=512 (repeatable)",
     )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--arch",
+        choices=["bundled", *ARCHS],
+        default="bundled",
+        help="bundled: SmolLM2-135M's weights; else random weights of that architecture",
+    )
+    p.add_argument("--layers", type=int, help="fewer layers than the architecture's (smoke runs)")
+    p.add_argument("--adapter", choices=["none", "lora"], default="none")
+    p.add_argument("--questions", type=int, default=QUESTIONS)
+    p.add_argument("--completions", type=int, default=COMPLETIONS)
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    p.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="TRL's per-device batch")
     p.add_argument("--side", choices=side_names, help=argparse.SUPPRESS)
     p.add_argument("--prompt", choices=["short", "long"], help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.side:
         child(args)
         return
+    if args.arch != "bundled":
+        folder = Path(tempfile.mkdtemp(prefix=f"{args.arch}-random-"))
+        args.model = str(build_model(folder, args.layers, ARCHS[args.arch]))
     print(f"load before: {os.getloadavg()[0]:.2f}; {args.rounds} rounds per run, first excluded")
     if args.grpo:
         print(f"sapo's GRPO settings: {dict(args.grpo)}")
@@ -294,14 +367,21 @@ def main() -> None:
     for kind in args.prompts:
         for side in args.sides:
             results.setdefault(kind, {})[side] = measure(side, kind, args)
-    header = "prompts  side           s/round  gen_s  update_s  tokens/round  s/1k_tok  peak_GB"
+    print(
+        f"arch {args.arch}, device {args.device}, adapter {args.adapter}, "
+        f"{args.questions} x {args.completions} x <= {args.max_new_tokens} tokens"
+    )
+    header = (
+        "prompts  side           s/round  gen_s  update_s  tokens/round  gen_tok/s  "
+        "s/1k_tok  peak_GB  peak_GPU_GB"
+    )
     print(header)
     for kind, sides in results.items():
         for side, s in sides.items():
             print(
                 f"{kind:7}  {side:13}  {s['round_s']:7.1f}  {s['generation_s']:5.1f}  "
-                f"{s['update_s']:8.1f}  {s['tokens']:12.0f}  {s['s_per_1k']:8.1f}  "
-                f"{s['peak_gb']:7.2f}"
+                f"{s['update_s']:8.1f}  {s['tokens']:12.0f}  {s['gen_tokens_per_s']:9.0f}  "
+                f"{s['s_per_1k']:8.1f}  {s['peak_gb']:7.2f}  {s['peak_gpu_gb']:11.2f}"
             )
         compared = [name for name in SAPO_SIDES if name in sides and "trl" in sides]
         for name in compared:
@@ -310,7 +390,9 @@ def main() -> None:
                 f"{kind:7}  {name + '/trl':13}  {a['round_s'] / b['round_s']:7.2f}  "
                 f"{a['generation_s'] / b['generation_s']:5.2f}  "
                 f"{a['update_s'] / b['update_s']:8.2f}  {'':12}  "
-                f"{a['s_per_1k'] / b['s_per_1k']:8.2f}  {a['peak_gb'] / b['peak_gb']:7.2f}"
+                f"{a['gen_tokens_per_s'] / b['gen_tokens_per_s']:9.2f}  "
+                f"{a['s_per_1k'] / b['s_per_1k']:8.2f}  {a['peak_gb'] / b['peak_gb']:7.2f}  "
+                f"{a['peak_gpu_gb'] / b['peak_gpu_gb'] if b['peak_gpu_gb'] else 0.0:11.2f}"
             )
     print(f"load after: {os.getloadavg()[0]:.2f}")
     if args.json:

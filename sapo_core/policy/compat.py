@@ -17,9 +17,9 @@ from typing import Any
 def cache_argument() -> str:
     """The keyword a causal LM's forward takes its KV cache by."""
     import transformers
-    from packaging.version import Version
 
-    return "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "cache" if (major, minor) >= (5, 24) else "past_key_values"
 
 
 def output_cache(out: Any) -> Any:
