@@ -184,6 +184,15 @@ class ReputationConfig(Strict):
         "misclaimed), recent rows weighing most; at 0.5 misclaims alone never exclude (an "
         "honest peer with another verifier setting misclaims every row).",
     )
+    known_max_bad_share: float = Field(
+        0.25,
+        ge=0.0,
+        lt=1.0,
+        description="Known only at or under this bad share: a peer whose claimed rewards keep "
+        "differing from this node's (misclaims weigh half) is never excluded for it, but its "
+        "claims steer the draw (which filters on them), so it stays within the unknown-peer "
+        "budget.",
+    )
     half_life_rows: float = Field(
         16.0,
         gt=0.0,

@@ -20,7 +20,9 @@ prior of one good and one bad row) exceeds ``max_bad_share`` after ``exclude_aft
 judged rows is excluded from sampling; one with ``min_rows`` judged rows and not excluded is
 *known*. Honest peers with the same verifier claim exactly what the receiver scores; a peer
 with another extraction or format weight (a legitimate configuration) misclaims, so misclaims
-alone never pass one half: only failures push a peer out.
+alone never pass one half: only failures push a peer out. Known, though, also needs a bad
+share of at most ``known_max_bad_share`` (a quarter): the draw filters on claimed rewards, so a
+peer whose claims are not ours stays within the unknown-peer budget.
 """
 
 from __future__ import annotations
@@ -153,12 +155,14 @@ class Reputation:
         )
 
     def known(self) -> list[str]:
-        """Peers with enough rows judged and not excluded: sampled before new ids."""
-        excluded = set(self.excluded())
+        """Peers with enough rows judged and few bad ones: sampled before new ids. A peer
+        whose claims keep differing from this node's scores is not excluded for it alone,
+        but never known: the draw filters on claimed rewards, so its claims could fill its
+        share of J with groups that teach nothing."""
         return sorted(
             p
             for p, r in self.peers.items()
-            if r.judged >= self.config.min_rows and p not in excluded
+            if r.judged >= self.config.min_rows and r.bad_share <= self.config.known_max_bad_share
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -174,8 +178,8 @@ class Reputation:
         for peer, e in data.get("peers", {}).items():
             if data.get("version", 1) >= 2:
                 record = PeerRecord(int(e["judged"]), float(e["rows"]), float(e["bad"]))
-            else:
+            else:  # weighed as one batch of that many rows: at most ~23 rows' weight
                 old = PeerEvidence(**{k: int(v) for k, v in e.items()})
-                record = PeerRecord(old.rows, float(old.rows), old.bad)
+                record = PeerRecord().after(old, (config or cls.empty().config).half_life_rows)
             peers[str(peer)] = record
         return cls(peers, config or ReputationConfig.model_validate({}))

@@ -15,7 +15,7 @@ import typer
 
 from flows.cli import infra, ledger, swarm, sweep, vllm
 from flows.cli.common import parse_storage_options
-from flows.cli.inert import inert_logs
+from flows.cli.inert import inert_logs, inert_text
 from flows.env import apply_offline_defaults
 
 DEBUG_ENV = "SAPO_DEBUG"
@@ -99,7 +99,7 @@ def main() -> None:
         if os.environ.get(DEBUG_ENV):
             raise
         lines = str(exc).strip().splitlines()
-        detail = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        detail = f"{type(exc).__name__}: {inert_text(lines[0])}" if lines else type(exc).__name__
         typer.secho(
             f"error: {detail} (rerun as `sapo --debug ...` for the traceback)",
             fg=typer.colors.RED,

@@ -4,44 +4,52 @@ Anything the CLI prints from the ledger was written by a peer. A completion hold
 BEL bytes can rewrite a terminal (clear it, colour a forged line, set the clipboard with
 OSC 52), and one starting with ``=`` runs as a formula where a spreadsheet opens the CSV.
 Here every control character (C0, DEL, C1) and the invisible format characters that reorder
-or hide text (bidirectional overrides, zero-width characters) are written as escapes
-(``\\x1b``, ``\\n``, ``\\u202e``), and CSV cells that a spreadsheet would run start with
-``'`` (OWASP's advice for CSV injection). Backslashes are left as they are: the output is
-for reading; ``--format json`` is the lossless form for programs.
+or hide text (Unicode's Cf: bidirectional overrides, zero-width characters, the tag block)
+are written as escapes (``\\x1b``, ``\\n``, ``\\u202e``), and CSV cells that a spreadsheet
+would run start with ``'`` (OWASP's advice for CSV injection). Backslashes are left as
+they are: the output is for reading; ``--format json`` is the lossless form for programs.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import traceback
+import unicodedata
 from typing import Any
 
 import polars as pl
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f"  # C0, DEL, C1 (ESC, BEL, CSI ...)
-    "\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]"
-)
-"""Control characters, and the format characters that move, hide or join text (bidi
-embeddings, overrides and isolates, zero-width spaces and joiners, line and paragraph
-separators)."""
+UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Unicode's control characters (C0, DEL, C1: ESC, BEL, CSI ...) and format characters (bidi
+embeddings, overrides and isolates, zero-width spaces and joiners, the invisible tag block
+U+E0000-E007F that can hide text for a model or a reader), and the line and paragraph
+separators: by category, so no hand-made list misses one."""
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 """First characters that make a spreadsheet read a cell as a formula (with their
 full-width forms, which some spreadsheets also accept)."""
 
 
-def _escape(match: re.Match[str]) -> str:
-    char = match.group(0)
+def _escaped(char: str) -> str:
     if char in _NAMED:
         return _NAMED[char]
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-def inert_text(text: str) -> str:
-    """``text`` with every control and invisible format character escaped."""
-    return _UNSAFE.sub(_escape, text)
+def inert_text(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every control and invisible format character escaped (``keep_newlines``:
+    but line feeds, for a traceback's lines)."""
+    if text.isprintable():  # the common case: nothing to escape (no control, format, Z*)
+        return text
+    return "".join(
+        _escaped(c)
+        if unicodedata.category(c) in UNSAFE_CATEGORIES and not (keep_newlines and c == "\n")
+        else c
+        for c in text
+    )
 
 
 def inert_cell(text: str) -> str:
@@ -99,6 +107,13 @@ def inert_logs() -> None:
             except Exception:  # a malformed call: logging reports it as it would have
                 return record
             record.msg, record.args = inert_text(message), None
+            # A traceback's text (an exception may quote a peer's key or error): formatted
+            # here, escaped but for its line breaks, so no formatter prints it raw.
+            if record.exc_info and not record.exc_text:
+                formatted = "".join(traceback.format_exception(*record.exc_info))
+                record.exc_text = inert_text(formatted.rstrip("\n"), keep_newlines=True)
+            if record.stack_info:
+                record.stack_info = inert_text(record.stack_info, keep_newlines=True)
         return record
 
     factory.sapo_inert = True  # type: ignore[attr-defined]

@@ -47,7 +47,9 @@ candidates AS (
     -- Peers take turns: every peer's newest group, the peers in a random order from the
     -- seed, then every peer's second newest, and so on. Newness picks which of a peer's
     -- groups come first, never which peer: a peer stamping its groups last gets no more
-    -- of J than one that published a second earlier.
+    -- of J than one that published a second earlier. The price: a quiet peer's oldest unseen
+    -- group takes its turn before another peer's second newest (max_age_s keeps stale ones
+    -- out).
     SELECT group_id, node_id,
            {'turn': row_number() OVER (
                 PARTITION BY node_id

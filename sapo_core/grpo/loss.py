@@ -116,7 +116,8 @@ def row_loss_shares(tokens: Sequence[int], loss_type: LossType) -> list[float]:
 
     grpo: every row weighs the same, whatever its length (mean over its tokens, then over
     rows). dr_grpo, dapo and bnpo weigh tokens, so a row weighs its token count (bnpo weighs
-    tokens within each micro-batch: the token share is its value over the whole batch).
+    tokens within each micro-batch, then micro-batches alike: the token share over the whole
+    batch is what it would weigh in one micro-batch, an approximation under several).
     """
     if not tokens:
         return []

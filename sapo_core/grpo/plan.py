@@ -86,7 +86,12 @@ class UpdatePlan:
 
 
 def activation_bytes_per_token(
-    model_config: Any, *, checkpointing: bool, activation_bytes: int, shared_prompt: bool
+    model_config: Any,
+    *,
+    checkpointing: bool,
+    activation_bytes: int,
+    shared_prompt: bool,
+    eager: bool = False,
 ) -> float:
     """What one token holds between its forward and its backward, in bytes, from the
     model's shape (a decoder of `num_hidden_layers` blocks of attention and a gated MLP).
@@ -98,13 +103,17 @@ def activation_bytes_per_token(
     block is recomputed at a time. The head: the shared-prompt path runs it in chunks (a
     token keeps its hidden state and a log-normaliser); the plain path keeps the logits of
     the whole vocabulary in fp32, with their log-softmax and its gradient: on a 152k
-    vocabulary that is 1.8 MB a token, the largest tensor of the update.
+    vocabulary that is 1.8 MB a token, the largest tensor of the update. Eager attention
+    (``eager``) also keeps each head's scores and probabilities over the packed sequence:
+    2 x heads x L a token and layer, L the longest packed sequence (SDPA keeps none).
     """
     hidden = int(model_config.hidden_size)
     intermediate = int(getattr(model_config, "intermediate_size", 4 * hidden))
     layers = int(model_config.num_hidden_layers)
     vocab = int(model_config.vocab_size)
-    block = (16 * hidden + 6 * intermediate) * activation_bytes
+    heads = int(getattr(model_config, "num_attention_heads", 1))
+    scores = 2 * heads * GPU_MAX_PACKED_TOKENS if eager else 0
+    block = (16 * hidden + 6 * intermediate + scores) * activation_bytes
     body = (layers * hidden * activation_bytes + block) if checkpointing else layers * block
     head = (hidden * 4 + 8) if shared_prompt else vocab * 4 * 3
     return float(body + head)
@@ -127,13 +136,18 @@ def plan_update(
     *,
     device: str,
     free_bytes: int | None = None,
+    reserved_bytes: int = 0,
     activation_bytes: int = 4,
     shared_prompt: bool = True,
+    eager: bool = False,
 ) -> UpdatePlan:
     """The plan for an update on ``device`` ('cpu' or 'cuda'), of a model of
     ``model_config``'s shape whose activations take ``activation_bytes`` each (2 under bf16
-    autocast). On a GPU, ``free_bytes`` is the device memory free when the update starts.
-    `micro_batch_tokens` and `gradient_checkpointing` set to a value win over the plan's."""
+    autocast). On a GPU, ``free_bytes`` is the device memory free when the update starts, of
+    which ``reserved_bytes`` will go to what the update allocates besides activations (the
+    gradients, and Adam's moments at its first step). `micro_batch_tokens` and
+    `gradient_checkpointing` set to a value win over the plan's; checkpointing left to the
+    plan is then chosen for the tokens the config set."""
     if device != "cuda" or free_bytes is None:
         return UpdatePlan(
             device=device,
@@ -143,7 +157,7 @@ def plan_update(
             checkpointing=_checkpointing(config, True),
             release_memory=device == "cpu",
         )
-    budget = int(free_bytes * GPU_BUDGET_SHARE)
+    budget = int(max(free_bytes - reserved_bytes, 0) * GPU_BUDGET_SHARE)
 
     def fitting(checkpointing: bool) -> int:
         per_token = activation_bytes_per_token(
@@ -151,11 +165,17 @@ def plan_update(
             checkpointing=checkpointing,
             activation_bytes=activation_bytes,
             shared_prompt=shared_prompt,
+            eager=eager,
         )
         # The packed block mask is L^2 bytes a sequence: per token, L bytes at most.
         return max(int(budget / (per_token + GPU_MAX_PACKED_TOKENS)), 1)
 
-    checkpointing = _checkpointing(config, fitting(False) < GPU_MIN_TOKENS_PER_PASS)
+    given = config.micro_batch_tokens
+    if isinstance(given, str):  # auto: checkpoint only when the budget needs it
+        needed = fitting(False) < GPU_MIN_TOKENS_PER_PASS
+    else:  # the config's cap: checkpoint if it does not fit without
+        needed = given is None or given > fitting(False)
+    checkpointing = _checkpointing(config, needed)
     tokens = _tokens(config, min(fitting(checkpointing), GPU_MAX_TOKENS_PER_PASS))
     return UpdatePlan(
         device="cuda",
@@ -168,10 +188,12 @@ def plan_update(
     )
 
 
-def plan_for(model: Any, config: GRPOConfig) -> UpdatePlan:
-    """The plan for updating ``model`` where it is, now: its device, the memory free there,
-    the format its activations take under the precision in force (bf16 autocast: 2 bytes),
-    and whether its log-probs take the shared-prompt path."""
+def plan_for(model: Any, config: GRPOConfig, optimizer: Any = None) -> UpdatePlan:
+    """The plan for updating ``model`` where it is, now: its device, the memory free there
+    less what the update allocates besides activations (gradients, freed after each update,
+    and Adam's two moments if ``optimizer`` has none yet), the format its activations take
+    under the precision in force (bf16 autocast: 2 bytes), its attention, and whether its
+    log-probs take the shared-prompt path."""
     import torch
 
     from sapo_core.grpo.logprobs import supports_shared_prompt
@@ -179,6 +201,9 @@ def plan_for(model: Any, config: GRPOConfig) -> UpdatePlan:
     weight = next(model.parameters())
     device = weight.device
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    fresh = optimizer is None or not optimizer.state
+    reserved = trainable * (3 if fresh else 1)  # Adam's moments take the parameters' dtype
     autocast = torch.is_autocast_enabled(device.type)
     dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
     shape = getattr(model.config, "text_config", None) or model.config
@@ -187,6 +212,8 @@ def plan_for(model: Any, config: GRPOConfig) -> UpdatePlan:
         shape,
         device=device.type,
         free_bytes=free,
+        reserved_bytes=reserved,
         activation_bytes=dtype.itemsize,
         shared_prompt=supports_shared_prompt(model),
+        eager=getattr(model.config, "_attn_implementation", None) == "eager",
     )

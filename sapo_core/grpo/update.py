@@ -82,7 +82,7 @@ def grpo_update(
     if not segments:
         return UpdateResult({}, 0.0, 0)
     model.train()
-    plan = plan or plan_for(model, config)
+    plan = plan or plan_for(model, config, optimizer)
     set_checkpointing(model, plan.checkpointing)
     batches = split_segments(
         segments, plan.micro_batch_size, plan.tokens_per_pass, plan.max_packed_tokens

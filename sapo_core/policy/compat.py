@@ -10,6 +10,7 @@ kwargs and decodes without a cache), and 5.2x named activation checkpointing
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 
@@ -18,8 +19,15 @@ def cache_argument() -> str:
     """The keyword a causal LM's forward takes its KV cache by."""
     import transformers
 
-    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
-    return "cache" if (major, minor) >= (5, 24) else "past_key_values"
+    return "cache" if release(transformers.__version__) >= (5, 24) else "past_key_values"
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string, whatever follows them ("5.24rc1", "5.25.0.dev0")."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None:
+        raise ValueError(f"not a version: {version!r}")
+    return int(found.group(1)), int(found.group(2))
 
 
 def output_cache(out: Any) -> Any:

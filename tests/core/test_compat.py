@@ -15,14 +15,19 @@ from sapo_core.policy.compat import (
     cache_argument,
     is_checkpointing,
     output_cache,
+    release,
     set_checkpointing,
 )
 
 
 def test_the_cache_keyword_follows_the_installed_release() -> None:
-    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
-    renamed = (major, minor) >= (5, 24)
+    renamed = release(transformers.__version__) >= (5, 24)
     assert cache_argument() == ("cache" if renamed else "past_key_values")
+
+
+def test_release_reads_candidates_and_builds() -> None:
+    assert release("5.24rc1") == (5, 24) and release("5.25.0.dev0") == (5, 25)
+    assert release("5.17.0") == (5, 17)
 
 
 def test_a_forwards_cache_is_read_by_either_name() -> None:

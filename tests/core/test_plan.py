@@ -194,3 +194,30 @@ def test_loss_and_gradient_are_the_plain_paths_whatever_the_plan(wide_model) -> 
         for got, want in zip(grads, reference, strict=True):
             assert (got - want).abs().max() <= 1e-4 * want.abs().max() + 1e-7, name
     assert {plans[n].checkpointing for n in plans} == {True, False}
+
+
+def test_a_set_cap_decides_checkpointing_and_the_updates_own_allocations_are_reserved(
+    wide_model,
+) -> None:
+    free = _budget(wide_model, 12_000, checkpointing=False)
+    cfg = wide_model.config
+    # A cap the memory holds without checkpointing runs without; one it does not, with.
+    small = plan_update(GRPOConfig(micro_batch_tokens=1000), cfg, device="cuda", free_bytes=free)
+    large = plan_update(GRPOConfig(micro_batch_tokens=10**6), cfg, device="cuda", free_bytes=free)
+    assert (small.tokens_per_pass, small.checkpointing) == (1000, False)
+    assert (large.tokens_per_pass, large.checkpointing) == (10**6, True)
+    # Gradients and Adam's moments come out of the same memory: reserving them shrinks the
+    # passes (and here forces checkpointing).
+    roomy = plan_update(GRPOConfig(), cfg, device="cuda", free_bytes=free)
+    reserved = plan_update(
+        GRPOConfig(), cfg, device="cuda", free_bytes=free, reserved_bytes=free // 2
+    )
+    assert reserved.budget_bytes < roomy.budget_bytes and reserved.checkpointing
+    # Eager attention keeps its scores: each token costs more.
+    sdpa, eager = (
+        activation_bytes_per_token(
+            cfg, checkpointing=False, activation_bytes=2, shared_prompt=True, eager=e
+        )
+        for e in (False, True)
+    )
+    assert eager > sdpa

@@ -119,14 +119,24 @@ def test_a_good_past_does_not_buy_a_bad_present() -> None:
     assert reputation.excluded() == ["turncoat"] and reputation.known() == []
 
 
-def test_misclaims_alone_never_exclude_an_honest_peer() -> None:
+def test_misclaims_alone_never_exclude_a_peer_nor_make_it_known() -> None:
+    # A peer with another verifier setting misclaims every row: not excluded for it; but
+    # the draw filters on claimed rewards, so it is not trusted with them either.
     reputation = Reputation.empty()
     for _ in range(50):
         reputation.update({"other-verifier": PeerEvidence(rows=4, misclaimed=4)})
-    assert reputation.excluded() == [] and reputation.known() == ["other-verifier"]
+        reputation.update({"honest": PeerEvidence(rows=4)})
+    assert reputation.excluded() == [] and reputation.known() == ["honest"]
 
 
 def test_a_reputation_saved_before_version_2_still_loads() -> None:
     old = {"peers": {"liar": {"rows": 20, "failed": 12, "misclaimed": 0}, "ok": {"rows": 20}}}
     reputation = Reputation.from_json(old)
     assert reputation.excluded() == ["liar"] and reputation.known() == ["ok"]
+    # An old record's rows (unjudged ones among them) buy no longer a credit than new ones.
+    veteran = Reputation.from_json({"peers": {"v": {"rows": 10_000}}})
+    bad_rows = 0
+    while not veteran.excluded():
+        veteran.update({"v": PeerEvidence(rows=4, failed=4)})
+        bad_rows += 4
+    assert bad_rows <= 2 * ReputationConfig().half_life_rows

@@ -14,6 +14,8 @@ def test_control_and_invisible_format_characters_are_escaped() -> None:
     assert inert_text("line\nnext\ttab\r") == "line\\nnext\\ttab\\r"
     assert inert_text("\x9b31m\x7f") == "\\x9b31m\\x7f"  # C1's CSI, DEL
     assert inert_text("abc\u202edcba\u200b") == "abc\\u202edcba\\u200b"  # bidi override, ZWSP
+    hidden = "ok\U000e0041\U000e0042\u0600\u2028"  # the tag block's invisible text, Cf, Zl
+    assert inert_text(hidden) == "ok\\U000e0041\\U000e0042\\u0600\\u2028"
     honest = "Let me think: 3 + 4 = 7, so \\frac{1}{2} ≈ 0.5 — <answer>7</answer> ✓"
     assert inert_text(honest) == honest
 
@@ -52,8 +54,15 @@ def test_log_records_of_our_loggers_are_inert(caplog) -> None:
         with caplog.at_level(logging.WARNING):
             logging.getLogger("ledger.catalog").warning("skipping %s", "k\x1b[2Jey")
             logging.getLogger("somebody.else").warning("left %s", "as\x07is")
-        ours, theirs = caplog.records
+            try:
+                raise ValueError("bad key \x1b]52;c;eA==\x07")
+            except ValueError:
+                logging.getLogger("sapo_core.rebuild").exception("failed")
+        ours, theirs, failed = caplog.records
         assert ours.getMessage() == "skipping k\\x1b[2Jey"
         assert theirs.getMessage() == "left as\x07is"
+        shown = logging.Formatter().format(failed)
+        assert "\x1b" not in shown and "\x07" not in shown
+        assert "bad key \\x1b]52;c;eA==\\x07" in shown and "Traceback" in shown.splitlines()[1]
     finally:
         logging.setLogRecordFactory(before)
