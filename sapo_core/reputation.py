@@ -11,7 +11,7 @@ record from being bought (ReputationConfig holds the numbers):
   peer cannot become known by publishing what the receiver cannot check.
 - A peer's rows count at most as one of the receiver's own groups per group drawn: the learner
   cuts every peer group to the receiver's group size before verifying it
-  (sapo_core.assembly.within_group_size), so a 256-row group is evidence of 4 rows, not 256.
+  (sapo_core.peers.within_group_size), so a 256-row group is evidence of 4 rows, not 256.
 - Recent verdicts weigh most: each judged row halves the weight of what came
   ``half_life_rows`` rows before it, so a good past is not a credit a peer spends later.
 

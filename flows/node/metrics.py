@@ -39,7 +39,7 @@ def round_metrics(
         "ledger_unreachable": float(state.ledger_down),
         "peers_excluded": float(state.peers_excluded),
         # The most of the update's loss weight any one peer held (bounded by the cut of
-        # its groups to this node's group size: sapo_core.assembly.within_group_size).
+        # its groups to this node's group size: sapo_core.peers.within_group_size).
         "peer_loss_share_max": max(report.peer_loss_shares.values(), default=0.0),
         "peer_rows_dropped": float(state.peer_rows_dropped),
         "backlog_files": float(len(node.backlog)),

@@ -12,8 +12,9 @@ passes. Each constant says which device it was measured on.
   compute-bound either way, and bounds the laptop's memory), glibc's free pages handed back
   between passes (`sapo_core/memory.py`).
 - **GPU**: a pass is as large as the free device memory allows. Its tokens come from a budget
-  (a share of the memory free when the update starts, the weights, gradients and optimizer
-  state already in place) over what one token holds between its forward and its backward
+  (a share of the memory free when the update starts, less the gradients and, before the
+  optimizer's first step, Adam's moments) over what one token holds between its forward and
+  its backward
   (`activation_bytes_per_token`, from the model's shape); checkpointing only when that
   budget without it is too small for a useful pass; no allocator calls between passes.
   Unmeasured here: no GPU was lent to the session that wrote it (see benchmarks/README.md).
@@ -74,15 +75,6 @@ class UpdatePlan:
             "tokens_per_pass": float(self.tokens_per_pass or 0),
             "checkpointing": float(self.checkpointing),
         }
-
-    def describe(self) -> str:
-        cap = "no cap" if self.tokens_per_pass is None else f"{self.tokens_per_pass} tokens"
-        budget = "" if self.budget_bytes is None else f" from {self.budget_bytes / 2**30:.1f} GiB"
-        return (
-            f"{self.device}: passes of {cap} and {self.micro_batch_size} completions at most"
-            f"{budget}, packed sequences up to {self.max_packed_tokens}, checkpointing "
-            f"{'on' if self.checkpointing else 'off'}"
-        )
 
 
 def activation_bytes_per_token(
@@ -200,7 +192,9 @@ def plan_for(model: Any, config: GRPOConfig, optimizer: Any = None) -> UpdatePla
 
     weight = next(model.parameters())
     device = weight.device
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    if device.type != "cuda":  # constants plan the CPU: nothing to measure
+        return plan_update(config, model.config, device=device.type)
+    free = torch.cuda.mem_get_info(device)[0]
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     fresh = optimizer is None or not optimizer.state
     reserved = trainable * (3 if fresh else 1)  # Adam's moments take the parameters' dtype
