@@ -657,10 +657,6 @@ def main() -> None:
         print(json.dumps(read(Site(url, options, kind), wrong_sql)))
         return
 
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    logging.getLogger("ledger").setLevel(logging.ERROR)
     names = args.only or [
         *ATTACKS,
         "threads",
@@ -670,23 +666,33 @@ def main() -> None:
         "verifier-bomb",
         *RECEIVER_ATTACKS,
     ]
-    server = _Moto() if "s3" in args.backends else None
+    print_table(measure(names, args.backends, args.timeout))
+
+
+def measure(names: list[str], backends: list[str], timeout: float) -> list[tuple[str, str, Any]]:
+    """Each attack of ``names`` on each backend, its row printed as it comes: (name, backend,
+    figures). `receiver_attacks.py` runs its own rows through this too."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    logging.getLogger("ledger").setLevel(logging.ERROR)
+    server = _Moto() if "s3" in backends else None
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="sapo-attacks-") as tmp:
             for name in names:
-                for kind in args.backends:
+                for kind in backends:
                     if name in ("silent-endpoint", "missing-bucket") and kind == "local":
                         continue
                     site = new_site(kind, Path(tmp) / f"{name}-{kind}", server)
                     if name == "threads":
-                        result = threads_sharing_a_ledger(site, args.timeout)
+                        result = threads_sharing_a_ledger(site, timeout)
                     elif name == "silent-endpoint":
-                        result = silent_endpoint(args.timeout)
+                        result = silent_endpoint(timeout)
                     elif name == "missing-bucket":
                         result = missing_bucket(site.options)
                     elif name in RECEIVER_ATTACKS:  # issue 43's, in receiver_attacks.py
-                        result = run_receiver_attack(name, site, args.timeout)
+                        result = run_receiver_attack(name, site, timeout)
                     elif name in ("control-tokens", "verifier-bomb"):
                         if kind != "local":
                             continue
@@ -694,12 +700,17 @@ def main() -> None:
                     else:
                         seed_honest(site, signed=name in SIGNED_SWARM, closed=name in CLOSED_SWARM)
                         wrong_sql = ATTACKS[name](site)
-                        result = run_reader(site, wrong_sql, args.timeout)
+                        result = run_reader(site, wrong_sql, timeout)
                     rows.append((name, kind, result))
                     print(_line(name, kind, result), flush=True)
     finally:
         if server is not None:
             server.stop()
+    return rows
+
+
+def print_table(rows: list[tuple[str, str, Any]]) -> None:
+    """The rows as the table benchmarks/README.md keeps."""
     print()
     print(
         "| attack | backend | reader peak RSS MB | seconds | rows wrongly accepted "

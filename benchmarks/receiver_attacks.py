@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import io
 import json
 import math
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,44 +55,6 @@ FORGED = "\x1b[2J\x1b[31mFORGED: node-1 reward 1.0\x1b[0m"
 FORMULA = '=HYPERLINK("http://evil.example","x")'
 
 
-def _tasks() -> Any:
-    from sapo_core.config import TaskConfig, TaskSpec
-
-    return TaskConfig(specs=(TaskSpec(name="chain_sum", config={"min_terms": 2, "max_terms": 2}),))
-
-
-def _records(node: str, round_: int, q: Any, texts: list[str], claims: list[float], **kw: Any):
-    """A group's ledger rows, as a node publishes them."""
-    from sapo_core.rollouts import Rollout
-    from tests.factories import T0
-
-    group_id = f"sw.{node}.r{round_}.q{q.task_index % 1000}"
-    stamp = kw.pop("published_at", T0 + timedelta(minutes=round_))
-    return [
-        Rollout(
-            rollout_id=f"{group_id}.c{k:03d}",
-            group_id=group_id,
-            node_id=node,
-            model_id=kw.get("model_id", "m"),
-            node_round=round_,
-            policy_version=round_,
-            question=q,
-            completion=text,
-            completion_tokens=8,
-            reward=claim,
-        ).to_record()
-        | {"swarm_id": "sw", "published_at": stamp}
-        for k, (text, claim) in enumerate(zip(texts, claims, strict=True))
-    ]
-
-
-def _groups(frame: Any) -> list[Any]:
-    from sapo_core.rollouts import from_records, group_rollouts
-
-    rows, _ = from_records(frame.iter_rows(named=True))
-    return group_rollouts(rows, "external")
-
-
 # -- the attacks: each runs in the receiver's process and returns its row's figures ---------
 
 
@@ -103,12 +62,13 @@ def answer_bomb(site: Any) -> dict[str, Any]:
     from sapo_core.config import NodeConfig, RewardConfig
     from sapo_core.peers import judge_peers, judged_tasks
     from sapo_core.tasks import TaskSource
+    from tests.peer_rounds import TASKS, drawn_groups, rollout_records
 
     led = site.open()
-    for q in TaskSource(_tasks(), seed=5).draw(0, 16):
-        led.publish(_records("evil", 0, q, [BOMB] * 4, [1.0, 0.0, 1.0, 0.0]))
+    for q in TaskSource(TASKS, seed=5).draw(0, 16):
+        led.publish(rollout_records("evil", 0, q, [BOMB] * 4, [1.0, 0.0, 1.0, 0.0]))
     receiver = NodeConfig(
-        node_id="me", tasks=_tasks(), local_groups=0, external_groups=16,
+        node_id="me", tasks=TASKS, local_groups=0, external_groups=16,
         reward=RewardConfig(verify_budget_s=20.0),
     )  # fmt: skip
     reader = site.open()
@@ -116,7 +76,7 @@ def answer_bomb(site: Any) -> dict[str, Any]:
         "me", 16, {"kind": "paper", "max_peer_share": 1.0}, swarm_id="sw",
         tasks=judged_tasks(receiver),
     )  # fmt: skip
-    groups = _groups(frame)
+    groups = drawn_groups(frame)
     started = time.monotonic()
     judged = judge_peers(groups, receiver, 0)
     seconds = time.monotonic() - started
@@ -131,22 +91,22 @@ def answer_bomb(site: Any) -> dict[str, Any]:
 
 
 def big_group(site: Any) -> dict[str, Any]:
-    from sapo_core.config import GenerationConfig, NodeConfig
+    from sapo_core.config import GenerationConfig
     from sapo_core.learner import Learner
     from sapo_core.rollouts import Group, Rollout
     from sapo_core.tasks import TaskSource
+    from tests.peer_rounds import RECEIVER, TASKS, drawn_groups, rollout_records
 
-    receiver = NodeConfig(
-        node_id="me", tasks=_tasks(), local_groups=2, external_groups=2,
-        generation=GenerationConfig(completions_per_question=4, max_new_tokens=64),
-    )  # fmt: skip
-    [q_evil, q_honest] = TaskSource(_tasks(), seed=7).draw(0, 2)
+    receiver = RECEIVER.model_copy(
+        update={"generation": GenerationConfig(completions_per_question=4, max_new_tokens=64)}
+    )
+    [q_evil, q_honest] = TaskSource(TASKS, seed=7).draw(0, 2)
     led = site.open()
     evil = [(f"<answer>{q_evil.answer}</answer>" if k % 2 else "<answer>-1</answer>") + INJECTED
             for k in range(256)]  # fmt: skip
-    led.publish(_records("evil", 0, q_evil, evil, [float(k % 2) for k in range(256)]))
+    led.publish(rollout_records("evil", 0, q_evil, evil, [float(k % 2) for k in range(256)]))
     right, wrong = f"<answer>{q_honest.answer}</answer>", "<answer>-1</answer>"
-    led.publish(_records("honest", 0, q_honest, [right, wrong, wrong, right], [1, 0, 0, 1]))
+    led.publish(rollout_records("honest", 0, q_honest, [right, wrong, wrong, right], [1, 0, 0, 1]))
     me = Learner(receiver)
     own = []
     for k, q in enumerate(me.tasks.draw(0, 2)):
@@ -157,7 +117,7 @@ def big_group(site: Any) -> dict[str, Any]:
         )
         own.append(Group(f"me.r0.q{k}", "local", rows))
     frame = site.open().sample("me", 2, "paper", seed=1, swarm_id="sw")
-    chosen, _ = me.select(0, own, _groups(frame))
+    chosen, _ = me.select(0, own, drawn_groups(frame))
     report = me.update(0, chosen)
     trained = [r for g in chosen.trained for r in g.rollouts]
     by_peer: dict[str, int] = {}
@@ -183,60 +143,27 @@ def big_group(site: Any) -> dict[str, Any]:
     }
 
 
-HONEST, SYBILS = ("h1", "h2"), ("s1", "s2")
-
-
-def _sybil_round(led: Any, round_: int) -> None:
-    from sapo_core.config import TaskConfig, TaskSpec
-    from sapo_core.tasks import TaskSource
-    from tests.factories import T0
-
-    other = TaskConfig(specs=(TaskSpec(name="products", config={"max_terms": 2}),))
-    stamp = T0 + timedelta(minutes=round_)
-    for k, node in enumerate(HONEST):
-        q = TaskSource(_tasks(), seed=100 + k).draw(round_, 1)[0]
-        texts = [f"<answer>{a}</answer>" for a in (q.answer, "-1", q.answer, "-1")]
-        led.publish(_records(node, round_, q, texts, [1, 0, 1, 0], published_at=stamp))
-    later = stamp + timedelta(seconds=59)  # stamped last: fresh would draw them first
-    for k, node in enumerate(SYBILS):
-        if round_ == 0:
-            q = TaskSource(other, seed=200 + k).draw(0, 1)[0]
-            texts = [f"<answer>{q.answer}</answer>"] * 256
-            led.publish(_records(node, 0, q, texts, [1.0, 0.0] * 128, published_at=later))
-        else:
-            q = TaskSource(_tasks(), seed=300 + k).draw(round_, 1)[0]
-            bad = dataclasses.replace(q, answer="-1")
-            texts = ["<answer>-1</answer>", "<answer>0</answer>"] * 2
-            led.publish(_records(node, round_, bad, texts, [1, 0, 1, 0], published_at=later))
-
-
 def sybil_warmup(policy: str) -> Callable[[Any], dict[str, Any]]:
     def attack(site: Any) -> dict[str, Any]:
         from ledger import parse_policy
-        from sapo_core.config import GenerationConfig, NodeConfig
-        from sapo_core.peers import judge_peers, judged_tasks
         from sapo_core.reputation import Reputation
+        from tests.peer_rounds import (
+            HONEST,
+            RECEIVER,
+            SYBILS,
+            publish_sybil_round,
+            receiver_round,
+        )
 
-        receiver = NodeConfig(
-            node_id="me", tasks=_tasks(), local_groups=2, external_groups=2,
-            generation=GenerationConfig(completions_per_question=4),
-        )  # fmt: skip
         chosen = parse_policy(policy)
-        cap = math.ceil((chosen.max_unknown_share or 1.0) * receiver.external_groups)
+        cap = math.ceil((chosen.max_unknown_share or 1.0) * RECEIVER.external_groups)
         led = site.open()
-        reputation = Reputation.empty(receiver.reputation)
+        reputation = Reputation.empty(RECEIVER.reputation)
         over, sybil_groups, drawn, ever_known, out_at = 0, 0, 0, False, {}
         for round_ in range(12):
-            _sybil_round(led, round_)
-            known, excluded = reputation.known(), reputation.excluded()
-            frame = led.sample(
-                "me", receiver.external_groups, chosen, seed=round_, swarm_id="sw",
-                exclude_nodes=excluded, known_nodes=known or None, for_round=round_,
-                tasks=judged_tasks(receiver),
-            )  # fmt: skip
-            led.write_sample("sw", "me", round_, frame, policy=chosen.kind, seed=round_)
-            groups = _groups(frame)
-            reputation.update(judge_peers(groups, receiver, round_).evidence)
+            publish_sybil_round(led, round_)
+            known = reputation.known()
+            groups, _ = receiver_round(led, reputation, chosen, round_)
             from_sybils = sum(g.rollouts[0].node_id in SYBILS for g in groups)
             sybil_groups += from_sybils
             drawn += len(groups)
@@ -248,7 +175,7 @@ def sybil_warmup(policy: str) -> Callable[[Any], dict[str, Any]]:
         return {
             "wrong": over,
             "extra": f"Sybils' share of J over 12 rounds: {sybil_groups}/{drawn}; beyond the "
-            f"unknown budget ({cap} of {receiver.external_groups}) while an honest peer was "
+            f"unknown budget ({cap} of {RECEIVER.external_groups}) while an honest peer was "
             f"known: {over}; ever known: {'yes' if ever_known else 'no'}; excluded after "
             f"round: {', '.join(f'{s} {r}' for s, r in sorted(out_at.items())) or 'never'}",
         }
@@ -257,9 +184,13 @@ def sybil_warmup(policy: str) -> Callable[[Any], dict[str, Any]]:
 
 
 def _plant_text(site: Any) -> None:
+    from sapo_core.tasks import TaskSource
+    from tests.peer_rounds import TASKS, rollout_records
+
+    [q1, q2] = TaskSource(TASKS, seed=0).draw(0, 2)
     led = site.open()
-    led.publish(_records("p1", 0, _question(), [OSC52 + FORGED] * 2, [1, 0], model_id=OSC52))
-    led.publish(_records("p2", 0, _question(1), [FORMULA] * 2, [1, 0]))
+    led.publish(rollout_records("p1", 0, q1, [OSC52 + FORGED] * 2, [1, 0], model_id=OSC52))
+    led.publish(rollout_records("p2", 0, q2, [FORMULA] * 2, [1, 0]))
 
 
 def _query(site: Any, fmt: str) -> str:
@@ -273,12 +204,6 @@ def _query(site: Any, fmt: str) -> str:
         check=True,
     )
     return done.stdout
-
-
-def _question(seed: int = 0) -> Any:
-    from sapo_core.tasks import TaskSource
-
-    return TaskSource(_tasks(), seed=seed).draw(0, 1)[0]
 
 
 def terminal_escapes(site: Any) -> dict[str, Any]:
@@ -361,29 +286,9 @@ def main() -> None:
     if args.receiver:
         _receiver(args.receiver)
         return
-    import logging
+    from attacks import measure, print_table
 
-    from attacks import _line, _Moto, new_site
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
-    server = _Moto() if "s3" in args.backends else None
-    rows = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="sapo-receiver-attacks-") as tmp:
-            for name in args.only or ATTACKS:
-                for kind in args.backends:
-                    site = new_site(kind, Path(tmp) / f"{name}-{kind}", server)
-                    result = run_attack(name, site, args.timeout)
-                    rows.append((name, kind, result))
-                    print(_line(name, kind, result), flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-    print()
-    print("| attack | backend | receiver peak RSS MB | seconds | wrong | crash | hang | note |")
-    print("|---|---|---:|---:|---:|---|---|---|")
-    for name, kind, r in rows:
-        print(_line(name, kind, r))
+    print_table(measure(args.only or list(ATTACKS), args.backends, args.timeout))
 
 
 if __name__ == "__main__":
