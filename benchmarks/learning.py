@@ -8,6 +8,7 @@ so the reward of round r is the policy's score on unseen questions.
     python benchmarks/learning.py --rounds 30
     python benchmarks/learning.py --rounds 3 --completions 4 --max-new-tokens 128  # peers' workload
     python benchmarks/learning.py --rounds 8 --adapter-rank 16 --lr 1e-4  # a LoRA adapter
+    python benchmarks/learning.py --rounds 8 --optimizer adamw_8bit  # 8-bit Adam moments
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def node_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 "micro_batch_size": args.micro_batch,
                 "micro_batch_tokens": args.micro_batch_tokens,
                 "loss_type": args.loss_type,
+                "optimizer": args.optimizer,
                 "drop_zero_variance": not args.keep_zero_variance,
                 "adapter": adapter_section(args.adapter_rank, args.base_precision),
             },
@@ -85,6 +87,12 @@ def parser(doc: str | None = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--micro-batch-tokens", type=int, default=None)
     p.add_argument("--loss-type", default="grpo")
+    p.add_argument(
+        "--optimizer",
+        choices=["auto", "adamw", "adamw_8bit"],
+        default="auto",
+        help="adamw_8bit: bitsandbytes' 8-bit moments (the learning-parity check of issue 44)",
+    )
     p.add_argument(
         "--keep-zero-variance",
         action="store_true",

@@ -36,8 +36,8 @@ from sapo_core.config import BUNDLED_MODEL, NodeConfig
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
 from sapo_core.grpo.logprobs import plain_logprobs
 from sapo_core.grpo.loss import policy_loss
+from sapo_core.grpo.optimizer import make_optimizer
 from sapo_core.grpo.segments import Segment, padded
-from sapo_core.grpo.update import make_optimizer
 from sapo_core.policy.hf_backend import TransformersBackend
 from sapo_core.policy.loading import load_policy
 from sapo_core.prompts import prompt_ids

@@ -377,6 +377,21 @@ class GRPOConfig(Strict):
         "forward pass. auto: on a CPU; on a GPU only when the free memory without it holds "
         "too small a pass (sapo_core/grpo/plan.py).",
     )
+    optimizer: Literal["auto", "adamw", "adamw_8bit"] = Field(
+        "auto",
+        description="adamw: torch's AdamW, fp32 moments (8 bytes a trained parameter); "
+        "adamw_8bit: bitsandbytes' AdamW8bit, block-wise 8-bit moments (2 bytes; "
+        "pip install 'sapo-swarm[gpu]'). auto: adamw, except on a GPU whose memory full "
+        "fine-tuning with fp32 moments would take more than half of "
+        "(sapo_core/grpo/optimizer.py).",
+    )
+    device_memory_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="Device memory the update plans for, in GiB (GPU): its passes and the "
+        "auto optimizer are chosen as on a card of this size. null: the device's own. Set it "
+        "to leave room for another process on the GPU.",
+    )
     drop_zero_variance: bool = Field(
         True, description="Leave out groups whose completions all got the same reward."
     )

@@ -25,13 +25,10 @@ from sapo_core.config import GenerationConfig, NodeConfig
 from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
 from sapo_core.grpo.loss import LossType, row_loss_shares
+from sapo_core.grpo.optimizer import make_optimizer
+from sapo_core.grpo.plan import plan_for
 from sapo_core.grpo.segments import Segment
-from sapo_core.grpo.update import (
-    UpdateResult,
-    grpo_update,
-    make_optimizer,
-    reference_logprobs,
-)
+from sapo_core.grpo.update import UpdateResult, grpo_update, reference_logprobs
 from sapo_core.peers import judge_peers, judged_tasks
 from sapo_core.policy import adapter, bundled
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
@@ -357,15 +354,16 @@ class Learner:
     def _reference_logprobs(self, segments: list[Segment], temperature: float, pad_id: int) -> None:
         """Each segment's log-probs under the KL reference: the initial weights, or with an
         adapter the base with the adapter off."""
-        chunk = self.config.grpo.micro_batch_size
+        # The passes of the update's plan: a pass without gradients holds less than one with.
+        plan = plan_for(self.policy.model, self.config.grpo, self.optimizer)
         if self.ref_model is not None:
-            reference_logprobs(self.ref_model, segments, temperature, pad_id, chunk)
+            reference_logprobs(self.ref_model, segments, temperature, pad_id, plan)
             return
         model = self.policy.model
         training = model.training
         with adapter.base_only(model):
             model.eval()  # no adapter dropout; nothing else differs
-            reference_logprobs(model, segments, temperature, pad_id, chunk)
+            reference_logprobs(model, segments, temperature, pad_id, plan)
         model.train(training)
 
     def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:

@@ -272,7 +272,9 @@ def restore_into(learner: Any, checkpoint: Checkpoint) -> None:
     """Load optimizer, RNG and counters into a learner whose model came from the checkpoint."""
     import torch
 
-    learner.optimizer.load_state_dict(torch.load(checkpoint.path / OPTIMIZER))
+    from sapo_core.grpo.optimizer import load_state
+
+    load_state(learner.optimizer, torch.load(checkpoint.path / OPTIMIZER))
     rng = torch.load(checkpoint.path / RNG, weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

@@ -182,22 +182,27 @@ def plan_update(
 
 def plan_for(model: Any, config: GRPOConfig, optimizer: Any = None) -> UpdatePlan:
     """The plan for updating ``model`` where it is, now: its device, the memory free there
-    less what the update allocates besides activations (gradients, freed after each update,
-    and Adam's two moments if ``optimizer`` has none yet), the format its activations take
+    (within `device_memory_gib` where set) less what the update allocates besides
+    activations (gradients, freed after each update, and Adam's two moments if
+    ``optimizer`` has none yet), the format its activations take
     under the precision in force (bf16 autocast: 2 bytes), its attention, and whether its
     log-probs take the shared-prompt path."""
     import torch
 
     from sapo_core.grpo.logprobs import supports_shared_prompt
+    from sapo_core.grpo.optimizer import device_bytes, moment_bytes
 
     weight = next(model.parameters())
     device = weight.device
     if device.type != "cuda":  # constants plan the CPU: nothing to measure
         return plan_update(config, model.config, device=device.type)
     free = torch.cuda.mem_get_info(device)[0]
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    fresh = optimizer is None or not optimizer.state
-    reserved = trainable * (3 if fresh else 1)  # Adam's moments take the parameters' dtype
+    if config.device_memory_gib is not None:  # plan as on a card of that size
+        free = min(free, device_bytes(device, config) - torch.cuda.memory_allocated(device))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    trainable = sum(p.numel() * p.element_size() for p in trained)
+    moments = moment_bytes(optimizer, sum(p.numel() for p in trained), trainable)
+    reserved = trainable + moments  # the gradients, and Adam's moments before its first step
     autocast = torch.is_autocast_enabled(device.type)
     dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
     shape = getattr(model.config, "text_config", None) or model.config

@@ -19,8 +19,9 @@ from torch import Tensor
 from sapo_core.config import GRPOConfig
 from sapo_core.grpo.logprobs import completion_logprobs
 from sapo_core.grpo.loss import micro_batch_weight, policy_loss
+from sapo_core.grpo.optimizer import make_optimizer as make_optimizer  # its former home
 from sapo_core.grpo.plan import UpdatePlan, plan_for
-from sapo_core.grpo.segments import MAX_PACKED_TOKENS, Segment, padded, split_segments
+from sapo_core.grpo.segments import Segment, padded, split_segments
 from sapo_core.memory import release_free_memory
 from sapo_core.policy.compat import set_checkpointing
 
@@ -149,30 +150,21 @@ def grpo_update(
     return UpdateResult(sums, seconds, int(total_tokens))
 
 
-def make_optimizer(model: Any, config: GRPOConfig) -> torch.optim.Optimizer:
-    """Adam (decoupled weight decay) over the trainable parameters.
-
-    The fused kernel: one pass over each parameter and its state, where the default loop
-    makes several and a temporary the size of each parameter.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(
-        params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=True
-    )
-
-
 def reference_logprobs(
     ref_model: Any,
     segments: Sequence[Segment],
     temperature: float,
     pad_id: int,
-    chunk: int,
-    max_packed_tokens: int = MAX_PACKED_TOKENS,
+    plan: UpdatePlan,
 ) -> None:
-    """Fill each segment's ref_logprobs from a frozen reference model (for beta > 0)."""
+    """Fill each segment's ref_logprobs from a frozen reference model (for beta > 0), in
+    passes no larger than ``plan``'s (the update's, whose passes also hold gradients)."""
     for seg in segments:
         rows: list[list[float]] = []
-        for piece in split_segments([seg], chunk, max_packed_tokens=max_packed_tokens):
+        pieces = split_segments(
+            [seg], plan.micro_batch_size, plan.tokens_per_pass, plan.max_packed_tokens
+        )
+        for piece in pieces:
             with torch.no_grad():
                 logprobs, _ = completion_logprobs(ref_model, piece, temperature, pad_id)
             rows.extend(

@@ -16,6 +16,7 @@ from sapo_core.grpo.logprobs import (
     shared_prompt_logprobs,
     supports_shared_prompt,
 )
+from sapo_core.grpo.plan import UpdatePlan
 from sapo_core.grpo.segments import Segment
 from sapo_core.grpo.update import reference_logprobs
 
@@ -127,7 +128,8 @@ def test_a_soft_capped_family_takes_the_plain_path_everywhere() -> None:
         skipped, _ = shared_prompt_logprobs(gemma, segments, 0.7, PAD)
     assert torch.equal(dispatched, plain)
     assert (skipped - plain).abs().max() > 1e-2
-    reference_logprobs(gemma, segments, 0.7, PAD, chunk=1)
+    one_a_pass = UpdatePlan("cpu", 1, None, 768, checkpointing=False, release_memory=False)
+    reference_logprobs(gemma, segments, 0.7, PAD, one_a_pass)
     rows = [row for seg in segments for row in seg.ref_logprobs or []]
     assert [len(r) for r in rows] == [3, 1, 2]
     for i, row in enumerate(rows):
