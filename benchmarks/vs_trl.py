@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -295,8 +296,16 @@ def child(args: argparse.Namespace) -> None:
     from flows.env import apply_offline_defaults
 
     apply_offline_defaults()
+    if args.memory_gib and args.device == "cuda":  # both sides on a card of that size
+        import torch
+
+        total = torch.cuda.mem_get_info()[1]
+        torch.cuda.set_per_process_memory_fraction(min(args.memory_gib * 2**30 / total, 1.0))
     if args.side in SAPO_SIDES:
-        rows = run_sapo(args.prompt, args.rounds, args.seed, dict(args.grpo), args.side, args)
+        grpo = dict(args.grpo)
+        if args.memory_gib:
+            grpo.setdefault("device_memory_gib", args.memory_gib)  # and its plan knows it
+        rows = run_sapo(args.prompt, args.rounds, args.seed, grpo, args.side, args)
     else:
         rows = run_trl(args.prompt, args.rounds, args.seed, args)
     import torch
@@ -306,7 +315,9 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"rows": rows, "peak_gb": peak_rss_gb(), "peak_gpu_gb": peak_gpu}))
 
 
-def measure(side: str, kind: str, args: argparse.Namespace) -> dict[str, float]:
+def measure(side: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One side's run in its own process: its summary, or {"failed": its last error line}
+    (a side out of memory on an emulated card is a result, not the end of the run)."""
     cmd = [sys.executable, __file__, "--side", side, "--prompt", kind]
     cmd += ["--rounds", str(args.rounds), "--seed", str(args.seed)]
     cmd += ["--device", args.device, "--adapter", args.adapter]
@@ -314,10 +325,22 @@ def measure(side: str, kind: str, args: argparse.Namespace) -> dict[str, float]:
     cmd += ["--max-new-tokens", str(args.max_new_tokens), "--micro-batch", str(args.micro_batch)]
     if args.model:
         cmd += ["--model", args.model]
+    if args.memory_gib:
+        cmd += ["--memory-gib", str(args.memory_gib)]
     for key, value in args.grpo:
         cmd += ["--grpo", f"{key}={json.dumps(value)}"]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as run:  # its progress passes through as it comes; its last line is kept
+        last = ""
+        for line in run.stderr or ():
+            sys.stderr.write(line)
+            if re.match(r"[\w.]+(Error|Exception)\b", line) or not last:
+                last = line.strip()  # the exception's own line, e.g. CUDA out of memory
+        out = (run.stdout.read() if run.stdout else "").strip()
+    if run.returncode:
+        return {"failed": (last or f"exit {run.returncode}")[:160]}
+    result = json.loads(out.splitlines()[-1])
     return summarise(result["rows"], result["peak_gb"], result.get("peak_gpu_gb", 0.0))
 
 
@@ -350,6 +373,12 @@ def main() -> None:
     p.add_argument("--completions", type=int, default=COMPLETIONS)
     p.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
     p.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="TRL's per-device batch")
+    p.add_argument(
+        "--memory-gib",
+        type=float,
+        help="on a GPU: both sides as on a card of this size (torch's per-process memory "
+        "fraction; sapo's grpo.device_memory_gib), e.g. 20 for the 24 GB cards users run",
+    )
     p.add_argument("--side", choices=side_names, help=argparse.SUPPRESS)
     p.add_argument("--prompt", choices=["short", "long"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -363,13 +392,14 @@ def main() -> None:
     print(f"load before: {os.getloadavg()[0]:.2f}; {args.rounds} rounds per run, first excluded")
     if args.grpo:
         print(f"sapo's GRPO settings: {dict(args.grpo)}")
-    results: dict[str, dict[str, dict[str, float]]] = {}
+    results: dict[str, dict[str, dict[str, Any]]] = {}
     for kind in args.prompts:
         for side in args.sides:
             results.setdefault(kind, {})[side] = measure(side, kind, args)
     print(
         f"arch {args.arch}, device {args.device}, adapter {args.adapter}, "
         f"{args.questions} x {args.completions} x <= {args.max_new_tokens} tokens"
+        + (f", a {args.memory_gib} GiB card" if args.memory_gib else "")
     )
     header = (
         "prompts  side           s/round  gen_s  update_s  tokens/round  gen_tok/s  "
@@ -378,12 +408,16 @@ def main() -> None:
     print(header)
     for kind, sides in results.items():
         for side, s in sides.items():
+            if "failed" in s:
+                print(f"{kind:7}  {side:13}  failed: {s['failed']}")
+                continue
             print(
                 f"{kind:7}  {side:13}  {s['round_s']:7.1f}  {s['generation_s']:5.1f}  "
                 f"{s['update_s']:8.1f}  {s['tokens']:12.0f}  {s['gen_tokens_per_s']:9.0f}  "
                 f"{s['s_per_1k']:8.1f}  {s['peak_gb']:7.2f}  {s['peak_gpu_gb']:11.2f}"
             )
-        compared = [name for name in SAPO_SIDES if name in sides and "trl" in sides]
+        ran = {name for name, s in sides.items() if "failed" not in s}
+        compared = [name for name in SAPO_SIDES if name in ran and "trl" in ran]
         for name in compared:
             a, b = sides[name], sides["trl"]
             print(
