@@ -107,7 +107,7 @@ def _wrong_ids(learner: Any, tokenizer: Any) -> dict[str, int]:
             for k, text in enumerate(texts.values())
         )
         rewards = tuple(float(k % 2) for k in range(len(rows)))
-        [segment] = learner.segments(
+        [segment], _ = learner.encode(
             [ScoredGroup(Group("evil.r0.q0", "external", rows), rows, rewards)]
         )
         if q is injected:

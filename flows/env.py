@@ -27,6 +27,11 @@ OFFLINE_DEFAULTS = {
     "SAPO_MMAP_THRESHOLD": str(128 * 1024),
 }
 
+FORCE_ENV = "SAPO_RESUME_FORCE"
+"""Set (to 1) to resume nodes whose configuration changed since their checkpoint: what
+`--force` sets for the node processes `sapo swarm` starts, and what a deployment's worker
+may set (flows/node/lifecycle.py)."""
+
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 

@@ -70,16 +70,15 @@ def assemble(
     local: Sequence[ScoredGroup],
     external: Sequence[ScoredGroup],
     *,
-    local_groups: int,
-    external_groups: int,
     drop_zero_variance: bool,
 ) -> TrainingSet:
-    """Merge up to I own and J external scored groups.
+    """Merge the round's own scored groups (I, chosen by `choose_local`) and its peers'
+    (J, cut by `sapo_core.peers.judge_peers`), own first.
 
     With drop_zero_variance, groups whose rewards (this node's) are all equal are left
     out: their advantages are zero, so they add no gradient, only dilute the normaliser.
     Missing peers are not replaced by own groups: a node without peers trains on I.
     """
-    selected = (*local[:local_groups], *external[:external_groups])
+    selected = (*local, *external)
     trained = tuple(g for g in selected if not (drop_zero_variance and g.zero_variance))
     return TrainingSet(selected, trained)

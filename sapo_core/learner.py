@@ -1,8 +1,11 @@
 """One node's algorithm for a round, without storage or orchestration.
 
-`Learner.generate` makes the round's groups (to publish and to train on); `Learner.train`
-scores own and peers' groups with this node's verifier, assembles I + J and takes the GRPO
-step. Flows put the ledger between the two.
+A round after generation is two calls, the same wherever it runs: `Learner.select` scores
+the node's I own groups (the verdicts `Learner.generate` gave them) and its J peers' groups
+(verified here) and assembles the training set; `Learner.update` computes the advantages
+and takes the GRPO step. Flows call them as two steps (flows/node/steps.py: `reward`,
+`update`), with the ledger's I/O around them; `Learner.train` is the two back to back, for
+callers with nothing in between (examples/one_round.py, benchmarks).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from sapo_core.policy import adapter, bundled
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
 from sapo_core.policy.loading import Policy, load_model, load_policy
 from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
-from sapo_core.rewards import ScoredGroup, score_groups, verify
+from sapo_core.rewards import ScoredGroup, own_verdicts, scored_own
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskSource
 
@@ -227,9 +230,8 @@ class Learner:
         groups = []
         for k, (question, completions) in enumerate(zip(questions, sampled, strict=True)):
             group_id = f"{self.id_prefix}{cfg.node_id}.r{round_}.q{k}"
-            rollouts = []
-            for j, c in enumerate(completions):
-                rollout = Rollout(
+            rollouts = [
+                Rollout(
                     rollout_id=f"{group_id}.c{j}",
                     group_id=group_id,
                     node_id=cfg.node_id,
@@ -242,9 +244,16 @@ class Learner:
                     token_ids=c.token_ids,
                     logprobs=c.logprobs,
                 )
-                claimed = verify(rollout, cfg.reward).reward  # what peers may compare against
-                rollouts.append(dataclasses.replace(rollout, reward=claimed))
-            groups.append(Group(group_id, "local", tuple(rollouts)))
+                for j, c in enumerate(completions)
+            ]
+            # This node's verdicts, once: what it trains on, and what it publishes as its
+            # claim (peers never trust it; they verify for themselves).
+            verdicts = own_verdicts(rollouts, cfg.reward)
+            scored = (
+                dataclasses.replace(r, reward=v.reward)
+                for r, v in zip(rollouts, verdicts, strict=True)
+            )
+            groups.append(Group(group_id, "local", tuple(scored)))
         tokens = sum(len(c.token_ids) for cs in sampled for c in cs)
         return Generated(groups, time.perf_counter() - started, tokens)
 
@@ -286,25 +295,17 @@ class Learner:
     ) -> tuple[TrainingSet, int]:
         """Score I own and J peers' groups with this node's verifier and merge them."""
         cfg = self.config
-        own = choose_local(local, cfg.local_groups, f"{cfg.seed}/{round_}/local")
-        scored_own, flagged_own = score_groups(own, cfg.reward)
-        peers = judge_peers(external, cfg, round_)
-        chosen = assemble(
-            scored_own,
-            peers.scored,
-            local_groups=cfg.local_groups,
-            external_groups=cfg.external_groups,
-            drop_zero_variance=cfg.grpo.drop_zero_variance,
-        )
+        own = choose_local(local, cfg.local_groups, f"{cfg.seed}/{round_}/local")  # I
+        scored, flagged_own = scored_own(own)  # the verdicts `generate` gave them
+        peers = judge_peers(external, cfg, round_)  # J, verified here
+        chosen = assemble(scored, peers.scored, drop_zero_variance=cfg.grpo.drop_zero_variance)
         chosen = dataclasses.replace(chosen, peer_evidence=peers.evidence)
         return chosen, len(flagged_own) + len(peers.problems)
 
-    def segments(self, groups: Sequence[ScoredGroup]) -> list[Segment]:
-        """Re-encode groups with this node's tokenizer and template; attach advantages."""
-        return self.encode(groups)[0]
-
     def encode(self, groups: Sequence[ScoredGroup]) -> tuple[list[Segment], Counter[str]]:
-        """`segments`, and the peers' completions left out, by reason: one that this node's
+        """The groups as the update trains them, each re-encoded with this node's tokenizer
+        and template, its advantages attached; and the peers' completions left out, by
+        reason: one that this node's
         tokenizer makes longer than its own `max_new_tokens`, or empty, is skipped (cut, it
         would train on text without the answer its reward was for)."""
         pairs, skipped = self._encode_groups(groups)

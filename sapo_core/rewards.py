@@ -239,7 +239,7 @@ def score_group(
         worker = rebuilder or rebuild.shared(config.rebuild_timeout_s, config.rebuild_memory_mb)
         verdicts = _peer_verdicts(group, config, bounds, worker, time_left_s, clock)
     else:
-        verdicts = _own_verdicts(group, config)
+        verdicts = own_verdicts(group.rollouts, config)
     kept: list[Rollout] = []
     rewards: list[float] = []
     problems: list[str] = []
@@ -254,11 +254,12 @@ def score_group(
     return ScoredGroup(group, tuple(kept), tuple(rewards)), problems
 
 
-def _own_verdicts(group: Group, config: RewardConfig) -> list[Verdict]:
-    """Each row's verdict, its question rebuilt in this process (once per question)."""
+def own_verdicts(rollouts: Sequence[Rollout], config: RewardConfig) -> list[Verdict]:
+    """Each of this node's own rows' verdict, its question rebuilt in this process (once
+    per question)."""
     truths: dict[tuple[str, str, int, int], tuple[dict[str, Any], Any] | Verdict] = {}
     verdicts = []
-    for rollout in group.rollouts:
+    for rollout in rollouts:
         q = rollout.question
         if q.key not in truths:
             truths[q.key] = regenerated_truth(q)
@@ -311,6 +312,21 @@ def _peer_verdicts(
         else:
             verdicts.append(_reward(score[answer], rollout.completion, config))
     return verdicts
+
+
+def scored_own(groups: Sequence[Group]) -> tuple[list[ScoredGroup], list[str]]:
+    """The node's own groups scored by the rewards their rows carry: the verdicts its
+    verifier gave them when they were made (`own_verdicts`, in this process, under this
+    config), so own rows are verified once a round. A row without one is flagged; a group
+    left with fewer than two rows is dropped, as `score_group` does."""
+    scored: list[ScoredGroup] = []
+    problems: list[str] = []
+    for group in groups:
+        kept = tuple(r for r in group.rollouts if r.reward is not None)
+        problems.extend(f"{r.rollout_id}: unverifiable" for r in group.rollouts if r.reward is None)
+        if len(kept) >= 2:
+            scored.append(ScoredGroup(group, kept, tuple(float(r.reward or 0.0) for r in kept)))
+    return scored, problems
 
 
 def score_groups(

@@ -18,6 +18,7 @@ from flows.cli.common import (
     print_frame,
     require,
 )
+from flows.env import FORCE_ENV
 from flows.limits import MAX_NODES
 
 if TYPE_CHECKING:
@@ -80,7 +81,6 @@ def with_keep(overrides: list[str] | None, keep: Keep | None) -> list[str]:
     return [*(overrides or []), *([f"checkpoint_keep={keep.value}"] if keep else [])]
 
 
-FORCE_ENV = "SAPO_RESUME_FORCE"
 ForceOpt = Annotated[
     bool,
     typer.Option(
@@ -94,38 +94,14 @@ ForceOpt = Annotated[
 def check_resume(
     cfg: SwarmConfig, node_ids: list[str], force: bool, more_rounds: int | None = None
 ) -> None:
-    """Refuse to resume nodes whose configuration changed since their checkpoint (the
-    number of rounds aside), listing what changed for each, unless ``force``; and nodes
-    that kept only their final model but are asked for more rounds, always."""
-    from flows.node import checkpoint
-    from flows.node.runtime import not_resumable, resume_differences
+    """`lifecycle.check_resume`, said on the terminal: what was forced, or the refusal."""
+    from flows.node import lifecycle
 
-    blocked = []  # finished with only their final models, but asked for more rounds
-    for node_id in node_ids:
-        saved = checkpoint.latest(cfg.workdir, node_id)
-        asked = saved is not None and (more_rounds or saved.next_round < cfg.rounds)
-        if saved is not None and not saved.resumable and asked:
-            blocked.append((node_id, saved))
-    if blocked:
-        (first, saved), *rest = blocked
-        raise fail(not_resumable(first, saved, [node_id for node_id, _ in rest]))
-
-    changed: dict[str, str] = {}  # what changed -> the nodes it changed for
-    for node_id in node_ids:
-        found = resume_differences(cfg, cfg.node(node_id))
-        if found:
-            more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
-            listed = "; ".join(found[:5]) + more
-            changed[listed] = f"{changed[listed]}, {node_id}" if listed in changed else node_id
-    for listed, nodes in changed.items():
-        if force:
-            typer.secho(f"{nodes} resume with a changed configuration: {listed}", err=True)
-    if changed and not force:
-        what = " | ".join(f"{nodes}: {listed}" for listed, nodes in changed.items())
-        raise fail(
-            f"checkpoints made with another configuration ({what}). Rerun with --force to "
-            "resume with this one, or use another --workdir to start afresh"
-        )
+    checked = lifecycle.check_resume(cfg, node_ids, force, more_rounds)
+    for line in checked.forced:
+        typer.secho(line, err=True)
+    if checked.refusal:
+        raise fail(checked.refusal)
 
 
 def where(cfg: SwarmConfig) -> str:
@@ -150,7 +126,7 @@ def swarm(
 ) -> None:
     """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
     require("flows")
-    from flows.experiments.sweep import is_complete
+    from flows.node.lifecycle import is_complete
     from flows.swarm.launcher import disk_line, run_swarm, write_resolved
 
     cfg = load(config, with_keep(overrides, keep), nodes, rounds, workdir)
@@ -230,6 +206,7 @@ def node(
         until_round=None if more_rounds else cfg.rounds,  # --more-rounds may go past it
         more_rounds=more_rounds,
         parent_run_id=parent_run_id,
+        force=force,
     )
 
 

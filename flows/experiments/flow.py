@@ -16,7 +16,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
 from flows.experiments.progress import record_progress
-from flows.experiments.sweep import ExperimentConfig, is_complete, load_experiment
+from flows.experiments.sweep import ExperimentConfig, load_experiment
+from flows.node.lifecycle import is_complete
 from flows.swarm.launcher import run_swarm, write_resolved
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from flows.experiments.progress import run_walls, wall_label
-from flows.experiments.sweep import ExperimentConfig, is_complete
+from flows.experiments.sweep import ExperimentConfig
+from flows.node.lifecycle import is_complete
 
 
 def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, Any]]:

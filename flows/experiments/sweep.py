@@ -35,7 +35,6 @@ from flows.config import (
     read_yaml_mapping,
     validate_swarm,
 )
-from flows.node import checkpoint
 from ledger.schema import check_id
 from sapo_core.config import Strict
 
@@ -216,20 +215,3 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, str(path))) from exc
-
-
-def is_complete(swarm: SwarmConfig) -> bool:
-    """Whether every node of the swarm has checkpointed its last round and, when evaluation
-    is on, recorded its final evaluation (a node killed between the two is not done)."""
-    for spec in swarm.nodes:
-        saved = checkpoint.latest(swarm.workdir, spec.node_id)
-        if saved is None or saved.next_round < swarm.rounds:
-            return False
-    wanted = {s.node_id for s in swarm.nodes if s.node.evaluation.due(swarm.rounds, swarm.rounds)}
-    if not wanted:
-        return True
-    from ledger import Ledger
-
-    with Ledger(swarm.ledger) as ledger:
-        done = ledger.evaluated_nodes(swarm.swarm_id, swarm.rounds)
-    return wanted <= done

@@ -2,7 +2,7 @@
 update, then checkpoint and track), and a node that runs rounds until its budget is spent.
 
 Each task is a step of flows/node/steps.py's ``ROUND`` (tested there without Prefect), and how a
-run finishes is decided by the plain functions of flows/node/plan.py.
+run starts and finishes is decided by flows/node/lifecycle.py.
 The node's runtime and the round's state live in this process (the model, the round's
 groups) and are handed to the tasks as arguments; flow runs record only the node id and
 the round, and find the runtime in the context `node_flow` opens (`running`).
@@ -27,7 +27,7 @@ from prefect.utilities.annotations import quote
 
 from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
 from flows.env import apply_offline_defaults
-from flows.node import checkpoint, plan, steps
+from flows.node import checkpoint, lifecycle, steps
 from flows.node.metrics import describe
 from flows.node.runtime import NodeRuntime, open_node
 from flows.node.state import RoundState
@@ -97,6 +97,7 @@ def node_flow(
     more_rounds: int | None = None,
     parent_run_id: str | None = None,
     swarm: SwarmConfig | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Run a node's rounds: up to `until_round` in total (default: the swarm's rounds), or
     `more_rounds` past its checkpoint, and then no further than `until_round` when both
@@ -106,7 +107,10 @@ def node_flow(
     The swarm comes resolved (`swarm`, what `sapo node` passes: Prefect records it as the
     run's parameter), or as a file or its text (`swarm_text`: what a deployment passes, so
     workers on other machines need no copy of the file). Then $SAPO_WORKDIR, where the
-    worker's machine sets it, is where the node keeps its checkpoints, key and index."""
+    worker's machine sets it, is where the node keeps its checkpoints, key and index.
+
+    A checkpoint made with another configuration is not resumed unless `force` (or
+    $SAPO_RESUME_FORCE): the run fails saying what changed, as `sapo node` does."""
     apply_offline_defaults()  # a worker's flow run starts here, not in the sapo command
     if swarm is None:
         swarm = load_swarm(
@@ -114,11 +118,13 @@ def node_flow(
         )
     saved = checkpoint.latest(swarm.workdir, node_id)
     end = until_round or swarm.rounds
-    if saved is not None and plan.nothing_left(
+    if saved is not None and lifecycle.nothing_left(
         swarm, node_id, saved, end, until_round, more_rounds
     ):
         print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
         return {"node_id": node_id, "rounds": [], "metrics": []}
+    force = force or lifecycle.forced_by_environment()
+    lifecycle.check_resume(swarm, [node_id], force, more_rounds).enforce()
     progress = NodeProgress.for_process(node_id)
     # A run that stops making progress while its process lives (and beats) is ended, so
     # that the node's next run can go (flows/node/watchdog.py).
@@ -126,7 +132,7 @@ def node_flow(
         progress.watch(dog.saw)
         node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
         try:
-            rounds = plan.rounds_to_run(node.next_round, end, until_round, more_rounds)
+            rounds = lifecycle.rounds_to_run(node.next_round, end, until_round, more_rounds)
             start, stop = rounds.start, rounds.stop
             history = []
             with running(node):
@@ -138,7 +144,7 @@ def node_flow(
                     print(describe(metrics, node_id, round_), flush=True)
                     history.append(metrics)
                 dog.entering("the final evaluation")
-                if plan.reached_the_end(node.next_round, swarm.rounds) and not steps.evaluated(
+                if lifecycle.reached_the_end(node.next_round, swarm.rounds) and not steps.evaluated(
                     node, swarm.rounds
                 ):
                     # After the last checkpoint, so the score is that checkpoint's; a node
@@ -146,7 +152,7 @@ def node_flow(
                     quoted: Any = quote(node)
                     final_evaluation_task(quoted)
             dog.entering("closing the node's run (logging its model)")
-            log_model = plan.logs_its_model(
+            log_model = lifecycle.logs_its_model(
                 log_models=swarm.tracking.log_models,
                 next_round=node.next_round,
                 rounds=swarm.rounds,
@@ -155,7 +161,7 @@ def node_flow(
                 model_missing=node.final_model_missing,
             )
             node.finish(log_model=log_model)
-            if plan.finished(node.next_round, swarm.rounds, node.final_model_missing):
+            if lifecycle.finished(node.next_round, swarm.rounds, node.final_model_missing):
                 checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
             return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
         finally:

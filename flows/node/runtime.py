@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -20,10 +19,10 @@ from flows.config import NodeSpec, SwarmConfig
 from flows.node import checkpoint
 from flows.node.backlog import Backlog
 from flows.node.files import write_atomically
+from flows.node.lifecycle import node_config, not_resumable
 from flows.progress import NodeProgress
-from flows.tracking import MODEL_PATH_TAG, Tracker, flatten, open_tracker, sharing_tags
+from flows.tracking import MODEL_PATH_TAG, Tracker, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
-from sapo_core.config import NodeConfig
 from sapo_core.learner import Learner
 from sapo_core.reputation import Reputation
 
@@ -143,54 +142,6 @@ def model_path(next_round: int) -> str:
     continued later logs beside it, and versions registered from the earlier one keep
     their files."""
     return f"model-round-{next_round - 1}"
-
-
-def node_config(spec: NodeSpec) -> dict[str, str]:
-    """The node's whole configuration as flat keys: its MLflow params, and what a
-    checkpoint keeps so that a resume can say what changed."""
-    params = flatten("", spec.node.model_dump(mode="json"))
-    params.update(flatten("sampling", spec.sampling.model_dump(mode="json")))
-    return params
-
-
-def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
-    """How the node's configuration differs from its newest checkpoint's (empty: none, no
-    checkpoint, or one from before configurations were saved). The number of rounds is the
-    swarm's, not the node's: changing it is how a swarm is continued."""
-    saved = checkpoint.latest(swarm.workdir, spec.node_id)
-    if saved is None or saved.config is None:
-        return []
-    # A setting added to sapo since the checkpoint was made, left at its default, is no
-    # change of the user's (the reputation thresholds, say); nor is a default that became
-    # `auto` where the checkpoint holds the old default (auto plans it so on a CPU).
-    defaults = flatten("", NodeConfig.model_validate({}).model_dump(mode="json"))
-    current = {
-        k: saved.config[k] if SUPERSEDED_DEFAULTS.get(k) == (saved.config.get(k), v) else v
-        for k, v in node_config(spec).items()
-        if k in saved.config or k.startswith("sampling.") or defaults.get(k) != v
-    }
-    return checkpoint.config_differences(saved.config, current)
-
-
-SUPERSEDED_DEFAULTS = {
-    "grpo.micro_batch_tokens": ("768", "auto"),
-    "grpo.gradient_checkpointing": ("True", "auto"),
-}
-"""Settings whose default was a value and is now `auto`: (the old default, `auto`)."""
-
-
-def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str] = ()) -> str:
-    """Why a node (and the nodes ``also`` in the same state) that kept only its final
-    model cannot train on, and what to do."""
-    kept = checkpoint.kept_model(saved).replace("its final model", f"{node_id}'s", 1)
-    who = ", ".join([node_id, *also])
-    return (
-        f"{who} finished round {saved.next_round - 1} keeping only the final model "
-        f"(--keep final-model or nothing; {kept}), so the swarm cannot "
-        "train on: "
-        "start afresh with another --workdir (with --keep resume, or checkpoint_keep: "
-        "resume in the file, to be able to continue it later)"
-    )
 
 
 def node_key(swarm: SwarmConfig, node_id: str) -> NodeKey:

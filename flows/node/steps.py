@@ -23,8 +23,9 @@ import polars as pl
 
 from flows.node import checkpoint as checkpoints
 from flows.node.backlog import log_writer, riding_out
+from flows.node.lifecycle import node_config
 from flows.node.metrics import round_metrics
-from flows.node.runtime import NodeRuntime, node_config
+from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
 from ledger import StorageError
 from sapo_core.evaluation import overall_accuracy

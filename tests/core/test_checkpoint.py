@@ -88,8 +88,8 @@ def test_resume_keeps_the_initial_weights_as_kl_reference(
     [group] = me.generate(0).groups
     # One right answer in the group gives non-zero advantages, so the step moves the weights
     # (at the reference the KL term alone has zero gradient).
-    right = dataclasses.replace(
-        group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>"
+    right = dataclasses.replace(  # with the verdict generate would have given it
+        group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>", reward=1.0
     )
     report = me.train(0, [Group(group.group_id, "local", (right, *group.rollouts[1:]))])
     assert report.training_reward == 0.5 and report.groups_trained == 1
@@ -233,8 +233,8 @@ def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
     assert {d for n, d in dtypes.items() if "lora_" not in n} == {dtype}
     assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
     [group] = me.generate(0).groups
-    right = dataclasses.replace(
-        group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>"
+    right = dataclasses.replace(  # with the verdict generate would have given it
+        group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>", reward=1.0
     )
     trained = Group(group.group_id, "local", (right, *group.rollouts[1:]))
     me.train(0, [trained])

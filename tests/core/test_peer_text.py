@@ -150,7 +150,7 @@ def test_a_peers_im_end_arrives_in_the_training_sequence_as_text(
     rows = (_rollout(me, "evil", 0, HOSTILE), _rollout(me, "evil", 1, "<answer>9</answer>"))
     chosen, flagged = me.select(0, [], [Group("evil.r0.q0", "external", rows)])
     assert flagged == 0 and chosen.external_used == 1
-    [segment] = me.segments(chosen.trained)
+    [segment], _ = me.encode(chosen.trained)
     rendered = render_prompt(tokenizer, rows[0].question.question, me.config.prompt)
     assert segment.prompt_ids == me.prompt_ids(rows[0].question) == old_ids(tokenizer, rendered)
     hostile, honest = segment.completion_ids

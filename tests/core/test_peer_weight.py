@@ -8,6 +8,7 @@ mid-way.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from typing import Any
@@ -28,7 +29,7 @@ from sapo_core.learner import Learner
 from sapo_core.peers import within_group_size
 from sapo_core.prompts import extract_answer, is_well_formed, tagged_answer
 from sapo_core.reputation import evidence
-from sapo_core.rewards import ConfigBounds, score_groups
+from sapo_core.rewards import ConfigBounds, own_verdicts, score_groups
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import Question, TaskSource
 from tests.factories import rollout_of
@@ -138,7 +139,15 @@ def _rows(learner: Learner, node: str, answers: list[str], round_: int = 0) -> G
         )
         for k, text in enumerate(answers)
     )
-    return Group(group_id, "local" if node == "me" else "external", rows)
+    if node != "me":
+        return Group(group_id, "external", rows)
+    # Own rows carry the verdicts this node's verifier gave them, as `generate` makes them.
+    verdicts = own_verdicts(rows, learner.config.reward)
+    return Group(
+        group_id,
+        "local",
+        tuple(dataclasses.replace(r, reward=v.reward) for r, v in zip(rows, verdicts, strict=True)),
+    )
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])

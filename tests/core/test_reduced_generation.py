@@ -85,7 +85,7 @@ def test_bf16_sampling_keeps_fp32_training_and_the_first_ratio_is_one(
         for p, b in zip(me.policy.model.parameters(), before, strict=True)
     )
     chosen, _ = me.select(0, own.groups, [])
-    segments = me.segments(chosen.trained)
+    segments, _ = me.encode(chosen.trained)
     rows = [r for g in own.groups for r in g.rollouts]
     assert all(r.logprobs is not None for r in rows)  # the sampler's, kept for the ledger
     assert all(b is None for seg in segments for b in seg.behaviour_logprobs)  # not trusted

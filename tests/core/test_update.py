@@ -329,7 +329,7 @@ def test_under_reduced_precision_the_update_recomputes_behaviour_logprobs(
     assert all(p.dtype == torch.float32 for p in me.policy.model.parameters())  # master weights
     own = me.generate(0)
     chosen, _ = me.select(0, own.groups, [])
-    segments = me.segments(chosen.trained)
+    segments, _ = me.encode(chosen.trained)
     # generation's bf16 log-probs are kept for the ledger but not trusted by the update ...
     assert own.groups[0].rollouts[0].logprobs is not None
     assert all(b is None for seg in segments for b in seg.behaviour_logprobs)

@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.cli.swarm import check_resume
 from flows.config import load_swarm
-from flows.node.runtime import node_config
+from flows.node import steps
+from flows.node.lifecycle import node_config
+from flows.node.runtime import open_node
+from flows.node.state import RoundState
+from tests.tiny_models import build_tiny_model
 
 runner = CliRunner()
 OLD = ["defaults.grpo.learning_rate=1e-5"]
@@ -35,8 +41,8 @@ def test_a_node_resumed_with_another_configuration_is_refused_unless_forced(tmp_
     assert out.exit_code == 2
     assert out.output.strip() == (
         "error: checkpoints made with another configuration (node-0: grpo.learning_rate: "
-        "1e-05 -> 2e-05). Rerun with --force to resume with this one, or use another "
-        "--workdir to start afresh"
+        "1e-05 -> 2e-05). Rerun with --force (or SAPO_RESUME_FORCE=1) to resume with this "
+        "one, or use another --workdir to start afresh"
     )
     # Every node that changed is named, once per distinct change.
     checkpoint_at(tmp_path, "node-1", 2, node_config(old.node("node-1")))
@@ -66,3 +72,50 @@ def test_a_finished_swarm_says_so_and_does_nothing(tmp_path):
         "(--rounds N continues it)"
     )
     assert "registered" not in out.output and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: a deployment's run (`node_flow`, its swarm passed as text) resumed a node
+    whose configuration had changed since its checkpoint, without a word."""
+    from flows.node.round import node_flow
+
+    model = build_tiny_model(tmp_path / "model")
+
+    def text(learning_rate: float) -> str:
+        return yaml.safe_dump(
+            {
+                "swarm_id": "deployed",
+                "workdir": str(tmp_path / "work"),
+                "rounds": 2,
+                "checkpoint_every": 1,
+                "tracking": {"enabled": False},
+                "defaults": {
+                    "model": str(model),
+                    "local_groups": 1,
+                    "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
+                    "generation": {"completions_per_question": 2, "max_new_tokens": 3},
+                    "grpo": {"learning_rate": learning_rate},
+                },
+                "nodes": [{"node_id": "n", "seed": 0}],
+            }
+        )
+
+    first = load_swarm(text=text(1e-5))
+    node = open_node(first, "n")
+    try:
+        steps.run_round(node, RoundState(0, last=True))  # checkpointed: next round 1
+    finally:
+        node.close()
+
+    monkeypatch.delenv("SAPO_RESUME_FORCE", raising=False)
+    with pytest.raises(RuntimeError) as refused:  # lifecycle.ResumeRefused
+        node_flow.fn("n", swarm_text=text(2e-5), more_rounds=1, until_round=1)
+    assert str(refused.value).startswith(
+        "checkpoints made with another configuration (n: grpo.learning_rate: 1e-05 -> 2e-05)"
+    )
+    # The same configuration resumes; so does the changed one where the worker forces it.
+    assert node_flow.fn("n", swarm_text=text(1e-5), until_round=1)["rounds"] == []
+    monkeypatch.setenv("SAPO_RESUME_FORCE", "1")
+    assert node_flow.fn("n", swarm_text=text(2e-5), until_round=1)["rounds"] == []

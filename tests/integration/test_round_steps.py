@@ -214,3 +214,46 @@ def test_evaluation_and_training_logs_land_in_the_ledger(tmp_path: Path) -> None
     finally:
         a.close()
         b.close()
+
+
+class _Excluding:
+    """A reputation that has excluded ``peer`` (what `Reputation` holds after its lies)."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+    def excluded(self) -> list[str]:
+        return [self.peer]
+
+    def known(self) -> list[str]:
+        return []
+
+
+def test_the_warm_up_does_not_count_the_groups_of_peers_the_node_excluded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: the warm-up wait asked the ledger without the node's exclusions, so an
+    excluded peer's groups ended it at once and the draw then found nothing to train on."""
+    swarm = make_swarm(tmp_path, peer_wait_s=1.0)
+    a = open_node(swarm, "a")
+    b = open_node(swarm, "b")
+    try:
+        run_round(a, 0)  # a's groups are in the ledger
+        monkeypatch.setattr(b, "reputation", lambda: _Excluding("a"))
+        polls = []
+        asked = b.ledger.sample_group_ids
+
+        def counted(*args: object, **kwargs: object) -> list[str]:
+            polls.append(kwargs.get("exclude_nodes"))
+            return asked(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(b.ledger, "sample_group_ids", counted)
+        state = RoundState(0)
+        steps.generate(b, state)
+        assert steps.sample(b, state) == []  # a is excluded: nothing drawn
+        # The wait asked as the draw does, so it found nothing and waited out peer_wait_s
+        # (polling every PEER_POLL_S), instead of stopping at a's groups.
+        assert len(polls) >= 2 and all(p == ["a"] for p in polls)
+    finally:
+        a.close()
+        b.close()

@@ -222,7 +222,7 @@ def test_a_learner_on_vllm_trains_on_its_own_samples_with_the_trainers_logprobs(
         generated = learner.generate(0)
         assert generated.groups and all(len(g.rollouts) == 3 for g in generated.groups)
         chosen, flagged = learner.select(0, generated.groups, [])
-        segments = learner.segments(chosen.trained)
+        segments, _ = learner.encode(chosen.trained)
         # vLLM's log-probs are never divided by: the update takes the trainer's own
         assert all(lp is None for seg in segments for lp in seg.behaviour_logprobs)
         report = learner.update(0, chosen, flagged)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from flows.config import load_swarm
-from flows.node.plan import finished, logs_its_model, reached_the_end, rounds_to_run
+from flows.node.lifecycle import finished, logs_its_model, reached_the_end, rounds_to_run
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,10 @@
-"""examples/one_round.py, the algorithm on one page: it runs end to end on a tiny random
+"""examples/one_round.py, a node's round on one page: it runs end to end on a tiny random
 model, imports the algorithm package alone, and its step really trains."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -13,11 +12,15 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 from tests.tiny_models import build_tiny_model
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "one_round.py"
 QUESTIONS, COMPLETIONS, TOKENS = 2, 4, 8
+ARGV = ["--questions", str(QUESTIONS), "--completions", str(COMPLETIONS)]
+ARGV += ["--max-new-tokens", str(TOKENS), "--seed", "3", "--lr", "1e-3"]
+ARGV += ["--tasks", "basic_arithmetic"]
 
 
 def load_example() -> ModuleType:
@@ -34,45 +37,37 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("one-round-model"))
 
 
-def run(
-    monkeypatch: pytest.MonkeyPatch, model_dir: Path, verifier: Any = None
-) -> tuple[dict[str, Any], Any, list[tuple[Any, str]]]:
-    """Run the example's main; returns its figures, the policy it trained and the
-    (question, completion) pairs its verifier saw."""
-    example = load_example()
-    seen: list[tuple[Any, str]] = []
-    policies: list[Any] = []
-    real_verify, real_load = example.verify_answer, example.load_policy
-
-    def verify(question: Any, completion: str, config: Any) -> Any:
-        seen.append((question, completion))
-        return (verifier or real_verify)(question, completion, config)
-
-    def load(model: str) -> Any:
-        policies.append(real_load(model))
-        return policies[-1]
-
-    monkeypatch.setattr(example, "verify_answer", verify)
-    monkeypatch.setattr(example, "load_policy", load)
-    argv = ["--model", str(model_dir), "--questions", str(QUESTIONS)]
-    argv += ["--completions", str(COMPLETIONS), "--max-new-tokens", str(TOKENS)]
-    figures = example.main([*argv, "--seed", "3", "--lr", "1e-3", "--tasks", "basic_arithmetic"])
-    assert len(policies) == 1
-    return figures, policies[0], seen
-
-
-def initial_weights(model_dir: Path) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model_dir)).state_dict()
-
-
-def letters(question: Any, completion: str, config: Any) -> Any:
+def letters(question: Any, completion: str, config: Any, truth: Any = None) -> Any:
     """A stand-in verifier with a spread of rewards in [0, 1] (a random model never answers
     right): the share of ASCII letters in the completion."""
     from sapo_core.rewards import Verdict
 
     return Verdict(sum(c.isascii() and c.isalpha() for c in completion) / max(len(completion), 1))
+
+
+def counting(verifier: Any, seen: list[str]) -> Any:
+    def verify(question: Any, completion: str, config: Any, truth: Any = None) -> Any:
+        seen.append(completion)
+        return verifier(question, completion, config, truth)
+
+    return verify
+
+
+def initial_model(model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir)).float()
+
+
+def weighted_logprob(model: Any, segments: list[Any], pad_id: int) -> float:
+    """Sum over completions of advantage x mean token log-prob: what the step increases."""
+    from sapo_core.grpo.logprobs import plain_logprobs
+
+    with torch.no_grad():
+        logprobs, mask = plain_logprobs(model, segments, 1.0, pad_id)
+    means = (logprobs * mask).sum(1) / mask.sum(1)
+    advantages = torch.tensor([a for seg in segments for a in seg.advantages])
+    return float((advantages * means).sum())
 
 
 def test_the_example_imports_the_algorithm_package_alone() -> None:
@@ -83,54 +78,46 @@ def test_the_example_imports_the_algorithm_package_alone() -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             roots.add(node.module.split(".")[0])
     third_party = roots - set(sys.stdlib_module_names) - {"__future__"}
-    assert third_party == {"sapo_core", "torch"}, third_party  # no ledger, flows, Prefect, MLflow
+    assert third_party == {"sapo_core"}, third_party  # no ledger, flows, Prefect, MLflow
 
 
 def test_one_round_trains_towards_rewarded_completions(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
 ) -> None:
-    figures, policy, seen = run(monkeypatch, tiny_model_dir, verifier=letters)
+    seen: list[str] = []
+    monkeypatch.setattr("sapo_core.rewards.verify_answer", counting(letters, seen))
+    out = load_example().main(["--model", str(tiny_model_dir), *ARGV])
+    learner, report = out["learner"], out["report"]
 
     # every completion of every question was generated and verified, once
-    assert figures["completions"] == len(seen) == QUESTIONS * COMPLETIONS
-    assert len({q.key for q, _ in seen}) == QUESTIONS
-    assert figures["rewards"] == [letters(q, c, None).reward for q, c in seen]
-    assert all(0.0 <= r <= 1.0 for r in figures["rewards"])
-    assert figures["mean_reward"] == pytest.approx(sum(figures["rewards"]) / len(seen))
-    assert 0 < figures["tokens"] <= QUESTIONS * COMPLETIONS * TOKENS
-    assert figures["trained_tokens"] == figures["tokens"]  # every group had a spread
+    assert len(seen) == QUESTIONS * COMPLETIONS
+    flat = [r for group in out["rewards"] for r in group]
+    assert flat == [letters(None, c, None).reward for c in seen]
+    assert report.training_reward == pytest.approx(statistics.fmean(flat))
 
     # group-normalised advantages: (reward - group mean) / (group std + 1e-4), summing to 0
-    assert [len(a) for a in figures["advantages"]] == [COMPLETIONS] * QUESTIONS
-    for k, group in enumerate(figures["advantages"]):
-        rewards = figures["rewards"][k * COMPLETIONS : (k + 1) * COMPLETIONS]
+    assert [len(a) for a in out["advantages"]] == [COMPLETIONS] * QUESTIONS
+    for rewards, group in zip(out["rewards"], out["advantages"], strict=True):
         mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
         assert group == pytest.approx([(r - mean) / (std + 1e-4) for r in rewards], rel=1e-4)
         assert sum(group) == pytest.approx(0.0, abs=1e-5)
-        assert max(group) > 0.5 and min(group) < -0.5
-    assert figures["groups_trained"] == QUESTIONS
+    assert report.groups_trained == QUESTIONS and learner.policy_version == 1
 
-    # the loss was back-propagated and stepped: the weights moved and the same loss fell
-    assert all(math.isfinite(figures[k]) for k in ("mean_reward", "loss", "loss_after"))
-    assert figures["loss_after"] < figures["loss"] - 1e-4
-    before = initial_weights(tiny_model_dir)
-    after = policy.model.state_dict()
-    changed = [name for name, w in after.items() if not w.equal(before[name])]
-    assert len(changed) > len(after) // 2, changed
-    assert all(bool(w.isfinite().all()) for w in after.values())
+    # the step made the rewarded completions likelier and the others less likely
+    segments, _ = learner.encode(out["chosen"].trained)
+    pad_id = int(learner.policy.tokenizer.pad_token_id)
+    before = weighted_logprob(initial_model(tiny_model_dir), segments, pad_id)
+    after = weighted_logprob(learner.policy.model, segments, pad_id)
+    assert after > before + 1e-3
+    assert report.update["grad_norm"] > 0
 
 
-def test_no_step_without_a_learning_signal(
-    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
-) -> None:
+def test_no_step_without_a_learning_signal(tiny_model_dir: Path) -> None:
     """With the real verifier a random model earns nothing: every group has zero variance,
     so there is nothing to train on and the weights stay as they were."""
-    figures, policy, seen = run(monkeypatch, tiny_model_dir)
-
-    assert len(seen) == figures["completions"] == QUESTIONS * COMPLETIONS
-    assert figures["rewards"] == [0.0] * len(seen)
-    assert figures["advantages"] == [[0.0] * COMPLETIONS] * QUESTIONS
-    assert figures["groups_trained"] == 0
-    assert figures["loss"] == figures["loss_after"] == 0.0
-    before = initial_weights(tiny_model_dir)
-    assert all(w.equal(before[name]) for name, w in policy.model.state_dict().items())
+    out = load_example().main(["--model", str(tiny_model_dir), *ARGV])
+    assert out["rewards"] == [[0.0] * COMPLETIONS] * QUESTIONS
+    assert out["advantages"] == [] and out["report"].groups_trained == 0
+    before = initial_model(tiny_model_dir).state_dict()
+    after = out["learner"].policy.model.state_dict()
+    assert all(w.equal(before[name]) for name, w in after.items())

@@ -1,0 +1,221 @@
+"""A node's lifecycle, decided in one place: whether it may resume (from which checkpoint,
+with which configuration), which rounds a run of it runs, how a run finishes (a final
+evaluation, its model logged, the node marked finished) and whether a swarm is complete.
+
+Plain functions over checkpoints and configs: `sapo swarm`, `sapo node`, a deployment's
+runs (flows/node/round.py `node_flow`) and sweeps all ask here, so a deployed run refuses a
+changed configuration as the CLI does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from flows.config import NodeSpec, SwarmConfig
+from flows.env import FORCE_ENV
+from flows.node import checkpoint
+from flows.tracking import flatten
+from sapo_core.config import NodeConfig
+
+log = logging.getLogger(__name__)
+
+
+class ResumeRefused(RuntimeError):
+    """A node's checkpoint cannot be resumed as asked (its configuration changed, or it
+    kept only its final model)."""
+
+
+# -- what a checkpoint keeps of the configuration, and what changed since ----------------
+
+
+def node_config(spec: NodeSpec) -> dict[str, str]:
+    """The node's whole configuration as flat keys: its MLflow params, and what a
+    checkpoint keeps so that a resume can say what changed."""
+    params = flatten("", spec.node.model_dump(mode="json"))
+    params.update(flatten("sampling", spec.sampling.model_dump(mode="json")))
+    return params
+
+
+def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
+    """How the node's configuration differs from its newest checkpoint's (empty: none, no
+    checkpoint, or one from before configurations were saved). The number of rounds is the
+    swarm's, not the node's: changing it is how a swarm is continued."""
+    saved = checkpoint.latest(swarm.workdir, spec.node_id)
+    if saved is None or saved.config is None:
+        return []
+    # A setting added to sapo since the checkpoint was made, left at its default, is no
+    # change of the user's (the reputation thresholds, say); nor is a default that became
+    # `auto` where the checkpoint holds the old default (auto plans it so on a CPU).
+    defaults = flatten("", NodeConfig.model_validate({}).model_dump(mode="json"))
+    current = {
+        k: saved.config[k] if SUPERSEDED_DEFAULTS.get(k) == (saved.config.get(k), v) else v
+        for k, v in node_config(spec).items()
+        if k in saved.config or k.startswith("sampling.") or defaults.get(k) != v
+    }
+    return checkpoint.config_differences(saved.config, current)
+
+
+SUPERSEDED_DEFAULTS = {
+    "grpo.micro_batch_tokens": ("768", "auto"),
+    "grpo.gradient_checkpointing": ("True", "auto"),
+}
+"""Settings whose default was a value and is now `auto`: (the old default, `auto`)."""
+
+
+def not_resumable(node_id: str, saved: checkpoint.Checkpoint, also: Sequence[str] = ()) -> str:
+    """Why a node (and the nodes ``also`` in the same state) that kept only its final
+    model cannot train on, and what to do."""
+    kept = checkpoint.kept_model(saved).replace("its final model", f"{node_id}'s", 1)
+    who = ", ".join([node_id, *also])
+    return (
+        f"{who} finished round {saved.next_round - 1} keeping only the final model "
+        f"(--keep final-model or nothing; {kept}), so the swarm cannot "
+        "train on: "
+        "start afresh with another --workdir (with --keep resume, or checkpoint_keep: "
+        "resume in the file, to be able to continue it later)"
+    )
+
+
+@dataclass(frozen=True)
+class ResumeCheck:
+    """Whether nodes may resume: the refusal (None: they may) and, where ``force`` let
+    changed nodes through, what changed for each (to be said, not silently taken)."""
+
+    refusal: str | None = None
+    forced: list[str] = field(default_factory=list)
+
+    def enforce(self) -> None:
+        """Log what was forced; raise `ResumeRefused` with the refusal."""
+        for line in self.forced:
+            log.warning("%s", line)
+        if self.refusal:
+            raise ResumeRefused(self.refusal)
+
+
+def forced_by_environment() -> bool:
+    return os.environ.get(FORCE_ENV, "").lower() in ("1", "true", "yes")
+
+
+def check_resume(
+    swarm: SwarmConfig, node_ids: Sequence[str], force: bool, more_rounds: int | None = None
+) -> ResumeCheck:
+    """Whether ``node_ids`` may resume from their checkpoints: never when a node kept only
+    its final model and is asked for more rounds; not when a node's configuration changed
+    since its checkpoint (the number of rounds aside) unless ``force``, listing what changed
+    for each."""
+    blocked = []  # finished with only their final models, but asked for more rounds
+    for node_id in node_ids:
+        saved = checkpoint.latest(swarm.workdir, node_id)
+        asked = saved is not None and (more_rounds or saved.next_round < swarm.rounds)
+        if saved is not None and not saved.resumable and asked:
+            blocked.append((node_id, saved))
+    if blocked:
+        (first, saved), *rest = blocked
+        return ResumeCheck(not_resumable(first, saved, [node_id for node_id, _ in rest]))
+
+    changed: dict[str, str] = {}  # what changed -> the nodes it changed for
+    for node_id in node_ids:
+        found = resume_differences(swarm, swarm.node(node_id))
+        if found:
+            more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
+            listed = "; ".join(found[:5]) + more
+            changed[listed] = f"{changed[listed]}, {node_id}" if listed in changed else node_id
+    if not changed:
+        return ResumeCheck()
+    if force:
+        return ResumeCheck(
+            forced=[
+                f"{nodes} resume with a changed configuration: {listed}"
+                for listed, nodes in changed.items()
+            ]
+        )
+    what = " | ".join(f"{nodes}: {listed}" for listed, nodes in changed.items())
+    return ResumeCheck(
+        f"checkpoints made with another configuration ({what}). Rerun with --force "
+        f"(or {FORCE_ENV}=1) to resume with this one, or use another --workdir to start afresh"
+    )
+
+
+# -- which rounds a run runs, and how it finishes ------------------------------------------
+
+
+def rounds_to_run(start: int, end: int, until_round: int | None, more_rounds: int | None) -> range:
+    """The rounds a node flow runs from checkpoint `start`: up to `end`, or `more_rounds`
+    of them; with both `more_rounds` and `until_round`, no further than `end` (a scheduled
+    deployment's run after the swarm's last round runs none)."""
+    if more_rounds is None:
+        return range(start, end)
+    if until_round is None:  # `sapo node --more-rounds`: may go past the swarm's rounds
+        return range(start, start + more_rounds)
+    return range(start, min(start + more_rounds, end))
+
+
+def nothing_left(
+    swarm: SwarmConfig,
+    node_id: str,
+    saved: checkpoint.Checkpoint,
+    end: int,
+    until_round: int | None,
+    more_rounds: int | None,
+) -> bool:
+    """Whether a run of a node at checkpoint `saved` has nothing to run, score or log (a
+    scheduled run after the last round then ends without loading the model). A node that
+    kept only its final model could not be opened to train anyway: its optimizer state
+    is gone."""
+    if rounds_to_run(saved.next_round, end, until_round, more_rounds):
+        return False
+    return not saved.resumable or checkpoint.finished_rounds(swarm.workdir, node_id) >= end
+
+
+def reached_the_end(next_round: int, rounds: int) -> bool:
+    """Whether a node whose next round is `next_round` has run all of its swarm's rounds:
+    then its policy is scored once more (the final evaluation, unless recorded already)."""
+    return next_round >= rounds
+
+
+def logs_its_model(
+    *,
+    log_models: bool,
+    next_round: int,
+    rounds: int,
+    until_round: int | None,
+    ran_rounds: bool,
+    model_missing: Callable[[], bool],
+) -> bool:
+    """Whether a run logs the node's model as it closes: when models are logged and the node
+    reached its last round (or a run without a bound went past it), not after every
+    scheduled run of a few rounds; by the run that ran rounds, or by a later one when the
+    one that reached the end did not log it (it stopped before, or the upload failed).
+    ``model_missing`` is asked only when that decides (it asks MLflow)."""
+    reached = reached_the_end(next_round, rounds) or until_round is None
+    return log_models and reached and (ran_rounds or model_missing())
+
+
+def finished(next_round: int, rounds: int, model_missing: Callable[[], bool]) -> bool:
+    """Whether the node is marked finished (later runs asked for no more rounds stop at
+    once): all rounds run and, where a model is due in MLflow, its model there (asked only
+    then)."""
+    return reached_the_end(next_round, rounds) and not model_missing()
+
+
+# -- a swarm ----------------------------------------------------------------------------
+
+
+def is_complete(swarm: SwarmConfig) -> bool:
+    """Whether every node of the swarm has checkpointed its last round and, when evaluation
+    is on, recorded its final evaluation (a node killed between the two is not done)."""
+    for spec in swarm.nodes:
+        saved = checkpoint.latest(swarm.workdir, spec.node_id)
+        if saved is None or saved.next_round < swarm.rounds:
+            return False
+    wanted = {s.node_id for s in swarm.nodes if s.node.evaluation.due(swarm.rounds, swarm.rounds)}
+    if not wanted:
+        return True
+    from ledger import Ledger
+
+    with Ledger(swarm.ledger) as ledger:
+        done = ledger.evaluated_nodes(swarm.swarm_id, swarm.rounds)
+    return wanted <= done
