@@ -265,7 +265,8 @@ def run_attack(name: str, site: Any, timeout: float = HANG_S) -> dict[str, Any]:
 def _receiver(payload: str) -> None:
     import logging
 
-    from attacks import Site, peak_rss_mb
+    from attacks import peak_rss_mb
+    from ledger_attacks import Site
 
     logging.disable(logging.WARNING)
     name, url, options, kind = json.loads(payload)

@@ -35,7 +35,8 @@ def _yaml_value(raw: str, item: str) -> Any:
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: the value is not YAML ({first_line(exc)})") from exc
+        why = yaml_problem(exc)
+        raise ConfigError(f"override {item!r}: the value is not YAML ({why})") from exc
 
 
 def _index(items: list[Any], part: str, item: str) -> int:
@@ -60,7 +61,7 @@ def parse_yaml_mapping(text: str, name: str, *, what: str = "swarm file") -> dic
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{name}: not valid YAML: {first_line(exc)}") from exc
+        raise ConfigError(f"{name}: not valid YAML: {yaml_problem(exc)}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -68,7 +69,7 @@ def parse_yaml_mapping(text: str, name: str, *, what: str = "swarm file") -> dic
     return data
 
 
-def first_line(exc: Exception) -> str:
+def yaml_problem(exc: Exception) -> str:
     """One line for an error; for YAML, its problem and where (not PyYAML's multi-line
     excerpt, whose caret means nothing on one line)."""
     problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)

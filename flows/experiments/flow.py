@@ -47,7 +47,7 @@ def run_configuration(
     failed = run_swarm(swarm, write_resolved(swarm), parent_run_id=parent_run_id)
     record_progress(exp, swarm.swarm_id, "finished" if failed == 0 else "failed", failed=failed)
     if failed == 0 and records_dir is not None:
-        from flows.reports.report import record_runs
+        from flows.experiments.records import record_runs
 
         # The run's few kilobytes of statistics, at once: the machine may not see the end.
         for done in record_runs(exp, Path(records_dir), [swarm.swarm_id]):
@@ -66,7 +66,8 @@ def experiment_report(
     """The sweep's report under ``out_dir``: every swarm this machine's ledger holds, and the
     paired-seed statistics of the runs it holds or ``records_dir`` records (this machine's
     complete runs are recorded there too, unless ``write_records`` is false)."""
-    from flows.reports.report import report_ledger, report_replicates
+    from flows.experiments.records import report_replicates
+    from flows.reports.report import report_ledger
 
     exp = load_experiment(experiment_file, overrides)
     out = Path(out_dir)

@@ -1,34 +1,18 @@
 """`sapo report` and the sweep flow's last step: ledger SQL + MLflow cross-check -> files.
 
 The report itself (SQL, figures, HTML) lives in dashboards/; this module opens the ledger
-and reads the MLflow metrics it is checked against.
+and reads the MLflow metrics it is checked against. An experiment's paired-seed statistics
+are flows/experiments/records.py's.
 """
 
 from __future__ import annotations
 
-import platform
-import subprocess
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from dashboards.families import family_markdown, family_tables
-from dashboards.figures import configuration_curves
-from dashboards.records import (
-    RunRecords,
-    read_records,
-    recorded,
-    records_from_ledger,
-    write_record,
-)
-from dashboards.replicate_report import write_replicate_report
-from dashboards.replicates import planned_order, run_metrics, tables_from_records
 from dashboards.report import Report, cross_check, render_report, report_tables
-from flows.config import SwarmConfig
-from flows.experiments.progress import run_walls
-from flows.experiments.sweep import ExperimentConfig
 from ledger import Ledger
 
 CHECKED_METRICS = ("own_reward", "training_reward")
@@ -86,130 +70,3 @@ def report_ledger(
     if tracking_uri is not None:
         check = cross_check(tables.rewards, tracked_metrics(tracking_uri, experiment))
     return render_report(tables, out_dir, check=check, source=ledger_url)
-
-
-def heldout_keys(swarm: SwarmConfig) -> set[tuple[str, str]]:
-    """The held-out questions (task, text) of the swarm's evaluation; empty when it has none."""
-    from sapo_core.evaluation import heldout_questions
-
-    node = swarm.nodes[0].node
-    if not node.evaluation.every:
-        return set()
-    return {(q.task, q.question) for q in heldout_questions(node.evaluation, node.tasks)}
-
-
-def ledger_records(exp: ExperimentConfig, swarm_ids: list[str] | None = None) -> RunRecords:
-    """The run records of the experiment's runs (or of ``swarm_ids``) as this machine's
-    ledger and MLflow store hold them."""
-    first = exp.swarm_config(*exp.runs()[0])
-    replicates = exp.replicates()
-    if swarm_ids is not None:
-        replicates = {s: replicates[s] for s in swarm_ids}
-    seconds = None
-    if first.tracking.enabled:
-        # The update's seconds are in MLflow only (a node's timings are not the ledger's).
-        seconds = tracked_metrics(exp.tracking_uri(), exp.experiment, ("seconds_update",))
-    with Ledger(first.ledger) as ledger:
-        return records_from_ledger(
-            ledger.query, replicates, update_seconds=seconds, heldout=heldout_keys(first)
-        )
-
-
-def complete_runs(exp: ExperimentConfig, records: RunRecords) -> list[str]:
-    """The runs in ``records`` with every node's rounds and final evaluation."""
-    first = exp.swarm_config(*exp.runs()[0])
-    if records.node_rounds.is_empty():
-        return []
-    metrics = run_metrics(records.node_rounds, first.rounds, len(first.nodes))
-    return sorted(metrics.filter(pl.col("complete"))["swarm_id"].to_list())
-
-
-def record_runs(
-    exp: ExperimentConfig,
-    root: Path,
-    swarm_ids: list[str] | None = None,
-    *,
-    records: RunRecords | None = None,
-) -> list[str]:
-    """Write ``<root>/<swarm_id>/`` for each complete run (of ``swarm_ids``, or all) that
-    this machine's ledger holds (or ``records``, read from it already): what a replaced
-    machine would otherwise lose. Returns the runs recorded."""
-    if records is None:
-        records = ledger_records(exp, swarm_ids)
-    facts = {"experiment": exp.experiment, "code": code_version(), "host": platform.node(),
-             "written_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
-    done = complete_runs(exp, records)
-    walls = run_walls(exp, root)  # before any is rewritten: a record keeps what it had
-    for swarm_id in done:
-        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id))
-    return done
-
-
-def code_version() -> str:
-    """The commit of the checkout this code runs from (a sweep's fixed clone), or 'unknown'."""
-    here = Path(__file__).resolve().parents[2]
-    try:
-        found = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=10, check=True,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return found.stdout.strip() or "unknown"
-
-
-def report_replicates(
-    exp: ExperimentConfig,
-    out_dir: Path,
-    records_dir: Path | None = None,
-    *,
-    write_records: bool = True,
-    from_ledger: bool = True,
-) -> Path | None:
-    """The experiment's paired-seed statistics and diagnostics (statistics.md, CSVs and the
-    held-out figure) under ``out_dir``; None when the experiment has no J = 0 baseline.
-    Without ``from_ledger``, the records alone: no ledger or MLflow store is opened (or
-    made) on this machine.
-
-    With ``records_dir``, every complete run this machine holds is (re)recorded there first
-    (unless ``write_records`` is false: a report beside a running sweep, which writes its
-    own), and runs this machine lacks are read from their records: a sweep finished across
-    several machines is reported as one."""
-    baseline = exp.baseline_label()
-    if baseline is None:
-        return None
-    first = exp.swarm_config(*exp.runs()[0])
-    records = ledger_records(exp) if from_ledger else RunRecords.concat([])
-    if records_dir is not None:
-        if write_records:
-            here = record_runs(exp, records_dir, records=records)
-        else:
-            here = complete_runs(exp, records)
-        elsewhere = [s for s in exp.replicates() if s not in here and recorded(records_dir, s)]
-        ours = records.only(s for s in records.swarm_ids() if s not in elsewhere)
-        records = RunRecords.concat([ours, read_records(records_dir, elsewhere)])
-    if records.node_rounds.is_empty():  # say where it looked: a wrong file or folder, often
-        read = ["this machine's ledger"] if from_ledger else []
-        read += [] if records_dir is None else [f"the records in {records_dir}"]
-        raise ValueError(
-            f"none of {exp.experiment}'s {len(exp.replicates())} planned runs has rounds in "
-            f"{' or '.join(read) or 'nothing read'}"
-        )
-    tables = tables_from_records(records, baseline=baseline, rounds=first.rounds,
-                                 nodes=len(first.nodes), planned=exp.replicates())  # fmt: skip
-    total = len(heldout_keys(first))
-    seen = records.heldout_seen.select("task", "question").unique().height
-    tables.heldout_overlap = (seen, total)
-    mixed = len({spec.node.model for spec in first.nodes}) > 1
-    families = family_tables(records, baseline=baseline, rounds=first.rounds) if mixed else None
-    path = write_replicate_report(tables, out_dir, baseline=baseline)
-    if families is not None:
-        # A swarm of several models: each family against its own J = 0 runs as well.
-        families.runs.write_csv(out_dir / "families.csv")
-        path.write_text(path.read_text() + "\n" + family_markdown(families, baseline=baseline))
-    done = tables.runs.filter(pl.col("complete"))["swarm_id"].implode()
-    order = planned_order(exp.replicates())
-    configuration_curves(
-        tables.node_rounds.filter(pl.col("swarm_id").is_in(done)), out_dir / "curves.png", order
-    )
-    return path

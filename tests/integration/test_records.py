@@ -155,8 +155,8 @@ def test_a_record_keeps_its_runs_wall_time_for_a_new_machine(
     from dashboards.records import record_manifest, records_from_ledger
     from flows.experiments.plan import format_plan
     from flows.experiments.progress import record_progress, run_walls
+    from flows.experiments.records import record_runs
     from flows.experiments.sweep import ExperimentConfig
-    from flows.reports.report import record_runs
 
     exp = ExperimentConfig.model_validate(mini_experiment(tmp_path / "old-machine"))
     records = records_from_ledger(ledger.query, exp.replicates())

@@ -20,7 +20,25 @@ FORBIDDEN = {
     "ledger": {"sapo_core", "flows", "dashboards", "torch", "transformers", "prefect", "mlflow"},
     # The algorithm: no storage, no orchestration, no tracking.
     "sapo_core": {"ledger", "flows", "dashboards", "prefect", "mlflow"},
+    # The SQL and figures of a ledger, for anyone with the ledger: no algorithm, no
+    # orchestration, no tracking, no deep-learning stack.
+    "dashboards": {"sapo_core", "flows", "torch", "transformers", "prefect", "mlflow"},
 }
+FLOWS_ROOMS = {
+    # The rooms of flows/, from the top: a room imports only rooms below it (or itself).
+    "flows.cli": 0,  # the command line, over everything
+    "flows.services": 1,  # deployments, the infra stack
+    "flows.experiments": 1,  # sweeps, their flow, records and statistics
+    "flows.reports": 2,  # `sapo report`, `sapo compare`
+    "flows.swarm": 3,  # the local launcher of node processes
+    "flows.node": 4,  # one node's run
+}
+SHARED_RANK = 5
+"""flows' shared modules (config, tracking, progress, env, limits) stand below every room."""
+SIZE_LIMIT = 450
+"""Lines a source file may hold: past it a reader no longer holds it in mind; split it
+along a real seam."""
+SOURCE_DIRS = (*PACKAGES, "benchmarks", "examples")
 
 
 def module_name(path: Path) -> str:
@@ -139,3 +157,50 @@ def test_the_checks_themselves_see_a_breach_and_a_cycle(tmp_path: Path) -> None:
     assert {"torch.nn", "mlflow", "ledger.catalog"} <= names
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def flows_rank(module: str) -> int | None:
+    """A flows module's room rank (see FLOWS_ROOMS); None outside flows."""
+    parts = module.split(".")
+    if parts[0] != "flows":
+        return None
+    return FLOWS_ROOMS.get(".".join(parts[:2]), SHARED_RANK)
+
+
+def test_flows_rooms_import_only_the_rooms_below_them() -> None:
+    edges = internal_edges(all_modules())
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        for target in sorted(targets)
+        if (rank := flows_rank(module)) is not None
+        and (target_rank := flows_rank(target)) is not None
+        and module.split(".")[:2] != target.split(".")[:2]
+        and target_rank <= rank
+        and not (rank == target_rank == SHARED_RANK)  # shared modules among themselves
+    ]
+    assert upward == []
+
+
+def test_the_config_models_stand_below_the_rest_of_the_algorithm() -> None:
+    """sapo_core.config is read by every layer (a swarm file, a report, a benchmark): it
+    imports no other part of sapo_core, so loading a config never loads the algorithm."""
+    edges = internal_edges(all_modules())
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        if module.startswith("sapo_core.config")
+        for target in sorted(targets)
+        if not target.startswith("sapo_core.config")
+    ]
+    assert upward == []
+
+
+def test_no_source_file_outgrows_what_a_reader_holds_in_mind() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for folder in SOURCE_DIRS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    }
+    assert len(sizes) > 100  # the walk found the sources
+    assert {name: n for name, n in sizes.items() if n > SIZE_LIMIT} == {}
