@@ -58,12 +58,30 @@ class TrainingSet:
         ]
 
 
-def choose_local(groups: Sequence[Group], count: int, seed: str) -> list[Group]:
-    """I of the node's own groups, drawn without replacement (seeded, order kept)."""
+def choose_local(
+    groups: Sequence[Group], count: int, seed: str, *, informative_first: bool = False
+) -> list[Group]:
+    """I of the node's own groups, drawn without replacement (seeded, order kept).
+
+    With ``informative_first`` the draw takes the groups whose rows' rewards (this node's
+    verdicts, given when they were made) differ before those whose rewards all agree, each
+    kind in the seeded order: a node that makes more questions than it trains on (I below
+    `questions_per_round`) then trains on as many informative groups as its questions
+    yielded, up to I. The control of issue 46: a node alone buying informative groups
+    with generation instead of with peers."""
     if count >= len(groups):
         return list(groups)
-    picked = sorted(random.Random(seed).sample(range(len(groups)), count))
-    return [groups[i] for i in picked]
+    rng = random.Random(seed)
+    if not informative_first:  # the draw every earlier run made, unchanged
+        return [groups[i] for i in sorted(rng.sample(range(len(groups)), count))]
+    order = rng.sample(range(len(groups)), len(groups))
+    order.sort(key=lambda i: not _informative(groups[i]))  # stable: seeded within each kind
+    return [groups[i] for i in sorted(order[:count])]
+
+
+def _informative(group: Group) -> bool:
+    """Whether a group's rows' rewards differ: its advantages are not all zero."""
+    return len({r.reward for r in group.rollouts if r.reward is not None}) > 1
 
 
 def assemble(

@@ -295,7 +295,9 @@ class Learner:
     ) -> tuple[TrainingSet, int]:
         """Score I own and J peers' groups with this node's verifier and merge them."""
         cfg = self.config
-        own = choose_local(local, cfg.local_groups, f"{cfg.seed}/{round_}/local")  # I
+        seed = f"{cfg.seed}/{round_}/local"
+        first = cfg.local_selection == "informative_first"
+        own = choose_local(local, cfg.local_groups, seed, informative_first=first)  # I
         scored, flagged_own = scored_own(own)  # the verdicts `generate` gave them
         peers = judge_peers(external, cfg, round_)  # J, verified here
         chosen = assemble(scored, peers.scored, drop_zero_variance=cfg.grpo.drop_zero_variance)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -77,6 +77,13 @@ class NodeConfig(Strict):
         ge=1,
         description="Questions generated (and published) per round; default I + J, so every "
         "configuration spends the same generation compute.",
+    )
+    local_selection: Literal["drawn", "informative_first"] = Field(
+        "drawn",
+        description="Which I of the questions_per_round own groups a node trains on: drawn "
+        "(at random, seeded), or informative_first (those whose completions' rewards differ "
+        "first; with questions_per_round above I, a node alone buys informative groups with "
+        "generation: the compute-matched control of docs/compute-matched-cpu.md).",
     )
     seed: int = Field(
         0,
