@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -43,7 +43,9 @@ FIXED_KEYS = ("swarm_id", "experiment", "workdir")  # set per configuration, nev
 # the same in every configuration (paired); a readable seed, hashed into its question
 # stream by sapo_core.tasks.stream_seed.
 SEED_STRIDE = 1000
-VARIED_NODE_KEYS = ("local_groups", "external_groups", "sampling")
+VARIED_NODE_KEYS = (
+    "local_groups", "external_groups", "sampling", "questions_per_round", "local_selection"
+)  # fmt: skip
 
 
 class Configuration(Strict):
@@ -54,6 +56,12 @@ class Configuration(Strict):
     sampling: dict[str, Any] | None = Field(
         None, description="Sampling policy; default: the swarm's (the paper's uniform one)."
     )
+    questions_per_round: int | None = Field(
+        None, ge=1, le=1024, description="Own questions a round; default I + J (NodeConfig's)."
+    )
+    local_selection: Literal["drawn", "informative_first"] | None = Field(
+        None, description="Which own groups a node trains on (NodeConfig's); default drawn."
+    )
 
     def policy_kind(self, swarm: dict[str, Any]) -> str:
         sampling = self.sampling or swarm.get("sampling") or {}
@@ -61,11 +69,16 @@ class Configuration(Strict):
 
     def suffix(self, swarm: dict[str, Any]) -> str:
         """`IxJ`, plus the policy when it is not the paper's and J > 0 (without peers no
-        policy acts): e.g. `4x0`, `1x3-variance-weighted`."""
+        policy acts), the questions a round when they are not I + J, and the own groups'
+        selection when it is not the default draw: e.g. `4x0`, `1x3-variance-weighted`,
+        `4x0-q8-informative-first`."""
         kind = self.policy_kind(swarm)
         shown = kind != DEFAULT_POLICY and self.external_groups > 0
         policy = "-" + kind.replace("_", "-") if shown else ""
-        return f"{self.local_groups}x{self.external_groups}{policy}"
+        questions = f"-q{self.questions_per_round}" if self.questions_per_round else ""
+        chosen = self.local_selection not in (None, "drawn")
+        selection = "-" + str(self.local_selection).replace("_", "-") if chosen else ""
+        return f"{self.local_groups}x{self.external_groups}{policy}{questions}{selection}"
 
     @property
     def label(self) -> str:
@@ -179,6 +192,10 @@ class ExperimentConfig(Strict):
         defaults = data.setdefault("defaults", {})
         defaults["local_groups"] = conf.local_groups
         defaults["external_groups"] = conf.external_groups
+        if conf.questions_per_round is not None:
+            defaults["questions_per_round"] = conf.questions_per_round
+        if conf.local_selection is not None:
+            defaults["local_selection"] = conf.local_selection
         if conf.sampling is not None:
             data["sampling"] = copy.deepcopy(conf.sampling)
         if seed:

@@ -96,7 +96,9 @@ def test_plan_lists_configurations_and_rollouts() -> None:
     assert "sweep-2x2-variance-weighted" in format_plan(make())
 
 
-@pytest.mark.parametrize("name", ["paper.yaml", "paper-cpu.yaml", "paper-table-cpu.yaml"])
+@pytest.mark.parametrize(
+    "name", ["paper.yaml", "paper-cpu.yaml", "paper-table-cpu.yaml", "compute-matched-cpu.yaml"]
+)
 def test_shipped_sweeps_pass_dry_run(name: str) -> None:
     result = CliRunner().invoke(app, ["experiment", "-c", str(EXAMPLES / name), "--dry-run"])
     assert result.exit_code == 0, result.output
@@ -299,3 +301,22 @@ def test_the_plan_shows_each_runs_wall_time_from_the_progress_file(tmp_path: Pat
     (records / first / "record.json").write_text("{}")  # counts as done
     head = format_plan(exp, records).splitlines()[0]
     assert f"{runs - 1} of {runs} runs left, about {(runs - 1) * 0.75:.1f} h" in head
+
+
+def test_the_compute_matched_control_is_a_node_alone_making_more_questions() -> None:
+    exp = load_experiment(EXAMPLES / "compute-matched-cpu.yaml")
+    labels = [exp.label(c) for c in exp.configurations]
+    assert labels == ["4/0", "2/2", "4/0-q8-informative-first"]
+    assert exp.baseline_label() == "4/0" and exp.seeds == list(range(12))
+    control = exp.configurations[2]
+    swarm = exp.swarm_config(control, 3)
+    node = swarm.nodes[0].node
+    assert (node.local_groups, node.external_groups, node.questions) == (4, 0, 8)
+    assert node.local_selection == "informative_first"
+    plain = exp.swarm_config(exp.configurations[0], 3).nodes[0].node
+    assert (plain.questions, plain.local_selection) == (4, "drawn")
+    # Only the configurations vary the selection: a node entry may not set it.
+    data = copy.deepcopy(exp.model_dump())
+    data["swarm"]["nodes"][0]["local_selection"] = "informative_first"
+    with pytest.raises(ValidationError, match="only the configurations vary"):
+        ExperimentConfig.model_validate(data)
