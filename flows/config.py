@@ -27,7 +27,7 @@ from typing import Any, Literal, Self, get_args
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from flows.limits import MAX_NODES
+from flows.limits import CHECKPOINT_KEEP_HELP, DEFAULT_WORKDIR, MAX_NODES
 from flows.yaml_config import (
     ConfigError,
     apply_overrides,
@@ -76,6 +76,12 @@ class TrackingConfig(Strict):
     enabled: bool = True
 
 
+NODE_LISTING_STALENESS_S = 5.0
+"""A swarm's nodes reuse a ledger listing up to this old (`ledger.max_staleness_s`): they never
+wait for each other, and on a large bucket the listing is most of a draw's cost. A reader
+outside a swarm (`sapo ledger query`) keeps LedgerConfig's default, 0: it always lists."""
+
+
 class PrefectConfig(Strict):
     """Prefect: null api_url runs each node in Prefect's local ephemeral mode."""
 
@@ -112,20 +118,14 @@ class SwarmConfig(Strict):
         None, description="The sweep this swarm belongs to (set by `sapo experiment`)."
     )
     workdir: Path = Field(
-        Path("sapo-work"), description="Where ledger, MLflow store, checkpoints live."
+        DEFAULT_WORKDIR, description="Where ledger, MLflow store, checkpoints live."
     )
     rounds: int = Field(3, ge=1, description="Rounds each node runs (in total, across resumes).")
     checkpoint_every: int = Field(
         1, ge=1, description="Checkpoint every K rounds; always at the end."
     )
     checkpoint_keep: Literal["resume", "final-model", "nothing"] = Field(
-        "resume",
-        description="What a node keeps when it finishes its rounds: 'resume' (its newest "
-        "checkpoint: weights, optimizer and RNG state, so --rounds N continues it), "
-        "'final-model' (the final fp32 model only: in MLflow when it was logged there, else "
-        "in its checkpoint directory; a third of the disk, and the swarm cannot be continued) "
-        "or 'nothing' (no model: the record that it finished; for sweeps that compare "
-        "metrics, whose models would fill a disk: 40 runs of 3 nodes keep 65 GB at 135M).",
+        "resume", description=CHECKPOINT_KEEP_HELP
     )
     peer_wait_s: float = Field(
         0.0,
@@ -192,9 +192,12 @@ class SwarmConfig(Strict):
                              "`sampling`, or per node")  # fmt: skip
         data["nodes"] = [_merge_node(entry, defaults, sampling) for entry in node_entries(data)]
         ledger = data.get("ledger") or {}
-        if isinstance(ledger, dict) and "url" not in ledger:
-            workdir = Path(str(data.get("workdir", "sapo-work"))).expanduser().resolve()
-            data["ledger"] = {**ledger, "url": str(workdir / "ledger")}
+        if isinstance(ledger, dict):
+            ledger = {"max_staleness_s": NODE_LISTING_STALENESS_S, **ledger}
+            if "url" not in ledger:
+                workdir = Path(str(data.get("workdir", DEFAULT_WORKDIR))).expanduser().resolve()
+                ledger["url"] = str(workdir / "ledger")
+            data["ledger"] = ledger
         return data
 
     @field_validator("workdir")
@@ -241,6 +244,11 @@ class SwarmConfig(Strict):
             or os.environ.get("MLFLOW_TRACKING_URI")
             or f"sqlite:///{self.workdir / 'mlflow.db'}"
         )
+
+    def prefect_api_url(self) -> str | None:
+        """As configured (`prefect.api_url`), else $PREFECT_API_URL (what `sapo infra up`
+        exports), else None: Prefect's ephemeral mode."""
+        return self.prefect.api_url or os.environ.get("PREFECT_API_URL") or None
 
     def tracks_on_server(self) -> bool:
         """Whether runs go to a tracking server rather than a local store."""

@@ -19,7 +19,7 @@ from flows.cli.common import (
     require,
 )
 from flows.env import FORCE_ENV
-from flows.limits import MAX_NODES
+from flows.limits import CHECKPOINT_KEEP_HELP, DEFAULT_WORKDIR, MAX_NODES
 
 if TYPE_CHECKING:
     from flows.config import SwarmConfig
@@ -69,9 +69,7 @@ KeepOpt = Annotated[
     Keep | None,
     typer.Option(
         "--keep",
-        help="What a node keeps when done: 'resume' (training state too: --rounds N "
-        "continues), 'final-model' (the final model only: a quarter of the disk) or "
-        "'nothing' (no model, only the record that it finished).",
+        help=CHECKPOINT_KEEP_HELP,
     ),
 ]
 
@@ -244,8 +242,10 @@ def deploy(
     if serve == (work_pool is not None):
         raise fail("give exactly one of --serve or --work-pool NAME")
     if work_pool is not None:
-        if not os.environ.get("PREFECT_API_URL"):
-            raise fail("--work-pool needs a Prefect server: set PREFECT_API_URL")
+        server = cfg.prefect_api_url()
+        if not server:
+            raise fail("--work-pool needs a Prefect server: set PREFECT_API_URL or prefect.api_url")
+        os.environ["PREFECT_API_URL"] = server  # before Prefect is imported
         queues = pinned_queues(pin)
         ids = guarded(
             lambda: deploying.register_with_pool(
@@ -277,8 +277,9 @@ def deploy(
         return
     if pin:
         raise fail("--pin goes with --work-pool")
-    api = os.environ.get("PREFECT_API_URL")
+    api = cfg.prefect_api_url()
     if api:
+        os.environ["PREFECT_API_URL"] = api  # before Prefect is imported
         serve_deployments(cfg, cron, interval, rounds_per_run, api)
         return
     # Schedules need a server: Prefect's ephemeral mode creates no scheduled runs.
@@ -332,7 +333,7 @@ def demo(
         from flows.swarm.demo import run_ledger_demo
 
         run_ledger_demo(
-            workdir or Path("sapo-work"), nodes=max(2, nodes or 4), rounds=rounds or 5, out=print
+            workdir or DEFAULT_WORKDIR, nodes=max(2, nodes or 4), rounds=rounds or 5, out=print
         )
         return
     require("flows")

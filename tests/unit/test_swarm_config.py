@@ -9,7 +9,14 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.config import ConfigError, NodeSpec, SwarmConfig, load_swarm, swarm_yaml
+from flows.config import (
+    NODE_LISTING_STALENESS_S,
+    ConfigError,
+    NodeSpec,
+    SwarmConfig,
+    load_swarm,
+    swarm_yaml,
+)
 from ledger import LedgerConfig, RewardFilteredPolicy, VarianceWeightedPolicy
 from sapo_core.config import NodeConfig
 
@@ -45,7 +52,11 @@ def test_nodes_ledger_and_policies_are_typed_and_merged_once() -> None:
 
 def test_defaults_live_in_one_place() -> None:
     cfg = load_swarm(text="swarm_id: s\nworkdir: /tmp/sapo-one\n")
-    assert cfg.ledger.max_staleness_s == LedgerConfig().max_staleness_s
+    # A swarm's nodes reuse a listing for a few seconds; a reader outside one always lists.
+    assert cfg.ledger.max_staleness_s == NODE_LISTING_STALENESS_S > 0
+    assert LedgerConfig().max_staleness_s == 0
+    set_here = load_swarm(text="swarm_id: s\nledger: {max_staleness_s: 0}\n")
+    assert set_here.ledger.max_staleness_s == 0
     assert cfg.ledger.url == "/tmp/sapo-one/ledger"  # under the workdir unless set
     assert [s.node_id for s in cfg.nodes] == ["node-0", "node-1", "node-2"]
     assert cfg.workdir == Path("/tmp/sapo-one") and cfg.workdir.is_absolute()
