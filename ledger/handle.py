@@ -203,8 +203,12 @@ class LedgerHandle:
             self.save_index()
 
     def _put_new(self, key: str, data: bytes) -> bool:
-        """``store.put_new`` under the retry policy: write-once, so a retry is a no-op."""
-        return self._store_call(f"writing {key}", self.store.put_new, key, data)
+        """``store.put_new`` under the retry policy: write-once, so a retry is a no-op. The
+        next read lists the store again, however recent the last listing: a handle always
+        reads its own writes (``max_staleness_s`` spares listings of others' files only)."""
+        written = self._store_call(f"writing {key}", self.store.put_new, key, data)
+        self._listed_at = -float("inf")
+        return written
 
     def _put_signed(self, key: str, data: bytes) -> bool:
         """``_put_new`` of an object under this ledger's node's prefix, its signature first

@@ -36,3 +36,20 @@ def test_staleness_reuses_a_listing_until_asked_to_refresh(tmp_path):
     assert reader.query("SELECT count(*) FROM rollouts").item() == 2  # listing reused
     reader.refresh()
     assert reader.query("SELECT count(*) FROM rollouts").item() == 4
+
+
+def test_a_handle_reads_its_own_writes_however_recent_its_listing(tmp_path):
+    """A node's ledger reuses listings for a few seconds (a swarm's default): what it wrote
+    itself, an evaluation it must not run twice, is in its very next read."""
+    url = str(tmp_path / "ledger")
+    node = Ledger(LedgerConfig(url=url, max_staleness_s=3600))
+    node.publish(round_rows("a", 0, [[1, 0]]))
+    assert node.query("SELECT count(*) FROM rollouts").item() == 2
+    node.publish(round_rows("a", 1, [[1, 0]]))
+    assert node.query("SELECT count(*) FROM rollouts").item() == 4  # its own: listed again
+    evaluation = {
+        "task": "chain_sum", "questions": 4, "completions": 4, "correct": 1.0,
+        "accuracy": 0.25, "policy_version": 2, "eval_seed": 7,
+    }  # fmt: skip
+    node.write_evaluation("sw", "a", 2, [evaluation])
+    assert node.evaluated_nodes("sw", 2) == {"a"}
