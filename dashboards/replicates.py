@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from dashboards.records import Query, RunRecords, records_from_ledger
+from dashboards.records import RunRecords
 from dashboards.statistics import paired_gains, per_configuration
 
 METRICS = ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy")
@@ -208,21 +208,6 @@ def mechanism(rows: pl.DataFrame, discoveries: pl.DataFrame) -> pl.DataFrame:
     return groups_frame.join(found_frame, on="configuration", how="full", coalesce=True).sort(
         "configuration"
     )
-
-
-def replicate_tables(
-    query: Query,
-    replicates: dict[str, tuple[str, int]],
-    *,
-    baseline: str,
-    rounds: int,
-    nodes: int | None = None,
-    update_seconds: pl.DataFrame | None = None,
-) -> ReplicateTables:
-    """Everything the experiment's statistics need, from ledger SQL (`Ledger.query`), and
-    the update's seconds from MLflow when given (see `node_rounds`)."""
-    records = records_from_ledger(query, replicates, update_seconds=update_seconds)
-    return tables_from_records(records, baseline=baseline, rounds=rounds, nodes=nodes)
 
 
 def planned_order(planned: dict[str, tuple[str, int]]) -> list[str]:

@@ -149,30 +149,6 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, n, half)
 
 
-def bootstrap_interval(
-    values: Sequence[float], confidence: float = 0.95, resamples: int = 10_000, seed: int = 0
-) -> Interval:
-    """Percentile bootstrap of the mean, the same answer for the same ``seed``.
-
-    It makes no normality assumption, but with very few seeds it is too narrow (the resamples
-    can only reuse the values seen); prefer ``t_interval`` below ~10 seeds. The interval need
-    not be symmetric, so ``half_width`` is half its length.
-    """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    array = _clean(values)
-    if (few := _too_few(array)) is not None:
-        return few
-    n, mean = len(array), float(array.mean())
-    rng = np.random.default_rng(seed)
-    means = array[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = (float(q) for q in np.quantile(means, [tail, 1.0 - tail]))
-    return Interval(mean, low, high, n, (high - low) / 2.0)
-
-
 # --- frames ----------------------------------------------------------------------------------
 
 

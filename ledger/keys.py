@@ -38,10 +38,6 @@ class KeyParts:
     def partition(self) -> str:
         return partition_prefix(self.swarm_id, self.node_id, self.day)
 
-    @property
-    def is_compacted(self) -> bool:
-        return self.name.startswith("c-")
-
 
 def node_prefix(swarm_id: str, node_id: str) -> str:
     return f"swarm_id={check_id('swarm_id', swarm_id)}/node_id={check_id('node_id', node_id)}"

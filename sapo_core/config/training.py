@@ -44,10 +44,9 @@ class VLLMConfig(Strict):
     reply_timeout_s: float = Field(
         1800.0, gt=0.0, description="Longest a call of the engine may take before it is killed."
     )
-    # merged by default: on vLLM's CPU build a round took half the time (36.8 s against
-    # 72.0 s: generation at 153 against 56 tokens/s, for 2.2 s of sync against 0.1 s;
-    # benchmarks/generation_backends.py --backends vllm-lora,vllm-merged). On GPUs, where
-    # vLLM's LoRA kernels are fast, `lora` may win; not measured.
+    # merged by default: it measured fastest on vLLM's CPU build (benchmarks/README.md,
+    # `generation_backends.py --backends vllm-lora,vllm-merged`); on GPUs, where vLLM's
+    # LoRA kernels are fast, `lora` may win (not measured).
     adapter_sync: Literal["lora", "merged"] = Field(
         "merged",
         description="How a LoRA node's policy reaches the engine: `merged`, the adapter "

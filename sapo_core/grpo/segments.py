@@ -32,9 +32,9 @@ MICRO_BATCH_OVERHEAD_TOKENS = 48
 
 # The longest packed sequence a segment is laid out as, unless the plan says otherwise
 # (sapo_core/grpo/plan.py). Attention over a packed sequence costs its length squared, the
-# blocks the mask hides included (on 2 cores, 1.7 s for one 768-token sequence on the
-# bundled model, a quarter of its forward and backward, growing as the square), so a group
-# with long answers is shared out among copies of its prompt.
+# blocks the mask hides included (the CPU figures: benchmarks/README.md, "Figures that code
+# comments used to quote"), so a group with long answers is shared out among copies of its
+# prompt.
 MAX_PACKED_TOKENS = 768
 
 

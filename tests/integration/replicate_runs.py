@@ -7,6 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
+from dashboards.records import records_from_ledger
+from dashboards.replicates import ReplicateTables, tables_from_records
 from ledger import Ledger
 from tests.factories import round_rows
 
@@ -83,3 +87,18 @@ def mini_experiment(workdir: Path) -> dict[str, Any]:
         "configurations": [{"local_groups": 2, "external_groups": 0},
                            {"local_groups": 1, "external_groups": 1}],
     }  # fmt: skip
+
+
+def replicate_tables(
+    query: Any,
+    replicates: dict[str, tuple[str, int]],
+    *,
+    baseline: str,
+    rounds: int,
+    nodes: int | None = None,
+    update_seconds: pl.DataFrame | None = None,
+) -> ReplicateTables:
+    """The experiment's statistics from ledger SQL, as the sweep's report makes them
+    (flows/experiments/records.py: records from the ledger, then tables from records)."""
+    records = records_from_ledger(query, replicates, update_seconds=update_seconds)
+    return tables_from_records(records, baseline=baseline, rounds=rounds, nodes=nodes)

@@ -10,7 +10,6 @@ import pytest
 
 from dashboards.figures import configuration_curves
 from dashboards.replicate_report import replicate_markdown, write_replicate_report
-from dashboards.replicates import replicate_tables
 from ledger import Ledger
 from tests.factories import round_rows
 from tests.integration.replicate_runs import (
@@ -20,6 +19,7 @@ from tests.integration.replicate_runs import (
     SEEDS,
     SHARED,
     replicate_ledger,
+    replicate_tables,
     swarm,
 )
 

@@ -9,7 +9,6 @@ import pytest
 
 from dashboards.statistics import (
     Interval,
-    bootstrap_interval,
     paired_gains,
     per_configuration,
     t_critical,
@@ -100,39 +99,6 @@ def test_t_interval_too_few_values_gives_nan_bounds() -> None:
 def test_wider_confidence_gives_wider_interval() -> None:
     values = [1.0, 2.0, 4.0, 7.0]
     assert t_interval(values, 0.99).half_width > t_interval(values, 0.90).half_width
-
-
-# --- bootstrap -------------------------------------------------------------------------------
-
-
-def test_bootstrap_is_deterministic_by_seed() -> None:
-    values = [1.13, 2.71, 3.14, 5.77, 8.09]
-    assert bootstrap_interval(values, seed=7) == bootstrap_interval(values, seed=7)
-    # Five values have only 126 distinct resamples, so 10,000 draws land on the same
-    # percentiles whatever the seed; with 200 draws the seed shows.
-    few = {bootstrap_interval(values, resamples=200, seed=s) for s in range(5)}
-    assert len(few) > 1
-
-
-def test_bootstrap_contains_the_mean_and_is_within_the_data() -> None:
-    values = [1.0, 2.0, 3.0, 5.0, 8.0]
-    got = bootstrap_interval(values)
-    assert got.mean == pytest.approx(3.8)
-    assert 1.0 <= got.low < 3.8 < got.high <= 8.0
-    assert got.half_width == pytest.approx((got.high - got.low) / 2)
-
-
-def test_bootstrap_narrower_for_less_spread_data() -> None:
-    wide = bootstrap_interval([1.0, 2.0, 3.0, 4.0])
-    narrow = bootstrap_interval([2.4, 2.5, 2.5, 2.6])
-    assert narrow.mean == pytest.approx(wide.mean)
-    assert narrow.half_width < wide.half_width
-
-
-def test_bootstrap_degenerate_inputs() -> None:
-    assert bootstrap_interval([2.0, 2.0, 2.0]) == Interval(2.0, 2.0, 2.0, 3, 0.0)
-    one = bootstrap_interval([2.0])
-    assert one.mean == 2.0 and math.isnan(one.low)
 
 
 # --- paired gains ----------------------------------------------------------------------------
