@@ -12,6 +12,8 @@ from typing import Any
 
 import polars as pl
 
+from ledger.schema import sharing_label
+
 MOVING_AVERAGE = 5  # rounds
 
 
@@ -58,7 +60,7 @@ def label(row: dict[str, Any]) -> str:
         return str(row["swarm_id"])
     policy = row.get("policy")
     shown = f" {policy}" if j and policy not in (None, "paper") else ""
-    return f"{row['swarm_id']} ({i}/{j}{shown})"
+    return f"{row['swarm_id']} ({sharing_label(i, j)}{shown})"
 
 
 def _swarms(summary: pl.DataFrame) -> list[dict[str, Any]]:

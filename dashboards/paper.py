@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from dashboards.statistics import PAIRED_SCHEMA, paired_gains
+from ledger.schema import sharing_label
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Split:
 
     @property
     def plain(self) -> str:
-        return f"{self.local}/{self.external}"
+        return sharing_label(self.local, self.external)
 
 
 def parse_label(label: str) -> Split:

@@ -31,6 +31,7 @@ import polars as pl
 
 import dashboards
 from dashboards import figures
+from ledger.schema import sharing_label
 
 Query = Callable[[str], pl.DataFrame]
 
@@ -145,7 +146,7 @@ def _fmt(value: Any, spec: str) -> str:
 def sharing(row: dict[str, Any]) -> str:
     """`I/J`, or `unknown` where no manifest says (or the swarm's nodes disagree)."""
     i, j = row.get("local_groups"), row.get("external_groups")
-    return "unknown" if i is None or j is None else f"{i}/{j}"
+    return "unknown" if i is None or j is None else sharing_label(i, j)
 
 
 def summary_rows(tables: ReportTables, check: CrossCheck | None) -> list[dict[str, Any]]:

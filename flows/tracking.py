@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from flows.config import TRACKING_RETRY
 from ledger.retrying import RetryPolicy, call_with_retry, first_line
+from ledger.schema import sharing_label
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -233,7 +234,7 @@ class Tracker:
 def sharing_tags(local_groups: int, external_groups: int, policy: str) -> dict[str, str]:
     """Tags that line runs up in MLflow's compare view by sharing configuration."""
     return {
-        "sapo.sharing": f"{local_groups}/{external_groups}",
+        "sapo.sharing": sharing_label(local_groups, external_groups),
         "sapo.local_groups": str(local_groups),
         "sapo.external_groups": str(external_groups),
         "sapo.sampling_policy": policy,

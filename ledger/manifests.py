@@ -66,7 +66,14 @@ from pydantic import (
 )
 
 from ledger.keys import digest, node_prefix
-from ledger.schema import EARLIEST_TIME, LATEST_TIME, MAX_SEED, check_id, in_time_window
+from ledger.schema import (
+    EARLIEST_TIME,
+    LATEST_TIME,
+    MAX_GROUPS_PER_ROUND,
+    MAX_SEED,
+    check_id,
+    in_time_window,
+)
 from ledger.storage import ObjectInfo, OversizedObject, StorageError, Store, in_threads
 
 log = logging.getLogger(__name__)
@@ -113,9 +120,11 @@ class NodeManifest(BaseModel):
     experiment: str | None = Field(
         None, description="The sweep (`sapo experiment`) the swarm belongs to; None: none."
     )
-    local_groups: int = Field(ge=0, le=1024, description="I: own groups trained on per round.")
+    local_groups: int = Field(
+        ge=0, le=MAX_GROUPS_PER_ROUND, description="I: own groups trained on per round."
+    )
     external_groups: int = Field(
-        ge=0, le=1024, description="J: peers' groups trained on per round."
+        ge=0, le=MAX_GROUPS_PER_ROUND, description="J: peers' groups trained on per round."
     )
     policy: str = Field(description="Sampling policy kind (ledger/policies), e.g. `paper`.")
     policy_params: str = Field(

@@ -46,7 +46,7 @@ import duckdb
 
 from ledger.keys import digest, parse_key, partition_prefix
 from ledger.retrying import first_line
-from ledger.schema import MAX_COUNTER, MAX_SEED, check_id, time_window_sql
+from ledger.schema import MAX_COUNTER, MAX_GROUPS_PER_ROUND, MAX_SEED, check_id, time_window_sql
 from ledger.sqltext import sql_list, sql_str
 
 MAX_TEXT_CHARS: Final = 1024
@@ -369,7 +369,7 @@ SAMPLES: Final = NodeLog(
     max_bytes=2**20,
 )
 """Which peer groups a node drew, one line per group (ledger/samples.py)."""
-MAX_RECORDED_GROUPS: Final = 1024
+MAX_RECORDED_GROUPS: Final = MAX_GROUPS_PER_ROUND
 """Most groups one sample log records (a node's J is at most 1024)."""
 
 EVALUATIONS: Final = NodeLog(

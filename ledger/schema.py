@@ -60,6 +60,17 @@ COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
 # a round of 2^63 - 1 overflows the first sum a report takes. Every object kind a reader
 # takes from peers (rollouts, node logs, manifests, markers) is held to these.
 
+MAX_GROUPS_PER_ROUND: Final = 1024
+"""Most own (I) or peers' (J) groups a node trains on in a round, as its manifest declares
+it; sapo_core.config.node declares the same bound for a node's config (the two packages
+never import each other: tests/unit/test_layering.py holds them equal)."""
+
+
+def sharing_label(local_groups: int, external_groups: int) -> str:
+    """A sharing configuration's name everywhere it is shown: `I/J`."""
+    return f"{local_groups}/{external_groups}"
+
+
 MAX_COUNTER: Final = 2**31 - 1
 """Largest round, policy version, question index or count a reader accepts: a million of
 them add up inside int64 and float64 exactly."""

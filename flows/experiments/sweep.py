@@ -35,8 +35,9 @@ from flows.config import (
     read_yaml_mapping,
     validate_swarm,
 )
-from ledger.schema import check_id
+from ledger.schema import check_id, sharing_label
 from sapo_core.config import Strict
+from sapo_core.config.node import MAX_GROUPS_PER_ROUND
 
 FIXED_KEYS = ("swarm_id", "experiment", "workdir")  # set per configuration, never by the swarm
 # Replicate `s` shifts every node's seed by s * SEED_STRIDE: other questions, other samples,
@@ -51,8 +52,8 @@ VARIED_NODE_KEYS = (
 class Configuration(Strict):
     """One sharing configuration: I local and J external groups per round, and a policy."""
 
-    local_groups: int = Field(ge=0, le=64)
-    external_groups: int = Field(ge=0, le=64)
+    local_groups: int = Field(ge=0, le=MAX_GROUPS_PER_ROUND)
+    external_groups: int = Field(ge=0, le=MAX_GROUPS_PER_ROUND)
     sampling: dict[str, Any] | None = Field(
         None, description="Sampling policy; default: the swarm's (the paper's uniform one)."
     )
@@ -82,7 +83,7 @@ class Configuration(Strict):
 
     @property
     def label(self) -> str:
-        return f"{self.local_groups}/{self.external_groups}"
+        return sharing_label(self.local_groups, self.external_groups)
 
 
 class ExperimentConfig(Strict):

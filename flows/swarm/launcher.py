@@ -20,6 +20,7 @@ from flows.config import SwarmConfig, swarm_yaml
 from flows.node.files import write_atomically
 from flows.progress import PROGRESS_ENV, SwarmProgress
 from flows.swarm.stopping import NodeStopper, SwarmStopped, stopped_lines
+from ledger.schema import sharing_label
 
 if TYPE_CHECKING:
     from flows.tracking import Tracker
@@ -50,7 +51,9 @@ def open_parent_run(
         "rounds": str(config.rounds),
         "ledger.url": config.ledger.url,
     }
-    sharing = sorted({f"{s.node.local_groups}/{s.node.external_groups}" for s in config.nodes})
+    sharing = sorted(
+        {sharing_label(s.node.local_groups, s.node.external_groups) for s in config.nodes}
+    )
     tags = {"sapo.swarm_id": config.swarm_id, "sapo.role": "swarm"}
     run_id = tracker.run(config.swarm_id, tags, params, parent_id=parent_run_id)
     if run_id is None:

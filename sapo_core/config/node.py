@@ -11,6 +11,10 @@ from sapo_core.config.bundled import BundledModelError, lookup
 from sapo_core.config.questions import EvaluationConfig, PromptConfig, RewardConfig, TaskConfig
 from sapo_core.config.training import ComputeConfig, GenerationConfig, GRPOConfig
 
+MAX_GROUPS_PER_ROUND = 1024
+"""Most own (I) or peers' (J) groups a node trains on in a round (ledger.schema declares the
+same bound for the manifests it keeps; a test holds the two equal)."""
+
 
 class ReputationConfig(Strict):
     """What a node's verifier must see of a peer before it trusts or excludes it
@@ -68,9 +72,14 @@ class NodeConfig(Strict):
         description="Hugging Face id, local directory, or a bundled model that runs offline "
         "(`bundled:smollm2-135m-instruct`, `bundled:gemma3-270m`; sapo_core/policy/bundled.py).",
     )
-    local_groups: int = Field(8, ge=0, le=1024, description="I: own groups trained on per round.")
+    local_groups: int = Field(
+        8, ge=0, le=MAX_GROUPS_PER_ROUND, description="I: own groups trained on per round."
+    )
     external_groups: int = Field(
-        0, ge=0, le=1024, description="J: peers' groups trained on per round (0: no sharing)."
+        0,
+        ge=0,
+        le=MAX_GROUPS_PER_ROUND,
+        description="J: peers' groups trained on per round (0: no sharing).",
     )
     questions_per_round: int | None = Field(
         None,

@@ -204,3 +204,12 @@ def test_no_source_file_outgrows_what_a_reader_holds_in_mind() -> None:
     }
     assert len(sizes) > 100  # the walk found the sources
     assert {name: n for name, n in sizes.items() if n > SIZE_LIMIT} == {}
+
+
+def test_the_bounds_declared_on_both_sides_of_the_wall_agree() -> None:
+    """sapo_core and ledger never import each other, so a bound both check is declared in
+    each: here they are held equal (I and J per round)."""
+    from ledger.schema import MAX_GROUPS_PER_ROUND as LEDGER_MAX
+    from sapo_core.config.node import MAX_GROUPS_PER_ROUND as CORE_MAX
+
+    assert CORE_MAX == LEDGER_MAX
