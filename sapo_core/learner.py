@@ -33,9 +33,9 @@ from sapo_core.grpo.plan import plan_for
 from sapo_core.grpo.segments import Segment
 from sapo_core.grpo.update import UpdateResult, grpo_update, reference_logprobs
 from sapo_core.peers import judge_peers, judged_tasks
-from sapo_core.policy import adapter, bundled
+from sapo_core.policy import adapter
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
-from sapo_core.policy.loading import Policy, load_model, load_policy
+from sapo_core.policy.loading import Policy, load_model, load_policy, resolve_model
 from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
 from sapo_core.rewards import ScoredGroup, own_verdicts, scored_own
 from sapo_core.rollouts import Group, Rollout
@@ -165,13 +165,14 @@ class Learner:
         self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
         lora = config.grpo.adapter
-        self.policy = policy or load_policy(config.model, compute=config.compute, adapter=lora)
+        # The configured model, resolved once: its weights, tokenizer and prompt format.
+        self.model_source = resolve_model(config.model)
+        self.policy = policy or load_policy(self.model_source, compute=config.compute, adapter=lora)
         if lora.enabled and not adapter.is_adapted(self.policy.model):
             # Attached after the seed, so a fresh adapter's A matrices are replayable.
             self.policy.model = adapter.attach(self.policy.model, lora)
-        entry = bundled.lookup(config.model)
         self.prompt_format: PromptFormat = resolve_format(
-            config.prompt, self.policy.tokenizer, entry.prompt_format if entry else None
+            config.prompt, self.policy.tokenizer, self.model_source.prompt_format
         )
         self.backend = backend or make_backend(
             config.generation, self.policy, stop_texts(self.prompt_format)
@@ -186,7 +187,7 @@ class Learner:
                 reference = (
                     copy.deepcopy(self.policy.model)
                     if initial
-                    else load_model(config.model).to(self.policy.device)
+                    else load_model(self.model_source).to(self.policy.device)
                 )
             self.ref_model = reference.eval().requires_grad_(False)
         self.tasks = TaskSource(config.tasks, config.seed)

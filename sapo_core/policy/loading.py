@@ -7,9 +7,10 @@ import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sapo_core.config import AdapterConfig, ComputeConfig
+from sapo_core.config.bundled import BundledModel, lookup
 
 
 @dataclass
@@ -123,29 +124,56 @@ def sampling_dtype(compute: ComputeConfig, device: str, autocast: Any) -> Any:
     return torch.bfloat16 if native_bf16(device) else None
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """A configured model name, resolved once: the id the ledger and MLflow record, and, for
+    a bundled model, its catalogue entry (its files, its prompt format). Where its weights and
+    tokenizer load from is asked of it (a bundled model's are converted on first use)."""
+
+    id: str
+    entry: BundledModel | None = None
+
+    @property
+    def prompt_format(self) -> Literal["chat", "plain"] | None:
+        """The prompt format its catalogue entry names (None: decide from the tokenizer)."""
+        return self.entry.prompt_format if self.entry else None
+
+    def weights(self) -> str:
+        """The path or hub id transformers loads the network from."""
+        from sapo_core.policy import bundled
+
+        return self.id if self.entry is None else str(bundled.model_dir(self.entry))
+
+    def tokenizer(self) -> str:
+        """The path or hub id of its tokenizer (a bundled one needs no converted weights)."""
+        from sapo_core.policy import bundled
+
+        return self.id if self.entry is None else str(bundled.tokenizer_dir(self.entry))
+
+
+def resolve_model(model: str | ModelSource) -> ModelSource:
+    """A configured model name as a `ModelSource` (one given is returned as it is)."""
+    if isinstance(model, ModelSource):
+        return model
+    return ModelSource(model, lookup(model))
+
+
 def resolve(model: str) -> str:
     """The path or hub id transformers should load for a configured model name."""
-    from sapo_core.policy import bundled
-
-    found = bundled.lookup(model)
-    return model if found is None else str(bundled.model_dir(found))
+    return resolve_model(model).weights()
 
 
-def load_tokenizer(model: str) -> Any:
+def load_tokenizer(model: str | ModelSource) -> Any:
     """The tokenizer alone (a bundled one does not need the weights converted)."""
     from transformers import AutoTokenizer
 
-    from sapo_core.policy import bundled
-
-    found = bundled.lookup(model)
-    path = resolve(model) if found is None else str(bundled.tokenizer_dir(found))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model).tokenizer())
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_model(model: str, dtype: Any = None) -> Any:
+def load_model(model: str | ModelSource, dtype: Any = None) -> Any:
     """The network alone, in fp32 for training (bf16 is slower on CPUs without native bf16)
     unless `dtype` says otherwise."""
     import torch
@@ -153,14 +181,14 @@ def load_model(model: str, dtype: Any = None) -> Any:
 
     local_only = os.environ.get("HF_HUB_OFFLINE") == "1"
     network = AutoModelForCausalLM.from_pretrained(
-        resolve(model), dtype=dtype or torch.float32, local_files_only=local_only
+        resolve_model(model).weights(), dtype=dtype or torch.float32, local_files_only=local_only
     )
     network.generation_config.pad_token_id = network.generation_config.eos_token_id
     return network
 
 
 def load_policy(
-    model: str,
+    model: str | ModelSource,
     *,
     threads: int | None = None,
     compute: ComputeConfig | None = None,
@@ -174,7 +202,8 @@ def load_policy(
     if threads:
         torch.set_num_threads(threads)
     compute = compute or ComputeConfig(device="cpu", precision="fp32", generation_precision="fp32")
+    source = resolve_model(model)
     device, autocast = placement(compute)
-    network = load_model(model, base_dtype(adapter, device)).to(device)
+    network = load_model(source, base_dtype(adapter, device)).to(device)
     sampling = sampling_dtype(compute, device, autocast)
-    return Policy(network, load_tokenizer(model), model, autocast, sampling)
+    return Policy(network, load_tokenizer(source), source.id, autocast, sampling)
