@@ -199,7 +199,7 @@ def sample(node: NodeRuntime, state: RoundState) -> list[str]:
                 "ledger unreachable (%s): round %d trains with J = 0", down.error, state.round
             )
             return []
-        state.external = peer_groups(frame, state)
+        state.external, state.peer_rows_dropped = peer_groups(frame)
     return [g.group_id for g in state.external]
 
 
@@ -223,21 +223,21 @@ def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
     }
 
 
-def peer_groups(frame: pl.DataFrame, state: RoundState) -> list[Group]:
-    """The drawn rows as groups. Only the columns a rollout holds are converted (polars
-    panics on a timestamp beyond its calendar, a ``BaseException``); a row that still
-    cannot be converted is dropped and counted, so no row can stop a round."""
+def peer_groups(frame: pl.DataFrame) -> tuple[list[Group], int]:
+    """The drawn rows as groups, and how many rows could not be converted. Only the columns
+    a rollout holds are converted (polars panics on a timestamp beyond its calendar, a
+    ``BaseException``); a row that still cannot be converted is dropped and counted, so no
+    row can stop a round."""
     fields = [c for c in RECORD_FIELDS if c in frame.columns]
     try:
         records = frame.select(fields).iter_rows(named=True)
-        rows, state.peer_rows_dropped = from_records(records)
+        rows, dropped = from_records(records)
     except Exception as exc:  # a frame polars cannot convert at all: train without it
         log.warning("peers' rows could not be read (%s): J = 0 this round", exc)
-        state.peer_rows_dropped = frame.height
-        return []
-    if state.peer_rows_dropped:
-        log.warning("dropped %d peers' rows that could not be read", state.peer_rows_dropped)
-    return group_rollouts(rows, "external")
+        return [], frame.height
+    if dropped:
+        log.warning("dropped %d peers' rows that could not be read", dropped)
+    return group_rollouts(rows, "external"), dropped
 
 
 def wait_for_peers(node: NodeRuntime, draw: dict[str, Any]) -> None:

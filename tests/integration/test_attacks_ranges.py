@@ -14,7 +14,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from flows.node.state import RoundState
 from flows.node.steps import peer_groups
 from flows.reports.report import report_ledger
 from ledger import validation as v
@@ -76,9 +75,8 @@ def test_a_node_drops_rows_it_cannot_convert_and_keeps_the_rest():
     )
     with pytest.raises(BaseException, match="overflow"):
         frame.rows()  # what converting every column did: a pyo3 PanicException
-    state = RoundState(round=0)
-    groups = peer_groups(frame, state)
-    assert state.peer_rows_dropped == 1
+    groups, dropped = peer_groups(frame)
+    assert dropped == 1
     assert sum(len(g.rollouts) for g in groups) == frame.height - 1
 
 
