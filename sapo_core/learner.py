@@ -29,7 +29,7 @@ from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
 from sapo_core.grpo.loss import LossType, row_loss_shares
 from sapo_core.grpo.optimizer import make_optimizer
-from sapo_core.grpo.plan import plan_for
+from sapo_core.grpo.plan import UpdatePlan, plan_for
 from sapo_core.grpo.segments import Segment
 from sapo_core.grpo.update import UpdateResult, grpo_update, reference_logprobs
 from sapo_core.peers import judge_peers, judged_tasks
@@ -355,11 +355,17 @@ class Learner:
             text = text[len(prefill) :]  # our prompt already ends with it
         return text_ids(self.policy.tokenizer, text), None
 
-    def _reference_logprobs(self, segments: list[Segment], temperature: float, pad_id: int) -> None:
+    def _reference_logprobs(
+        self,
+        segments: list[Segment],
+        temperature: float,
+        pad_id: int,
+        plan: UpdatePlan | None = None,
+    ) -> None:
         """Each segment's log-probs under the KL reference: the initial weights, or with an
-        adapter the base with the adapter off."""
+        adapter the base with the adapter off; in ``plan``'s passes (default: planned here)."""
         # The passes of the update's plan: a pass without gradients holds less than one with.
-        plan = plan_for(self.policy.model, self.config.grpo, self.optimizer)
+        plan = plan or plan_for(self.policy.model, self.config.grpo, self.optimizer)
         if self.ref_model is not None:
             reference_logprobs(self.ref_model, segments, temperature, pad_id, plan)
             return
@@ -379,8 +385,10 @@ class Learner:
         pad_id = int(self.policy.tokenizer.pad_token_id)
         temperature = cfg.generation.temperature
         with self.policy.precision():
+            # Planned once, under the precision in force, for the reference pass and the update.
+            plan = plan_for(self.policy.model, cfg.grpo, self.optimizer) if segments else None
             if cfg.grpo.beta > 0 and segments:
-                self._reference_logprobs(segments, temperature, pad_id)
+                self._reference_logprobs(segments, temperature, pad_id, plan)
             result = (
                 grpo_update(
                     self.policy.model,
@@ -390,6 +398,7 @@ class Learner:
                     temperature=temperature,
                     pad_id=pad_id,
                     max_completion_length=cfg.generation.max_new_tokens,
+                    plan=plan,
                 )
                 if segments
                 else UpdateResult({}, 0.0, 0)

@@ -240,6 +240,12 @@ def score_group(
         verdicts = _peer_verdicts(group, config, bounds, worker, time_left_s, clock)
     else:
         verdicts = own_verdicts(group.rollouts, config)
+    return _scored(group, verdicts)
+
+
+def _scored(group: Group, verdicts: Sequence[Verdict]) -> tuple[ScoredGroup | None, list[str]]:
+    """The group's rows that have a reward, with it; each flagged row's reason; None for a
+    group left with fewer than two rows (no advantage to compute)."""
     kept: list[Rollout] = []
     rewards: list[float] = []
     problems: list[str] = []
@@ -322,10 +328,12 @@ def scored_own(groups: Sequence[Group]) -> tuple[list[ScoredGroup], list[str]]:
     scored: list[ScoredGroup] = []
     problems: list[str] = []
     for group in groups:
-        kept = tuple(r for r in group.rollouts if r.reward is not None)
-        problems.extend(f"{r.rollout_id}: unverifiable" for r in group.rollouts if r.reward is None)
-        if len(kept) >= 2:
-            scored.append(ScoredGroup(group, kept, tuple(float(r.reward or 0.0) for r in kept)))
+        carried = [Verdict(r.reward, None if r.reward is not None else "unverifiable")
+                   for r in group.rollouts]  # fmt: skip
+        result, found = _scored(group, carried)
+        problems.extend(found)
+        if result is not None:
+            scored.append(result)
     return scored, problems
 
 
