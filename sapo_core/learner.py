@@ -35,7 +35,13 @@ from sapo_core.grpo.update import UpdateResult, grpo_update, reference_logprobs
 from sapo_core.peers import judge_peers, judged_tasks
 from sapo_core.policy import adapter
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
-from sapo_core.policy.loading import Policy, load_model, load_policy, resolve_model
+from sapo_core.policy.loading import (
+    ModelSource,
+    Policy,
+    load_model,
+    load_policy,
+    resolve_model,
+)
 from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
 from sapo_core.rewards import ScoredGroup, own_verdicts, scored_own
 from sapo_core.rollouts import Group, Rollout
@@ -158,6 +164,7 @@ class Learner:
         id_prefix: str = "",
         *,
         reference: Any | None = None,
+        model_source: ModelSource | None = None,
     ) -> None:
         self.config = config
         # Ids must be unique wherever groups meet: a swarm prefixes its id, so two swarms
@@ -165,8 +172,9 @@ class Learner:
         self.id_prefix = id_prefix
         torch.manual_seed(config.seed)
         lora = config.grpo.adapter
-        # The configured model, resolved once: its weights, tokenizer and prompt format.
-        self.model_source = resolve_model(config.model)
+        # The configured model, resolved once (by the caller, where it loaded the policy from
+        # it): its weights, tokenizer and prompt format.
+        self.model_source = model_source or resolve_model(config.model)
         self.policy = policy or load_policy(self.model_source, compute=config.compute, adapter=lora)
         if lora.enabled and not adapter.is_adapted(self.policy.model):
             # Attached after the seed, so a fresh adapter's A matrices are replayable.
@@ -202,14 +210,16 @@ class Learner:
         the ledger; with beta > 0 the KL reference is `config.model`'s initial weights, never
         the checkpoint's. Optimizer state, RNG and policy_version are the caller's to restore.
         """
+        source = resolve_model(config.model)
         if config.grpo.adapter.enabled:
             # The checkpoint holds the adapter alone: the base is config.model's, as before.
-            loaded = load_policy(config.model, compute=config.compute, adapter=config.grpo.adapter)
+            loaded = load_policy(source, compute=config.compute, adapter=config.grpo.adapter)
             loaded.model = adapter.load(loaded.model, str(model_dir))
-            return cls(config, loaded, id_prefix=id_prefix)
+            return cls(config, loaded, id_prefix=id_prefix, model_source=source)
         loaded = load_policy(str(model_dir), compute=config.compute)
         policy = dataclasses.replace(loaded, model_id=config.model)
-        return cls(config, policy, id_prefix=id_prefix)  # the reference: config.model's
+        # The reference (beta > 0): config.model's initial weights, from the same source.
+        return cls(config, policy, id_prefix=id_prefix, model_source=source)
 
     # -- generate ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from flows.limits import CHECKPOINT_KEEP_HELP, DEFAULT_WORKDIR, MAX_NODES
 
 if TYPE_CHECKING:
     from flows.config import SwarmConfig
+    from flows.node.checkpoint import Checkpoint
 
 
 def load(
@@ -91,15 +92,18 @@ ForceOpt = Annotated[
 
 def check_resume(
     cfg: SwarmConfig, node_ids: list[str], force: bool, more_rounds: int | None = None
-) -> None:
-    """`lifecycle.check_resume`, said on the terminal: what was forced, or the refusal."""
+) -> dict[str, Checkpoint | None]:
+    """`lifecycle.check_resume`, said on the terminal: what was forced, or the refusal;
+    the nodes' newest checkpoints it read (once), for the caller's own decisions."""
     from flows.node import lifecycle
 
-    checked = lifecycle.check_resume(cfg, node_ids, force, more_rounds)
+    saved = lifecycle.newest_checkpoints(cfg, node_ids)
+    checked = lifecycle.check_resume(cfg, node_ids, force, more_rounds, saved)
     for line in checked.forced:
         typer.secho(line, err=True)
     if checked.refusal:
         raise fail(checked.refusal)
+    return saved
 
 
 def where(cfg: SwarmConfig) -> str:
@@ -128,15 +132,12 @@ def swarm(
     from flows.swarm.launcher import disk_line, run_swarm, write_resolved
 
     cfg = load(config, with_keep(overrides, keep), nodes, rounds, workdir)
-    check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
+    saved = check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
     if force:
         os.environ[FORCE_ENV] = "1"  # the node processes it starts check again
     check_ledger(cfg)
-    if is_complete(cfg):
-        from flows.node import checkpoint
-
-        saved = [checkpoint.latest(cfg.workdir, spec.node_id) for spec in cfg.nodes]
-        final = any(c is not None and not c.resumable for c in saved)  # no training state
+    if is_complete(cfg, saved):
+        final = any(c is not None and not c.resumable for c in saved.values())  # no state
         print(
             f"swarm {cfg.swarm_id}: every node has finished its {cfg.rounds} rounds; nothing "
             "to do"
@@ -185,8 +186,7 @@ def node(
         cfg.node(node_id)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
-    check_resume(cfg, [node_id], force, more_rounds)
-    saved = checkpoint.latest(cfg.workdir, node_id)
+    saved = check_resume(cfg, [node_id], force, more_rounds)[node_id]
     if saved is not None and not saved.resumable:  # and has nothing more to do
         print(f"{node_id} has finished its {cfg.rounds} rounds; {checkpoint.kept_model(saved)}")
         return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flows.config import NodeSpec, SwarmConfig
@@ -39,11 +39,10 @@ def node_config(spec: NodeSpec) -> dict[str, str]:
     return params
 
 
-def resume_differences(swarm: SwarmConfig, spec: NodeSpec) -> list[str]:
-    """How the node's configuration differs from its newest checkpoint's (empty: none, no
-    checkpoint, or one from before configurations were saved). The number of rounds is the
-    swarm's, not the node's: changing it is how a swarm is continued."""
-    saved = checkpoint.latest(swarm.workdir, spec.node_id)
+def resume_differences(spec: NodeSpec, saved: checkpoint.Checkpoint | None) -> list[str]:
+    """How the node's configuration differs from that of ``saved``, its newest checkpoint
+    (empty: none, no checkpoint, or one from before configurations were saved). The number
+    of rounds is the swarm's, not the node's: changing it is how a swarm is continued."""
     if saved is None or saved.config is None:
         return []
     # A setting added to sapo since the checkpoint was made, left at its default, is no
@@ -99,26 +98,38 @@ def forced_by_environment() -> bool:
     return os.environ.get(FORCE_ENV, "").lower() in ("1", "true", "yes")
 
 
+def newest_checkpoints(
+    swarm: SwarmConfig, node_ids: Sequence[str]
+) -> dict[str, checkpoint.Checkpoint | None]:
+    """Each node's newest checkpoint (None: it has none), read once for a start's checks."""
+    return {node_id: checkpoint.latest(swarm.workdir, node_id) for node_id in node_ids}
+
+
 def check_resume(
-    swarm: SwarmConfig, node_ids: Sequence[str], force: bool, more_rounds: int | None = None
+    swarm: SwarmConfig,
+    node_ids: Sequence[str],
+    force: bool,
+    more_rounds: int | None = None,
+    saved: Mapping[str, checkpoint.Checkpoint | None] | None = None,
 ) -> ResumeCheck:
-    """Whether ``node_ids`` may resume from their checkpoints: never when a node kept only
-    its final model and is asked for more rounds; not when a node's configuration changed
-    since its checkpoint (the number of rounds aside) unless ``force``, listing what changed
-    for each."""
+    """Whether ``node_ids`` may resume from their checkpoints (``saved``: each node's newest,
+    read here when not given): never when a node kept only its final model and is asked for
+    more rounds; not when a node's configuration changed since its checkpoint (the number of
+    rounds aside) unless ``force``, listing what changed for each."""
+    newest = dict(saved) if saved is not None else newest_checkpoints(swarm, node_ids)
     blocked = []  # finished with only their final models, but asked for more rounds
     for node_id in node_ids:
-        saved = checkpoint.latest(swarm.workdir, node_id)
-        asked = saved is not None and (more_rounds or saved.next_round < swarm.rounds)
-        if saved is not None and not saved.resumable and asked:
-            blocked.append((node_id, saved))
+        saved_one = newest[node_id]
+        asked = saved_one is not None and (more_rounds or saved_one.next_round < swarm.rounds)
+        if saved_one is not None and not saved_one.resumable and asked:
+            blocked.append((node_id, saved_one))
     if blocked:
-        (first, saved), *rest = blocked
-        return ResumeCheck(not_resumable(first, saved, [node_id for node_id, _ in rest]))
+        (first, first_saved), *rest = blocked
+        return ResumeCheck(not_resumable(first, first_saved, [node_id for node_id, _ in rest]))
 
     changed: dict[str, str] = {}  # what changed -> the nodes it changed for
     for node_id in node_ids:
-        found = resume_differences(swarm, swarm.node(node_id))
+        found = resume_differences(swarm.node(node_id), newest[node_id])
         if found:
             more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
             listed = "; ".join(found[:5]) + more
@@ -204,12 +215,18 @@ def finished(next_round: int, rounds: int, model_missing: Callable[[], bool]) ->
 # -- a swarm ----------------------------------------------------------------------------
 
 
-def is_complete(swarm: SwarmConfig) -> bool:
+def is_complete(
+    swarm: SwarmConfig, saved: Mapping[str, checkpoint.Checkpoint | None] | None = None
+) -> bool:
     """Whether every node of the swarm has checkpointed its last round and, when evaluation
-    is on, recorded its final evaluation (a node killed between the two is not done)."""
+    is on, recorded its final evaluation (a node killed between the two is not done).
+    ``saved``: the nodes' newest checkpoints, where the caller read them already."""
+    newest = (
+        saved if saved is not None else newest_checkpoints(swarm, [s.node_id for s in swarm.nodes])
+    )
     for spec in swarm.nodes:
-        saved = checkpoint.latest(swarm.workdir, spec.node_id)
-        if saved is None or saved.next_round < swarm.rounds:
+        found = newest.get(spec.node_id)
+        if found is None or found.next_round < swarm.rounds:
             return False
     wanted = {s.node_id for s in swarm.nodes if s.node.evaluation.due(swarm.rounds, swarm.rounds)}
     if not wanted:

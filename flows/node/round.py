@@ -124,13 +124,15 @@ def node_flow(
         print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
         return {"node_id": node_id, "rounds": [], "metrics": []}
     force = force or lifecycle.forced_by_environment()
-    lifecycle.check_resume(swarm, [node_id], force, more_rounds).enforce()
+    lifecycle.check_resume(swarm, [node_id], force, more_rounds, {node_id: saved}).enforce()
     progress = NodeProgress.for_process(node_id)
     # A run that stops making progress while its process lives (and beats) is ended, so
     # that the node's next run can go (flows/node/watchdog.py).
     with watching(swarm.stall_timeout_s, grace={"sample": swarm.peer_wait_s}) as dog:
         progress.watch(dog.saw)
-        node = open_node(swarm, node_id, parent_run_id=parent_run_id, progress=progress)
+        node = open_node(
+            swarm, node_id, parent_run_id=parent_run_id, progress=progress, saved=saved
+        )
         try:
             rounds = lifecycle.rounds_to_run(node.next_round, end, until_round, more_rounds)
             start, stop = rounds.start, rounds.stop

@@ -144,6 +144,13 @@ def model_path(next_round: int) -> str:
     return f"model-round-{next_round - 1}"
 
 
+class Unread:
+    """The newest checkpoint, not read yet (``open_node`` reads it)."""
+
+
+UNREAD = Unread()
+
+
 def node_key(swarm: SwarmConfig, node_id: str) -> NodeKey:
     """The node's signing key, made on its first start and kept with its checkpoints."""
     path = swarm.workdir / "keys" / swarm.swarm_id / f"{node_id}.pem"
@@ -156,8 +163,10 @@ def open_node(
     *,
     parent_run_id: str | None = None,
     progress: NodeProgress | None = None,
+    saved: checkpoint.Checkpoint | Unread | None = UNREAD,
 ) -> NodeRuntime:
-    """A node ready for its next round: restored from its newest checkpoint if it has one."""
+    """A node ready for its next round: restored from its newest checkpoint if it has one
+    (``saved``, where the caller read it already; None: it has none)."""
     spec = swarm.node(node_id)
     key = node_key(swarm, node_id)
     index = swarm.workdir / "reader-index" / swarm.swarm_id / f"{node_id}.duckdb"
@@ -170,7 +179,9 @@ def open_node(
         # manifest: a restart with the same config writes nothing.
         ledger.declare_swarm(swarm.swarm_id, swarm.signatures, swarm.members())
         ledger.register_key(key)
-        learner, saved = restore_learner(swarm, spec)
+        if isinstance(saved, Unread):
+            saved = checkpoint.latest(swarm.workdir, node_id)
+        learner = restore_learner(swarm, spec, saved)
         ledger.write_manifest(manifest(swarm, spec, learner.prompt_format))
         runtime = NodeRuntime(
             swarm=swarm,
@@ -212,19 +223,19 @@ def manifest(
 
 
 def restore_learner(
-    swarm: SwarmConfig, spec: NodeSpec
-) -> tuple[Learner, checkpoint.Checkpoint | None]:
-    """The node's learner: from its newest checkpoint (policy, optimizer, RNG, counters;
-    the KL reference stays the initial model) or fresh from its configured model."""
+    swarm: SwarmConfig, spec: NodeSpec, saved: checkpoint.Checkpoint | None
+) -> Learner:
+    """The node's learner: from ``saved``, its newest checkpoint (policy, optimizer, RNG,
+    counters; the KL reference stays the initial model), or fresh from its configured
+    model when it has none."""
     prefix = f"{swarm.swarm_id}."  # ids unique across swarms that share a ledger
-    saved = checkpoint.latest(swarm.workdir, spec.node_id)
     if saved is None:
-        return Learner(spec.node, id_prefix=prefix), None
+        return Learner(spec.node, id_prefix=prefix)
     if not saved.resumable:
         raise checkpoint.NotResumable(not_resumable(spec.node_id, saved))
     learner = Learner.from_checkpoint(spec.node, saved.path, id_prefix=prefix)
     checkpoint.restore_into(learner, saved)
-    return learner, saved
+    return learner
 
 
 def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:

@@ -119,3 +119,52 @@ def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
     assert node_flow.fn("n", swarm_text=text(1e-5), until_round=1)["rounds"] == []
     monkeypatch.setenv("SAPO_RESUME_FORCE", "1")
     assert node_flow.fn("n", swarm_text=text(2e-5), until_round=1)["rounds"] == []
+
+
+def test_a_resumed_node_reads_its_checkpoint_and_resolves_its_model_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: a node's start read its newest checkpoint five times (the flow, each check,
+    the learner) and resolved its model twice on a resume. Now the start reads it once, and
+    the run's end once more (to log and keep its final model)."""
+    from flows.node import checkpoint
+    from flows.node.round import node_flow
+    from sapo_core import learner as learner_module
+
+    model = build_tiny_model(tmp_path / "model")
+    text = yaml.safe_dump(
+        {
+            "swarm_id": "once",
+            "workdir": str(tmp_path / "work"),
+            "rounds": 2,
+            "checkpoint_every": 1,
+            "tracking": {"enabled": False},
+            "defaults": {
+                "model": str(model),
+                "local_groups": 1,
+                "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
+                "generation": {"completions_per_question": 2, "max_new_tokens": 3},
+            },
+            "nodes": [{"node_id": "n", "seed": 0}],
+        }
+    )
+    assert len(node_flow.fn("n", swarm_text=text, until_round=1)["rounds"]) == 1
+
+    reads: list[str] = []
+    resolved: list[str] = []
+    latest, resolve_model = checkpoint.latest, learner_module.resolve_model
+
+    def counted_latest(workdir: Path, node_id: str) -> checkpoint.Checkpoint | None:
+        reads.append(node_id)
+        return latest(workdir, node_id)
+
+    def counted_resolve(model: str) -> object:
+        resolved.append(model)
+        return resolve_model(model)
+
+    monkeypatch.setattr(checkpoint, "latest", counted_latest)
+    monkeypatch.setattr(learner_module, "resolve_model", counted_resolve)
+    ran = node_flow.fn("n", swarm_text=text)  # resumes at round 1, runs it, finishes
+    assert len(ran["rounds"]) == 1
+    assert reads == ["n", "n"]  # the start, then the finish
+    assert resolved == [str(model)]
