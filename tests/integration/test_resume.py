@@ -32,6 +32,27 @@ def checkpoint_at(workdir: Path, node_id: str, next_round: int, config: dict[str
     (path / "state.json").write_text(json.dumps(state))
 
 
+def one_node_swarm(tmp_path: Path, model: Path, swarm_id: str, learning_rate: float = 1e-5) -> str:
+    """A swarm file's text: one node on a tiny model, two rounds, checkpointed each round."""
+    return yaml.safe_dump(
+        {
+            "swarm_id": swarm_id,
+            "workdir": str(tmp_path / "work"),
+            "rounds": 2,
+            "checkpoint_every": 1,
+            "tracking": {"enabled": False},
+            "defaults": {
+                "model": str(model),
+                "local_groups": 1,
+                "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
+                "generation": {"completions_per_question": 2, "max_new_tokens": 3},
+                "grpo": {"learning_rate": learning_rate},
+            },
+            "nodes": [{"node_id": "n", "seed": 0}],
+        }
+    )
+
+
 def test_a_node_resumed_with_another_configuration_is_refused_unless_forced(tmp_path, capsys):
     old = load_swarm(None, OLD, nodes=2, rounds=4, workdir=tmp_path)
     checkpoint_at(tmp_path, "node-0", 2, node_config(old.node("node-0")))
@@ -84,23 +105,7 @@ def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
     model = build_tiny_model(tmp_path / "model")
 
     def text(learning_rate: float) -> str:
-        return yaml.safe_dump(
-            {
-                "swarm_id": "deployed",
-                "workdir": str(tmp_path / "work"),
-                "rounds": 2,
-                "checkpoint_every": 1,
-                "tracking": {"enabled": False},
-                "defaults": {
-                    "model": str(model),
-                    "local_groups": 1,
-                    "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
-                    "generation": {"completions_per_question": 2, "max_new_tokens": 3},
-                    "grpo": {"learning_rate": learning_rate},
-                },
-                "nodes": [{"node_id": "n", "seed": 0}],
-            }
-        )
+        return one_node_swarm(tmp_path, model, "deployed", learning_rate)
 
     first = load_swarm(text=text(1e-5))
     node = open_node(first, "n")
@@ -132,22 +137,7 @@ def test_a_resumed_node_reads_its_checkpoint_and_resolves_its_model_once(
     from sapo_core import learner as learner_module
 
     model = build_tiny_model(tmp_path / "model")
-    text = yaml.safe_dump(
-        {
-            "swarm_id": "once",
-            "workdir": str(tmp_path / "work"),
-            "rounds": 2,
-            "checkpoint_every": 1,
-            "tracking": {"enabled": False},
-            "defaults": {
-                "model": str(model),
-                "local_groups": 1,
-                "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
-                "generation": {"completions_per_question": 2, "max_new_tokens": 3},
-            },
-            "nodes": [{"node_id": "n", "seed": 0}],
-        }
-    )
+    text = one_node_swarm(tmp_path, model, "once")
     assert len(node_flow.fn("n", swarm_text=text, until_round=1)["rounds"]) == 1
 
     reads: list[str] = []
