@@ -36,12 +36,12 @@ def round_metrics(
         "flagged_rows": float(report.flagged_rows),
         "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
         "policy_version": float(node.learner.policy_version),
-        "ledger_unreachable": float(state.ledger_down),
-        "peers_excluded": float(state.peers_excluded),
+        "ledger_unreachable": float(state.notes.ledger_down),
+        "peers_excluded": float(state.notes.peers_excluded),
         # The most of the update's loss weight any one peer held (bounded by the cut of
         # its groups to this node's group size: sapo_core.peers.within_group_size).
         "peer_loss_share_max": max(report.peer_loss_shares.values(), default=0.0),
-        "peer_rows_dropped": float(state.peer_rows_dropped),
+        "peer_rows_dropped": float(state.notes.peer_rows_dropped),
         "backlog_files": float(len(node.backlog)),
     }
     # Completions of the training set left out, by reason (sapo_core.learner: a peer's

@@ -15,22 +15,33 @@ T = TypeVar("T")
 
 
 @dataclass
+class RoundNotes:
+    """What the round saw on the way, for its metrics: nothing later steps act on."""
+
+    ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
+    peers_excluded: int = 0  # peers this node's reputation of them excludes from sampling
+    peer_rows_dropped: int = 0  # drawn peers' rows that could not be converted
+
+
+@dataclass
 class RoundState:
-    """What one round carries from step to step."""
+    """What one round carries from step to step: what each step made for the next (the
+    model's output, the drawn groups, the training set, the update's report), and the
+    round's notes and timings for its metrics."""
 
     round: int
     started: float = field(default_factory=time.perf_counter)
     last: bool = False  # the run's last round: its checkpoint is forced
+    # Made by the steps, in order: generate, sample, reward, update, checkpoint (evaluate
+    # first, when due).
+    evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
     generated: Generated | None = None
     external: list[Group] = field(default_factory=list)
     chosen: TrainingSet | None = None
-    flagged: int = 0
+    flagged: int = 0  # rows the verifier flagged in selecting them (the update reports it)
     report: RoundReport | None = None
     checkpoint: str | None = None
-    evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
-    ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
-    peers_excluded: int = 0  # peers this node's reputation of them excludes from sampling
-    peer_rows_dropped: int = 0  # drawn peers' rows that could not be converted
+    notes: RoundNotes = field(default_factory=RoundNotes)
     seconds: dict[str, float] = field(default_factory=dict)  # per step
 
 

@@ -155,7 +155,7 @@ def publish(node: NodeRuntime, state: RoundState) -> list[str]:
         node.backlog.flush(node.ledger)
         keys = node.ledger.publish(rows)
     if down:
-        state.ledger_down = True
+        state.notes.ledger_down = True
         node.backlog.add_rows(state.round, rows)
         return []
     _compact_own(node)
@@ -177,30 +177,38 @@ def _compact_own(node: NodeRuntime) -> None:
 
 @timed("sample")
 def sample(node: NodeRuntime, state: RoundState) -> list[str]:
-    """Draw J peers' groups with the node's policy; returns their group ids."""
-    config = node.spec.node
+    """Draw J peers' groups with the node's policy; returns their group ids. An unreachable
+    ledger leaves the round with J = 0."""
     state.external = []
-    if config.external_groups > 0:
-        draw = draw_arguments(node, state.round)
-        with riding_out() as down:
-            wait_for_peers(node, draw)
-            frame = node.ledger.sample(**draw)
-            node.ledger.write_sample(
-                node.swarm.swarm_id,
-                node.node_id,
-                state.round,
-                frame,
-                policy=node.spec.sampling.kind,
-                seed=draw["seed"],
-            )
-        if down:
-            state.ledger_down = True
-            log.warning(
-                "ledger unreachable (%s): round %d trains with J = 0", down.error, state.round
-            )
+    if node.spec.node.external_groups > 0:
+        frame = draw_peers(node, state.round)
+        if frame is None:
+            state.notes.ledger_down = True
             return []
-        state.external, state.peer_rows_dropped = peer_groups(frame)
+        state.external, state.notes.peer_rows_dropped = peer_groups(frame)
     return [g.group_id for g in state.external]
+
+
+def draw_peers(node: NodeRuntime, round_: int) -> pl.DataFrame | None:
+    """The node's draw for ``round_`` as the ledger returned it, after a bounded wait for
+    enough peers' groups, and recorded there (which groups it drew, with which policy and
+    seed); None when the ledger did not answer."""
+    draw = draw_arguments(node, round_)
+    with riding_out() as down:
+        wait_for_peers(node, draw)
+        frame = node.ledger.sample(**draw)
+        node.ledger.write_sample(
+            node.swarm.swarm_id,
+            node.node_id,
+            round_,
+            frame,
+            policy=node.spec.sampling.kind,
+            seed=draw["seed"],
+        )
+    if down:
+        log.warning("ledger unreachable (%s): round %d trains with J = 0", down.error, round_)
+        return None
+    return frame
 
 
 def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
@@ -258,7 +266,7 @@ def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     reputation = node.reputation()
     reputation.update(state.chosen.peer_evidence)
     node.save_reputation(reputation)
-    state.peers_excluded = len(reputation.excluded())
+    state.notes.peers_excluded = len(reputation.excluded())
     return {"groups": float(len(state.chosen.selected)), "flagged_rows": float(state.flagged)}
 
 
