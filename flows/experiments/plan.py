@@ -14,7 +14,7 @@ from flows.node.lifecycle import is_complete
 def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, Any]]:
     """One row per configuration: what would run (for --dry-run and the report); a run
     with a record in ``records`` counts as done."""
-    from dashboards.records import recorded
+    from analysis.records import recorded
 
     rows = []
     for conf, seed in exp.runs():

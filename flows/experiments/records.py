@@ -1,6 +1,6 @@
 """An experiment's runs as records and paired-seed statistics: each complete run's few
 kilobytes of figures (kept beside the sweep, so a run made on another machine counts), and
-the report over them (dashboards/replicate_report.py renders it)."""
+the report over them (analysis/replicate_report.py renders it)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from pathlib import Path
 
 import polars as pl
 
-from dashboards.families import family_markdown, family_tables
-from dashboards.figures import configuration_curves
-from dashboards.records import (
+from analysis.families import family_markdown, family_tables
+from analysis.records import (
     RunRecords,
     read_records,
     recorded,
     records_from_ledger,
     write_record,
 )
-from dashboards.replicate_report import write_replicate_report
-from dashboards.replicates import planned_order, run_metrics, tables_from_records
+from analysis.replicate_report import write_replicate_report
+from analysis.replicates import planned_order, run_metrics, tables_from_records
+from dashboards.figures import configuration_curves
 from flows.config import SwarmConfig
 from flows.experiments.progress import run_walls
 from flows.experiments.sweep import ExperimentConfig

@@ -9,8 +9,8 @@ from typing import Any
 
 import polars as pl
 
-from dashboards.records import records_from_ledger
-from dashboards.replicates import ReplicateTables, tables_from_records
+from analysis.records import records_from_ledger
+from analysis.replicates import ReplicateTables, tables_from_records
 from ledger import Ledger
 from tests.factories import round_rows
 

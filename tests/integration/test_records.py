@@ -1,4 +1,4 @@
-"""Run records (dashboards/records.py): what a finished run leaves to outlive its machine,
+"""Run records (analysis/records.py): what a finished run leaves to outlive its machine,
 read back exactly or refused with the file named; and `--report-only` from records alone."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def ledger(tmp_path: Path) -> Ledger:
 def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path: Path) -> None:
     """A sweep finished across machines: half its runs come back from committed records,
     the rest from this machine's ledger, and every number is what the ledger alone gives."""
-    from dashboards.records import RunRecords, read_records, records_from_ledger, write_record
-    from dashboards.replicates import tables_from_records
+    from analysis.records import RunRecords, read_records, records_from_ledger, write_record
+    from analysis.replicates import tables_from_records
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
     heldout = {("basic_arithmetic", "q0 of n1"), ("gcd", "never generated")}
@@ -60,7 +60,7 @@ def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path:
 
 
 def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_path: Path) -> None:
-    from dashboards.records import RecordError, read_record, records_from_ledger, write_record
+    from analysis.records import RecordError, read_record, records_from_ledger, write_record
 
     sid = swarm(SHARED, 1)
     records = records_from_ledger(ledger.query, {sid: (SHARED, 1)})
@@ -130,7 +130,7 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
 
 
 def test_a_record_keeps_long_fields_and_its_own_version(ledger: Ledger, tmp_path: Path) -> None:
-    from dashboards.records import read_record, records_from_ledger, write_record
+    from analysis.records import read_record, records_from_ledger, write_record
 
     sid = swarm(SHARED, 1)
     long_question = "What is " + " + ".join(["1"] * 60_000) + "?"  # past csv's 128 KiB default
@@ -152,7 +152,7 @@ def test_a_record_keeps_its_runs_wall_time_for_a_new_machine(
     the plan of a sweep resumed elsewhere still says what its earlier runs took."""
     import shutil
 
-    from dashboards.records import record_manifest, records_from_ledger
+    from analysis.records import record_manifest, records_from_ledger
     from flows.experiments.plan import format_plan
     from flows.experiments.progress import record_progress, run_walls
     from flows.experiments.records import record_runs
@@ -220,7 +220,7 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
     import yaml
     from typer.testing import CliRunner
 
-    from dashboards.records import records_from_ledger, write_record
+    from analysis.records import records_from_ledger, write_record
     from flows.cli import app
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}

@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from analysis.replicate_report import replicate_markdown, write_replicate_report
 from dashboards.figures import configuration_curves
-from dashboards.replicate_report import replicate_markdown, write_replicate_report
 from ledger import Ledger
 from tests.factories import round_rows
 from tests.integration.replicate_runs import (
@@ -141,7 +141,7 @@ def test_a_run_missing_a_node_or_its_final_evaluation_is_left_out_visibly(
 def test_run_metrics_average_nodes_and_measure_oscillation() -> None:
     import polars as pl
 
-    from dashboards.replicates import run_metrics
+    from analysis.replicates import run_metrics
 
     rows = pl.DataFrame(
         {
@@ -167,7 +167,7 @@ def test_run_metrics_are_the_same_bytes_whatever_the_rows_order() -> None:
     """Float sums and means follow row order; the report's runs.csv must not."""
     import random
 
-    from dashboards.replicates import run_metrics
+    from analysis.replicates import run_metrics
 
     rng = random.Random(7)
     keys = [(c, s, n, r) for c in ("a", "b") for s in range(4) for n in range(6) for r in range(6)]
@@ -213,8 +213,8 @@ def test_update_seconds_come_from_mlflow_figures_per_node_round(ledger: Ledger) 
 def test_a_mixed_swarms_families_are_compared_each_against_its_own_baseline(
     ledger: Ledger,
 ) -> None:
-    from dashboards.families import family_markdown, family_tables
-    from dashboards.records import records_from_ledger
+    from analysis.families import family_markdown, family_tables
+    from analysis.records import records_from_ledger
     from ledger import NodeManifest, parse_policy
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
@@ -254,7 +254,7 @@ def test_a_mixed_swarms_families_are_compared_each_against_its_own_baseline(
 def test_a_node_missing_a_training_log_nulls_the_runs_training_figures() -> None:
     """Averaging the nodes that have every round's training log would pass a partial
     swarm for the whole; and an incomplete run has no oscillation either."""
-    from dashboards.replicates import run_metrics
+    from analysis.replicates import run_metrics
 
     rows = pl.DataFrame(
         {
@@ -281,8 +281,8 @@ def test_a_node_missing_a_training_log_nulls_the_runs_training_figures() -> None
 
 
 def test_the_report_follows_the_plan_and_names_the_runs_it_lacks(ledger: Ledger) -> None:
-    from dashboards.records import records_from_ledger
-    from dashboards.replicates import tables_from_records
+    from analysis.records import records_from_ledger
+    from analysis.replicates import tables_from_records
 
     replicates = {swarm(c, s): (c, s) for c in (SHARED, BASE) for s in SEEDS}
     planned = {**replicates, "x-1x1-s7": (SHARED, 7), "x-3x0-s0": ("3/0", 0)}
@@ -325,8 +325,8 @@ def test_seeds_whose_configurations_computed_apart_at_round_0_are_named(ledger: 
     configurations agree; what a run did not log is not a difference."""
     from dataclasses import replace
 
-    from dashboards.records import records_from_ledger
-    from dashboards.replicates import tables_from_records, unpaired_seeds
+    from analysis.records import records_from_ledger
+    from analysis.replicates import tables_from_records, unpaired_seeds
 
     def rows(round_0: dict[tuple[str, int], list[tuple[float | None, int | None]]]) -> pl.DataFrame:
         return pl.DataFrame(

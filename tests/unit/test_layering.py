@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("ledger", "sapo_core", "flows", "dashboards")
+PACKAGES = ("ledger", "sapo_core", "flows", "dashboards", "analysis")
 FORBIDDEN = {
     # A person analysing rollouts with SQL needs no deep-learning stack, and the ledger
     # knows nothing of the algorithm or the orchestration above it.
@@ -22,7 +22,10 @@ FORBIDDEN = {
     "sapo_core": {"ledger", "flows", "dashboards", "prefect", "mlflow"},
     # The SQL and figures of a ledger, for anyone with the ledger: no algorithm, no
     # orchestration, no tracking, no deep-learning stack.
-    "dashboards": {"sapo_core", "flows", "torch", "transformers", "prefect", "mlflow"},
+    # (And nothing of an experiment's statistics, which stand on it.)
+    "dashboards": {"sapo_core", "flows", "analysis", "torch", "transformers", "prefect", "mlflow"},
+    # An experiment's statistics, from committed records or a ledger: the same.
+    "analysis": {"sapo_core", "flows", "torch", "transformers", "prefect", "mlflow"},
 }
 FLOWS_ROOMS = {
     # The rooms of flows/, from the top: a room imports only rooms below it (or itself).

@@ -15,7 +15,7 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("ledger", "flows", "sapo_core", "dashboards")
+PACKAGES = ("ledger", "flows", "sapo_core", "dashboards", "analysis")
 HEAVY = ("torch", "transformers", "prefect", "mlflow", "reasoning_gym", "matplotlib")
 NOT_IN_BASE = {"torch", "transformers", "prefect", "mlflow", "reasoning-gym", "gguf", "matplotlib"}
 # Import name -> distribution, where they differ (checked without the packages installed).

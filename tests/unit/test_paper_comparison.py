@@ -1,4 +1,4 @@
-"""dashboards/paper.py: SAPO's Table 1 beside an experiment by external share, its shape
+"""analysis/paper.py: SAPO's Table 1 beside an experiment by external share, its shape
 step by step, and a sampler of our own paired with the paper's at the same I/J, on hand-made
 per-run frames."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from dashboards.paper import (
+from analysis.paper import (
     Split,
     paper_comparison,
     parse_label,
@@ -15,7 +15,7 @@ from dashboards.paper import (
     shape_steps,
     sweep_labels,
 )
-from dashboards.statistics import paired_gains, per_configuration
+from analysis.statistics import paired_gains, per_configuration
 
 
 def runs(values: dict[str, list[float]]) -> pl.DataFrame:

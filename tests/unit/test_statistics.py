@@ -7,7 +7,7 @@ import math
 import polars as pl
 import pytest
 
-from dashboards.statistics import (
+from analysis.statistics import (
     Interval,
     paired_gains,
     per_configuration,

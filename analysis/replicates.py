@@ -17,8 +17,8 @@ configuration with one replicate seed: one swarm). The metrics, decided up front
   per configuration, not compared.
 
 The unit of replication is the swarm seed; nodes of one swarm train on each other's groups,
-so they are not independent samples (dashboards/statistics.py). The tables become
-statistics.md in dashboards/replicate_report.py.
+so they are not independent samples (analysis/statistics.py). The tables become
+statistics.md in analysis/replicate_report.py.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from dashboards.records import RunRecords
-from dashboards.statistics import paired_gains, per_configuration
+from analysis.records import RunRecords
+from analysis.statistics import paired_gains, per_configuration
 
 METRICS = ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy")
 COMPUTE = ("tokens_generated", "tokens_trained", "update_seconds")  # per run, summed
@@ -225,7 +225,7 @@ def tables_from_records(
     planned: dict[str, tuple[str, int]] | None = None,
 ) -> ReplicateTables:
     """The statistics of the runs in ``records`` (from a ledger, or read back from
-    committed run records: dashboards/records.py).
+    committed run records: analysis/records.py).
 
     With ``planned`` (the experiment's runs: swarm_id -> (configuration, seed), in its
     order), the tables follow the experiment's order of configurations and name the

@@ -1,6 +1,6 @@
 """A mixed swarm's statistics per model family: does each family gain over J = 0?
 
-In a swarm of several models the run-level means of ``dashboards.replicates`` mix families
+In a swarm of several models the run-level means of ``analysis.replicates`` mix families
 whose skill differs. Here each run's nodes are split by the model their manifest declares;
 each family's metrics are the means over its own nodes in that run, and the paired-seed
 gains over the baseline are computed per family (the swarm seed stays the unit: a family's
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from dashboards.records import RunRecords
-from dashboards.replicate_report import INTERVAL_COLUMNS, table_lines
-from dashboards.replicates import run_metrics
-from dashboards.statistics import paired_gains, per_configuration
+from analysis.records import RunRecords
+from analysis.replicate_report import INTERVAL_COLUMNS, table_lines
+from analysis.replicates import run_metrics
+from analysis.statistics import paired_gains, per_configuration
 
 FAMILY_METRICS = ("final_accuracy", "cumulative_claimed_reward")
 

@@ -1,7 +1,7 @@
 """An experiment's paired-seed statistics as its report: statistics.md (the tables at a
 glance, per configuration with intervals, gains over the baseline, SAPO's Table 1 beside
 them, the shape step by step, samplers at the same split, oscillation, compute and the
-mechanism) and the CSVs beside it, from the tables of dashboards/replicates.py."""
+mechanism) and the CSVs beside it, from the tables of analysis/replicates.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import polars as pl
 
-from dashboards.paper import paper_comparison, same_split_gains, shape_steps, sweep_labels
-from dashboards.replicates import COMPUTE, ReplicateTables
+from analysis.paper import paper_comparison, same_split_gains, shape_steps, sweep_labels
+from analysis.replicates import COMPUTE, ReplicateTables
 
 
 def _num(value: object, spec: str = ".3f") -> str:
@@ -166,7 +166,7 @@ def _percent(value: object) -> str:
 
 def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
     """SAPO's Table 1 beside ours by external share, and each sampler of our own against the
-    paper's at the same I/J (dashboards/paper.py); nothing for configurations not named as
+    paper's at the same I/J (analysis/paper.py); nothing for configurations not named as
     a sweep names them."""
     labels = tables.runs.get_column("configuration").unique().to_list()
     if not sweep_labels(labels):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from dashboards.statistics import PAIRED_SCHEMA, paired_gains
+from analysis.statistics import PAIRED_SCHEMA, paired_gains
 from ledger.schema import sharing_label
 
 
