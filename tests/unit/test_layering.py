@@ -216,3 +216,12 @@ def test_the_bounds_declared_on_both_sides_of_the_wall_agree() -> None:
     from sapo_core.config.node import MAX_GROUPS_PER_ROUND as CORE_MAX
 
     assert CORE_MAX == LEDGER_MAX
+
+
+@pytest.mark.parametrize("name", ["records", "statistics"])
+def test_a_module_moved_out_of_dashboards_names_its_new_home(name: str) -> None:
+    import importlib
+
+    with pytest.raises(ModuleNotFoundError, match=f"dashboards.{name} moved to analysis.{name}"):
+        importlib.import_module(f"dashboards.{name}")
+    assert importlib.import_module(f"analysis.{name}").__name__ == f"analysis.{name}"
