@@ -63,7 +63,12 @@ class TrackingConfig(Strict):
     artifact_location: str | None = Field(
         None, description="Where new experiments keep artifacts; default: <workdir>/mlartifacts."
     )
-    log_models: bool = Field(True, description="Log each node's final model to its run.")
+    log_models: bool | None = Field(
+        None,
+        description="Log each node's final model to its run. Default: yes, unless the swarm's "
+        "checkpoint_keep is 'nothing' (then no model is kept anywhere; true keeps it in MLflow "
+        "only).",
+    )
     registered_model: str | None = Field(
         "",
         description="Register the model of the node with the highest cumulative_own_reward under "
@@ -235,6 +240,17 @@ class SwarmConfig(Strict):
                 return spec
         known = [spec.node_id for spec in self.nodes]
         raise ConfigError(f"no node {node_id!r} in swarm {self.swarm_id}; it has {known}")
+
+    @property
+    def logs_models(self) -> bool:
+        """Whether its nodes log their final models to MLflow (and the best is registered):
+        as `tracking.log_models` says, or, where it says nothing, unless the swarm keeps
+        nothing (`checkpoint_keep: nothing` means no model, on disk or in MLflow)."""
+        if not self.tracking.enabled:
+            return False
+        if self.tracking.log_models is not None:
+            return self.tracking.log_models
+        return self.checkpoint_keep != "nothing"
 
     def tracking_uri(self) -> str:
         """As configured, else $MLFLOW_TRACKING_URI (what `sapo infra up` exports for a

@@ -155,7 +155,7 @@ def node_flow(
                     final_evaluation_task(quoted)
             dog.entering("closing the node's run (logging its model)")
             log_model = lifecycle.logs_its_model(
-                log_models=swarm.tracking.log_models,
+                log_models=swarm.logs_models,
                 next_round=node.next_round,
                 rounds=swarm.rounds,
                 until_round=until_round,

@@ -119,8 +119,7 @@ class NodeRuntime:
         """Whether the model of the node's newest checkpoint belongs in MLflow (tracking on,
         models logged) and is not there: its run's model tag names another round or none,
         or the tracking store did not answer."""
-        tracking = self.swarm.tracking
-        if not (tracking.enabled and tracking.log_models) or self.next_round == 0:
+        if not self.swarm.logs_models or self.next_round == 0:
             return False
         if self.run is None:
             return True

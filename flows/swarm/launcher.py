@@ -141,7 +141,7 @@ def _register(
 ) -> None:
     """Register the best node's model (by cumulative own reward) in MLflow's model registry."""
     tracking = config.tracking
-    if not tracking.log_models or tracking.registered_model is None:
+    if not config.logs_models or tracking.registered_model is None:
         return
     from flows.tracking import register_best
 

@@ -135,3 +135,24 @@ def test_the_cli_refuses_more_rounds_and_says_a_finished_node_is_done(tmp_path: 
     done = runner.invoke(app, base)
     assert done.exit_code == 0, done.output
     assert done.output.strip().startswith("a has finished its 1 rounds; its final model is at")
+
+
+def test_keeping_nothing_logs_no_model_to_mlflow_either(tmp_path: Path) -> None:
+    """Issue 47: `--keep nothing` still logged (and registered) every node's model to MLflow,
+    1.08 GB for the mixed example, while its help says "no model"."""
+    import mlflow
+
+    from flows.node.round import node_flow
+
+    swarm = make_swarm(tmp_path, rounds=1, checkpoint_keep="nothing", tracking={"enabled": True})
+    node_flow.fn("a", swarm=swarm)
+    mlflow.set_tracking_uri(swarm.tracking_uri())
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.data.metrics["cumulative_own_reward"] >= 0.0  # tracked, its round logged
+    assert mlflow.artifacts.list_artifacts(run_id=run.info.run_id) == []  # no model
+    # One rule, stated: the default follows what the swarm keeps; a set value wins.
+    assert not swarm.logs_models
+    assert make_swarm(tmp_path, tracking={"enabled": True}).logs_models
+    chosen = {"enabled": True, "log_models": True}
+    assert make_swarm(tmp_path, checkpoint_keep="nothing", tracking=chosen).logs_models
+    assert not make_swarm(tmp_path, tracking={"enabled": False}).logs_models
