@@ -35,11 +35,39 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+FEW_POINTS = 12
+"""A line of this many points or fewer shows each as a marker: one round's point is visible,
+and a short run's rounds can be counted."""
+
+
 def _integer_rounds(ax: Any) -> None:
+    """Whole rounds on x; a single round is centred with one tick (matplotlib would give a
+    zero-width range ticked at fractions of a round)."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    low, high = _data_rounds(ax)
+    if low is not None and high is not None and high - low < 1:
+        ax.set_xlim(low - 0.5, high + 0.5)
+        ax.set_xticks([round(low)])
+
+
+def _data_rounds(ax: Any) -> tuple[float | None, float | None]:
+    """The smallest and largest round any line of ``ax`` draws (None, None: no line)."""
+    xs = [float(x) for line in ax.get_lines() for x in line.get_xdata()]
+    return (min(xs), max(xs)) if xs else (None, None)
+
+
+def _points(n: int) -> dict[str, Any]:
+    """Line style for ``n`` points: markers for few (see FEW_POINTS), a plain line for many."""
+    return {"marker": "o", "markersize": 3.5} if n <= FEW_POINTS else {}
+
+
+def smoothing_window(rounds: int) -> int:
+    """The moving average's window for a run of ``rounds``: MOVING_AVERAGE, or all of a
+    shorter run (a 3-round figure says "3-round", not "5-round")."""
+    return max(1, min(MOVING_AVERAGE, rounds))
 
 
 def _round_axes(ax: Any, ylabel: str, title: str, *, unit_range: bool = False) -> None:
@@ -91,13 +119,18 @@ def reward_panels(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> P
     plt = _pyplot()
     swarms = _swarms(summary)
     fig, axes = _grid(plt, len(swarms), 4.2, 3.2)
+    window = smoothing_window(rewards["node_round"].n_unique())
     for ax, swarm in zip(axes.flat, swarms, strict=False):
         mine = rewards.filter(pl.col("swarm_id") == swarm["swarm_id"])
         for (node,), part in mine.sort("node_round").group_by("node_id", maintain_order=True):
             x = part["node_round"].to_list()
             y = part["claimed_reward"].to_list()
-            line = ax.plot(x, y, alpha=0.25, linewidth=0.8)[0]
-            ax.plot(x, moving_average(y), color=line.get_color(), linewidth=1.8, label=node)
+            if window == 1:  # nothing to smooth: the rounds themselves, bold
+                ax.plot(x, y, linewidth=1.8, label=node, **_points(len(x)))
+                continue
+            line = ax.plot(x, y, alpha=0.25, linewidth=0.8, **_points(len(x)))[0]
+            smooth = moving_average(y, window)
+            ax.plot(x, smooth, color=line.get_color(), linewidth=1.8, label=node)
         ax.set_title(label(swarm), fontsize=9)
         _integer_rounds(ax)
         ax.set_ylim(-0.02, 1.02)
@@ -105,7 +138,8 @@ def reward_panels(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) -> P
     axes[0][0].set_ylabel("reward (own completions)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     # Wrapped so that a single narrow panel shows the whole title.
-    fig.suptitle(f"Reward per node and round\n({MOVING_AVERAGE}-round moving average bold)")
+    smoothed = f"\n({window}-round moving average bold)" if window > 1 else ""
+    fig.suptitle(f"Reward per node and round{smoothed}")
     return _save(fig, path)
 
 
@@ -128,6 +162,7 @@ def cumulative_curves(rewards: pl.DataFrame, summary: pl.DataFrame, path: Path) 
             per_round["claimed_reward"].cum_sum().to_list(),
             label=label(swarm) + tag,
             linewidth=1.8,
+            **_points(per_round.height),
         )
     _round_axes(ax, "cumulative claimed reward (all nodes)", "Cumulative claimed reward per swarm")
     return _save(fig, path)
@@ -137,11 +172,13 @@ def zero_variance_lines(zero: pl.DataFrame, summary: pl.DataFrame, path: Path) -
     """Share of published groups whose rewards all agree, per round and swarm."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    window = smoothing_window(zero["node_round"].n_unique())
     for swarm in _swarms(summary):
         mine = zero.filter(pl.col("swarm_id") == swarm["swarm_id"]).sort("node_round")
-        y = mine["zero_variance_fraction"].to_list()
-        ax.plot(mine["node_round"].to_list(), moving_average(y), label=label(swarm))
-    title = f"Groups with no learning signal ({MOVING_AVERAGE}-round moving average)"
+        y = moving_average(mine["zero_variance_fraction"].to_list(), window)
+        ax.plot(mine["node_round"].to_list(), y, label=label(swarm), **_points(len(y)))
+    smoothed = f" ({window}-round moving average)" if window > 1 else ""
+    title = f"Groups with no learning signal{smoothed}"
     _round_axes(ax, "zero-variance groups", title, unit_range=True)
     return _save(fig, path)
 
@@ -189,7 +226,7 @@ def _per_seed_rounds(part: pl.DataFrame, column: str) -> pl.DataFrame:
 
 def _mean_line(ax: Any, frame: pl.DataFrame, column: str, **style: Any) -> Any:
     mean = frame.group_by("node_round").agg(pl.col(column).mean()).sort("node_round")
-    return ax.plot(mean["node_round"], mean[column], **style)[0]
+    return ax.plot(mean["node_round"], mean[column], **{**_points(mean.height), **style})[0]
 
 
 def configuration_curves(
