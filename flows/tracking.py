@@ -55,6 +55,22 @@ def _heavy(policy: RetryPolicy) -> RetryPolicy:
     return policy.model_copy(update={"attempts": min(policy.attempts, HEAVY_ATTEMPTS)})
 
 
+def existing_store(uri: str) -> str:
+    """``uri``, a tracking store to read, if it exists; ValueError (one line) otherwise.
+    Reading must not create: MLflow makes an empty SQLite file (and its folders) for a
+    mistyped path, or an empty file store, and then answers that it holds no runs. A
+    server's URI is left to the call (an unreachable one fails there)."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise ValueError(f"no MLflow store at {path} ({uri}): give an existing mlflow.db")
+    elif uri.startswith("file:") or ("://" not in uri and not uri.startswith("databricks")):
+        path = Path(uri.removeprefix("file://").removeprefix("file:"))
+        if not path.is_dir():
+            raise ValueError(f"no MLflow store at {path} ({uri}): give an existing folder")
+    return uri
+
+
 def flatten(prefix: str, value: Any) -> dict[str, str]:
     """Nested config -> flat MLflow params ("grpo.learning_rate": "2e-05")."""
     if isinstance(value, Mapping):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -29,12 +30,22 @@ StorageOpt = Annotated[
         "Defaults come from the standard AWS_* environment variables.",
     ),
 ]
+
+
+class Format(StrEnum):
+    """How a command prints a table."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
 FormatOpt = Annotated[
-    str,
+    Format,
     typer.Option(
         "--format",
         "-f",
-        help="table, csv or json. Table and CSV escape control characters and neutralise "
+        help="Table and CSV escape control characters and neutralise "
         "spreadsheet formulas (peers wrote the text); JSON is the lossless form.",
     ),
 ]

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ledger import NodeKey
 
 from flows.cli.common import (
+    Format,
     FormatOpt,
     StorageOpt,
     UrlArg,
@@ -53,7 +54,7 @@ def query(
     dashboard: Annotated[
         str | None, typer.Option(help="Run a shipped query from dashboards/sql by name.")
     ] = None,
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
 ) -> None:
     """Run SQL over the ledger's views: rollouts, groups, samples, manifests, evaluations,
@@ -95,7 +96,7 @@ def sample(
     seed: Annotated[int, typer.Option(help="Seed of the draw (replayable).")] = 0,
     swarm_id: Annotated[str | None, typer.Option(help="Only this swarm's groups.")] = None,
     show_sql: Annotated[bool, typer.Option(help="Print the policy's SQL and stop.")] = False,
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
 ) -> None:
     """Draw whole peer groups for a node with a sampling policy written in SQL."""

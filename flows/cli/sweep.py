@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from flows.cli.common import (
+    Format,
     FormatOpt,
     SetOpt,
     StorageOpt,
@@ -154,7 +155,7 @@ def compare(
         str | None,
         typer.Option(help="Register the best node's logged model under this name."),
     ] = None,
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = Format.table,
 ) -> None:
     """Nodes and sharing configurations side by side, from MLflow (best first by
     cumulative_own_reward); optionally register the best node's model."""

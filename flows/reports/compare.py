@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from flows.tracking import MODEL_PATH_TAG
+from flows.tracking import MODEL_PATH_TAG, existing_store
 from ledger.retrying import first_line
 
 RANKED_BY = "cumulative_own_reward"
@@ -108,6 +108,7 @@ def read_comparison(tracking_uri: str, experiment: str | None = None) -> Compari
     apply_offline_defaults()
     from mlflow.tracking import MlflowClient
 
+    existing_store(tracking_uri)  # a mistyped store is an error, never a new empty one
     with _one_line(tracking_uri):
         return _read(MlflowClient(tracking_uri=tracking_uri), tracking_uri, experiment)
 

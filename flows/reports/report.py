@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from dashboards.report import Report, cross_check, render_report, report_tables
+from flows.tracking import existing_store
 from ledger import Ledger
 
 CHECKED_METRICS = ("own_reward", "training_reward")
@@ -60,7 +61,10 @@ def report_ledger(
 ) -> Report:
     """Write the report of the ledger at ``ledger_url`` under ``out_dir``: every swarm in
     it, or only the swarms of ``experiment``; cross-checked against MLflow when a
-    ``tracking_uri`` is given. ValueError (one line) when there is nothing to report."""
+    ``tracking_uri`` is given (an existing store: a mistyped one is an error, never a new
+    empty store). ValueError (one line) when there is nothing to report."""
+    if tracking_uri is not None:
+        existing_store(tracking_uri)
     with Ledger.open(ledger_url, **(storage_options or {})) as ledger:
         try:
             tables = report_tables(ledger.query, experiment)

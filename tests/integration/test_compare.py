@@ -98,3 +98,46 @@ def test_an_unreachable_server_is_one_line(monkeypatch: pytest.MonkeyPatch) -> N
     done = runner.invoke(app, ["compare", "--mlflow", "http://127.0.0.1:9"])
     assert done.exit_code == 2, done.output
     assert "http://127.0.0.1:9: " in done.output and "Traceback" not in done.output
+
+
+def test_a_mistyped_store_is_refused_and_nothing_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: `--mlflow sqlite:///typo/mlflow.db` made a new empty store; the report then
+    exited 0 saying "INCONSISTENT", compare said it found no runs."""
+    from ledger import Ledger
+    from tests.factories import round_rows
+
+    monkeypatch.chdir(tmp_path)
+    ledger = tmp_path / "ledger"
+    with Ledger.open(str(ledger)) as led:
+        led.publish(round_rows("a", 0, [[1, 0]]))
+    out = tmp_path / "report"
+    for args in (
+        ["compare", "--mlflow", "sqlite:///nope/mlflow.db"],
+        [
+            "report",
+            "--ledger",
+            str(ledger),
+            "--out",
+            str(out),
+            "--mlflow",
+            "sqlite:///nope/mlflow.db",
+        ],
+    ):
+        done = runner.invoke(app, args)
+        assert done.exit_code == 2, done.output
+        assert done.output.strip() == (
+            "error: no MLflow store at nope/mlflow.db (sqlite:///nope/mlflow.db): give an "
+            "existing mlflow.db"
+        )
+    assert not (tmp_path / "nope").exists() and not out.exists()
+    folder = runner.invoke(app, ["compare", "--mlflow", str(tmp_path / "mlruns")])
+    assert folder.exit_code == 2 and "no MLflow store at" in folder.output
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_an_unknown_format_fails_before_printing_anything(tmp_path: Path) -> None:
+    done = runner.invoke(app, ["compare", "--mlflow", _store(tmp_path), "-f", "yaml"])
+    assert done.exit_code == 2
+    assert "nodes:" not in done.output and "'yaml' is not one of" in done.output
