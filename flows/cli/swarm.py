@@ -42,6 +42,19 @@ def load(
         raise fail(f"bad swarm configuration: {exc}") from exc
 
 
+def check_models(swarm: SwarmConfig, node_ids: list[str] | None = None) -> None:
+    """Fail in one line, before anything is created, when a node's model cannot load here
+    (sapo_core.policy.loading.model_problem): a mistyped hub id is found now, not after
+    a work folder, a key, a Prefect server and a traceback."""
+    from sapo_core.policy.loading import model_problem
+
+    for spec in swarm.nodes:
+        if node_ids is None or spec.node_id in node_ids:
+            problem = model_problem(spec.node.model)
+            if problem:
+                raise fail(f"{spec.node_id}: {problem}")
+
+
 def check_ledger(swarm: SwarmConfig) -> None:
     """Fail before any model loads when the ledger cannot be listed or written: it lists
     the ledger, then declares the swarm's rules (a write the swarm's first node makes anyway,
@@ -135,6 +148,7 @@ def swarm(
     saved = check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
     if force:
         os.environ[FORCE_ENV] = "1"  # the node processes it starts check again
+    check_models(cfg)
     check_ledger(cfg)
     if is_complete(cfg, saved):
         final = any(c is not None and not c.resumable for c in saved.values())  # no state
@@ -190,6 +204,7 @@ def node(
     if saved is not None and not saved.resumable:  # and has nothing more to do
         print(f"{node_id} has finished its {cfg.rounds} rounds; {checkpoint.kept_model(saved)}")
         return
+    check_models(cfg, [node_id])
     check_ledger(cfg)
     if os.environ.get("PREFECT_HOME"):
         Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)

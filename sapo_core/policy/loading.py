@@ -7,6 +7,7 @@ import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from sapo_core.config import AdapterConfig, ComputeConfig
@@ -156,6 +157,30 @@ def resolve_model(model: str | ModelSource) -> ModelSource:
     if isinstance(model, ModelSource):
         return model
     return ModelSource(model, lookup(model))
+
+
+def model_problem(model: str) -> str | None:
+    """Why the configured ``model`` cannot load here, told before anything starts (None:
+    nothing found against it): a hub id that is not in the local Hugging Face cache while
+    downloads are off. A bundled model is fetched from the package index on first use, a
+    folder is read as it is, and with downloads on the hub answers for itself."""
+    if lookup(model) is not None or Path(model).expanduser().exists():
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a hub id at all (huggingface_hub's HFValidationError)
+        cached = None
+    if isinstance(cached, str):
+        return None
+    return (
+        f"model {model!r} is not a folder here, not a bundled model and not in the Hugging "
+        "Face cache, and downloads are off (HF_HUB_OFFLINE=1): give a model folder, a "
+        "bundled:<name>, or run once with HF_HUB_OFFLINE=0 to download it"
+    )
 
 
 def resolve(model: str) -> str:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -390,3 +391,24 @@ def test_compact_of_a_signed_swarm_says_it_needs_the_node_key_and_works_with_it(
     with Ledger.open(str(root)) as reader:
         assert reader.validate().clean
         assert reader.query("SELECT count(*) FROM rollouts").item() == 4
+
+
+@pytest.mark.parametrize("command", [["swarm"], ["node", "--node-id", "node-0"]])
+def test_a_model_that_cannot_load_offline_stops_before_anything_is_created(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: a mistyped hub id took 28 s and 78 lines (a Prefect traceback, "couldn't
+    connect to huggingface.co") and left a work folder with a key, rules and stores."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    work = tmp_path / "work"
+    for model in ("nosuchorg/nosuchmodel", str(tmp_path / "no-such-folder")):
+        args = [*command, "--workdir", str(work), "--set", f"defaults.model={model}"]
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2, out.output
+        assert out.output.strip().splitlines() == [
+            f"error: node-0: model {model!r} is not a folder here, not a bundled model and "
+            "not in the Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=1): give a "
+            "model folder, a bundled:<name>, or run once with HF_HUB_OFFLINE=0 to download it"
+        ]
+        assert not work.exists()
