@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import re
 import stat
 import time
 import uuid
@@ -214,5 +215,31 @@ class LocalStore:
         return None
 
     def check_exists(self) -> None:
+        """The folder exists and is a ledger: empty (a ledger no one wrote yet), or holding
+        a ledger's entries. A work folder, or any other folder, is refused, saying where a
+        ledger inside it is: read as a ledger it would give no rows, and exit 0."""
         if not self.root.is_dir():
             raise StoreUnusable(f"no ledger at {self.root}: the folder does not exist")
+        if looks_like_ledger(self.root):
+            return
+        inner = [
+            p
+            for p in sorted(self.root.iterdir())
+            if p.is_dir() and any(p.iterdir()) and looks_like_ledger(p)
+        ]
+        where = f"; the ledger is at {inner[0]}" if inner else ""
+        raise StoreUnusable(
+            f"{self.root} is not a ledger (none of its entries is a ledger's){where}"
+        )
+
+
+LEDGER_ENTRY = re.compile(r"^(swarm_id=[^/]+|_[a-z]+)$")
+"""A ledger's top-level names: its partitions (``swarm_id=S``) and its own folders
+(``_manifests``, ``_keys``, ``_samples``, ...)."""
+
+
+def looks_like_ledger(folder: Path) -> bool:
+    """Whether ``folder`` is empty (a ledger no one wrote yet) or holds a ledger's entries
+    (a file of the user's beside them does not make it another folder)."""
+    names = [p.name for p in folder.iterdir() if not p.name.startswith(".")]
+    return not names or any(LEDGER_ENTRY.match(name) for name in names)

@@ -412,3 +412,45 @@ def test_a_model_that_cannot_load_offline_stops_before_anything_is_created(
             "model folder, a bundled:<name>, or run once with HF_HUB_OFFLINE=0 to download it"
         ]
         assert not work.exists()
+
+
+def test_a_folder_that_is_not_a_ledger_is_refused_saying_where_the_ledger_is(tmp_path):
+    """Issue 47: `sapo ledger query` of a swarm's work folder (not its ledger) gave 0 rows
+    and exit 0, and `ledger validate` of it passed."""
+    work = tmp_path / "sapo-mixed"
+    with Ledger.open(str(work / "ledger")) as led:
+        led.publish(round_rows("a", 0, [[1, 0]]))
+    (work / "nodes").mkdir()
+    (work / "mlflow.db").write_bytes(b"")
+    for args in (
+        ["ledger", "query", str(work), "SELECT count(*) FROM rollouts"],
+        ["ledger", "validate", str(work)],
+        ["report", "--ledger", str(work), "--out", str(tmp_path / "r")],
+    ):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2, (args, out.output)
+        assert out.output.strip() == (
+            f"error: {work} is not a ledger (none of its entries is a ledger's); the ledger "
+            f"is at {work / 'ledger'}"
+        )
+    other = tmp_path / "elsewhere"
+    (other / "photos").mkdir(parents=True)
+    out = runner.invoke(app, ["ledger", "query", str(other), "SELECT 1"])
+    assert out.exit_code == 2
+    assert (
+        out.output.strip() == f"error: {other} is not a ledger (none of its entries is a ledger's)"
+    )
+    # The ledger itself reads; a file of the user's beside its entries does not change that.
+    (work / "ledger" / "NOTES.md").write_text("mine")
+    out = runner.invoke(
+        app,
+        [
+            "ledger",
+            "query",
+            str(work / "ledger"),
+            "SELECT count(*) AS n FROM rollouts",
+            "-f",
+            "json",
+        ],
+    )
+    assert out.exit_code == 0 and json.loads(out.output) == [{"n": 2}]
