@@ -30,11 +30,11 @@ from flows.config import (
     ConfigError,
     SwarmConfig,
     apply_overrides,
-    describe_validation_error,
     node_entries,
     read_yaml_mapping,
     validate_swarm,
 )
+from flows.config_errors import describe_validation_error
 from ledger.schema import check_id, sharing_label
 from sapo_core.config import Strict
 from sapo_core.config.node import MAX_GROUPS_PER_ROUND

@@ -230,10 +230,11 @@ def test_report_is_cross_checked_against_mlflow(
         return tracked
 
     monkeypatch.setattr(reporting, "tracked_metrics", fake_metrics)
-    report = report_ledger(
-        local_site.url, tmp_path / "out", tracking_uri="sqlite:///x.db", experiment="exp"
-    )
-    assert asked == [("sqlite:///x.db", "exp")]
+    store = tmp_path / "mlflow.db"
+    store.touch()  # a store must exist to be read (flows.tracking.existing_store)
+    uri = f"sqlite:///{store}"
+    report = report_ledger(local_site.url, tmp_path / "out", tracking_uri=uri, experiment="exp")
+    assert asked == [(uri, "exp")]
     assert report.check is not None and report.check.consistent
     assert report.check.matched == len(NODES) * ROUNDS
     assert "cumulative training reward (MLflow)" in report.markdown
