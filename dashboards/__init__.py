@@ -12,6 +12,36 @@ def query(name: str) -> str:
     return resources.files(__package__).joinpath("sql", f"{name}.sql").read_text()
 
 
+INPUTS = {"sweep_summary": {"sweep_rewards": "sweep_reward_per_round"}}
+"""Queries that read another query's result as a table: {query: {table it reads: the query
+that makes it}}. The report registers those tables from frames it holds; a user's query of a
+ledger gets them computed inline (``runnable``)."""
+
+
+def runnable(name: str) -> str:
+    """``name``'s SQL as one statement over a ledger's views alone: the tables it reads from
+    other queries (INPUTS) computed inline as common table expressions before its own."""
+    text = query(name)
+    inputs = INPUTS.get(name)
+    if not inputs:
+        return text
+    made = ",\n".join(
+        f"{table} AS (\n{_body(runnable(source))}\n)" for table, source in inputs.items()
+    )
+    body = _body(text)
+    if body[:5].upper() == "WITH ":
+        return f"WITH {made},\n{body[5:]}"
+    return f"WITH {made}\n{body}"
+
+
+def _body(text: str) -> str:
+    """A query without its leading comment lines and its final semicolon."""
+    lines = text.strip().splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    return "\n".join(lines).rstrip().removesuffix(";")
+
+
 def names() -> list[str]:
     folder = resources.files(__package__).joinpath("sql")
     return sorted(p.name.removesuffix(".sql") for p in folder.iterdir() if p.name.endswith(".sql"))

@@ -66,7 +66,7 @@ def query(
     if dashboard is not None:
         if dashboard not in dashboards.names():
             raise fail(f"no dashboard {dashboard!r}; one of: {', '.join(dashboards.names())}")
-        text = dashboards.query(dashboard)
+        text = dashboards.runnable(dashboard)  # with the tables it reads from other queries
     else:
         text = str(sql)
     with open_ledger(url, storage_option) as led:

@@ -238,3 +238,31 @@ def test_report_is_cross_checked_against_mlflow(
     assert report.check is not None and report.check.consistent
     assert report.check.matched == len(NODES) * ROUNDS
     assert "cumulative training reward (MLflow)" in report.markdown
+
+
+def test_every_listed_dashboard_runs_over_a_ledger(local_site: LedgerSite, tmp_path: Path) -> None:
+    """Issue 47: `sapo ledger query --dashboard sweep_summary` failed ("Table with name
+    sweep_rewards does not exist"): it reads another query's result, which only the report
+    provided. Every name `--dashboard` lists runs from the command line, and the summary a
+    user gets equals the report's."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    with local_site.open() as led:
+        run_swarm(led, "base", local=2, external=0, experiment="exp")
+        run_swarm(led, "shared", local=1, external=1, experiment="exp")
+        expected = reporting.report_tables(led.query).summary
+    runner = CliRunner()
+    # These read node logs (held-out scores, training sets) that this ledger has none of.
+    from_node_logs = {"heldout_accuracy", "training_compute", "informative_groups"}
+    for name in dashboards.names():
+        out = runner.invoke(
+            app, ["ledger", "query", local_site.url, "--dashboard", name, "-f", "json"]
+        )
+        assert out.exit_code == 0, (name, out.output)
+        assert bool(json.loads(out.output)) != (name in from_node_logs), name
+    out = runner.invoke(
+        app, ["ledger", "query", local_site.url, "--dashboard", "sweep_summary", "-f", "json"]
+    )
+    assert pl.DataFrame(json.loads(out.output)).equals(expected)
