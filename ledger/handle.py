@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -70,12 +71,19 @@ class LedgerHandle:
 
     def __init__(
         self,
-        config: LedgerConfig,
+        config: LedgerConfig | str | os.PathLike[str],
         *,
         signer: NodeKey | None = None,
         index_path: str | Path | None = None,
         threads: int | None = None,
     ) -> None:
+        if isinstance(config, str | os.PathLike):  # Ledger("sapo-work/ledger"): a URL or path
+            config = LedgerConfig.model_validate({"url": os.fspath(config)})
+        elif not isinstance(config, LedgerConfig):
+            raise TypeError(
+                f"Ledger takes a URL, a path or a LedgerConfig, not {type(config).__name__}; "
+                "with storage options: Ledger.open(url, **options)"
+            )
         self.config = config
         self._lock = threading.RLock()
         self.store = with_change_log(

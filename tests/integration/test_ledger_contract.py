@@ -148,3 +148,19 @@ def test_compaction_leaves_today_alone_by_default(site):
     assert led.compact(["n1"]).files_in == 0
     with pytest.raises(ValueError, match="name the nodes"):
         led.compact()
+
+
+def test_a_ledger_opens_from_a_path_as_users_first_write_it(tmp_path) -> None:
+    """Issue 47: `Ledger("sapo-work/ledger")`, the natural call (and the API before the last
+    release), failed with "'str' object has no attribute 'url'"."""
+    from ledger import Ledger, LedgerConfig
+    from tests.factories import round_rows
+
+    root = tmp_path / "ledger"
+    with Ledger.open(str(root)) as led:
+        led.publish(round_rows("a", 0, [[1, 0]]))
+    for given in (str(root), root, LedgerConfig(url=str(root))):
+        with Ledger(given) as led:
+            assert led.query("SELECT count(*) AS n FROM rollouts").item() == 2
+    with pytest.raises(TypeError, match=r"not dict; with storage options: Ledger\.open"):
+        Ledger({"url": str(root)})  # type: ignore[arg-type]
