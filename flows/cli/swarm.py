@@ -42,6 +42,27 @@ def load(
         raise fail(f"bad swarm configuration: {exc}") from exc
 
 
+def check_no_late_nodes(cfg: SwarmConfig, saved: dict[str, Checkpoint | None], force: bool) -> None:
+    """Refuse to start new nodes in a swarm whose nodes have all finished (`--nodes 3` on a
+    finished 2-node swarm): they would train alone against a ledger that no longer changes,
+    and the swarm's model be registered again. ``force`` states the choice instead."""
+    done = [n for n, c in saved.items() if c is not None and c.next_round >= cfg.rounds]
+    new = [n for n, c in saved.items() if c is None]
+    if not done or not new or len(done) + len(new) < len(saved):
+        return
+    line = (
+        f"swarm {cfg.swarm_id}: {', '.join(done)} finished {cfg.rounds} rounds; "
+        f"{', '.join(new)} would start alone after them"
+    )
+    if force:
+        typer.secho(f"{line} (--force)", err=True)
+        return
+    raise fail(
+        f"{line}. Use another --workdir for a new swarm, --nodes {len(done)} for this one, "
+        "or --force to add them"
+    )
+
+
 def check_models(swarm: SwarmConfig, node_ids: list[str] | None = None) -> None:
     """Fail in one line, before anything is created, when a node's model cannot load here
     (sapo_core.policy.loading.model_problem): a mistyped hub id is found now, not after
@@ -146,6 +167,7 @@ def swarm(
 
     cfg = load(config, with_keep(overrides, keep), nodes, rounds, workdir)
     saved = check_resume(cfg, [spec.node_id for spec in cfg.nodes], force)
+    check_no_late_nodes(cfg, saved, force)
     if force:
         os.environ[FORCE_ENV] = "1"  # the node processes it starts check again
     check_models(cfg)
