@@ -80,7 +80,7 @@ def test_a_node_resumed_with_another_configuration_is_refused_unless_forced(tmp_
     )
 
 
-def test_a_finished_swarm_says_so_and_does_nothing(tmp_path):
+def test_a_finished_swarm_says_so_and_refuses_new_nodes(tmp_path):
     cfg = load_swarm(None, nodes=2, rounds=3, workdir=tmp_path)
     for spec in cfg.nodes:
         checkpoint_at(tmp_path, spec.node_id, 3, node_config(spec))
@@ -93,6 +93,18 @@ def test_a_finished_swarm_says_so_and_does_nothing(tmp_path):
         "(--rounds N continues it)"
     )
     assert "registered" not in out.output and not (tmp_path / "mlflow.db").exists()
+
+    # Issue 47: `--nodes 3` on this finished 2-node swarm trained a new node-2 alone,
+    # without a word, and registered node-0's model again.
+    args = ["swarm", "--nodes", "3", "--rounds", "3", "--workdir", str(tmp_path)]
+    more = runner.invoke(app, args)
+    assert more.exit_code == 2, more.output
+    assert more.output.strip() == (
+        f"error: swarm {cfg.swarm_id}: node-0, node-1 finished 3 rounds; node-2 would start "
+        "alone after them. Use another --workdir for a new swarm, --nodes 2 for this one, or "
+        "--force to add them"
+    )
+    assert not (tmp_path / "nodes" / "node-2").exists()
 
 
 def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
@@ -158,20 +170,3 @@ def test_a_resumed_node_reads_its_checkpoint_and_resolves_its_model_once(
     assert len(ran["rounds"]) == 1
     assert reads == ["n", "n"]  # the start, then the finish
     assert resolved == [str(model)]
-
-
-def test_new_nodes_in_a_finished_swarm_are_refused_unless_forced(tmp_path: Path) -> None:
-    """Issue 47: `sapo swarm --nodes 3` on a finished 2-node swarm trained a new node-2
-    alone, without a word, and registered node-0's model again."""
-    cfg = load_swarm(None, nodes=2, rounds=3, workdir=tmp_path)
-    for spec in cfg.nodes:
-        checkpoint_at(tmp_path, spec.node_id, 3, node_config(spec))
-    args = ["swarm", "--nodes", "3", "--rounds", "3", "--workdir", str(tmp_path)]
-    out = runner.invoke(app, args)
-    assert out.exit_code == 2, out.output
-    assert out.output.strip() == (
-        f"error: swarm {cfg.swarm_id}: node-0, node-1 finished 3 rounds; node-2 would start "
-        "alone after them. Use another --workdir for a new swarm, --nodes 2 for this one, or "
-        "--force to add them"
-    )
-    assert not (tmp_path / "nodes" / "node-2").exists()
