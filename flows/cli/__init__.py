@@ -26,6 +26,9 @@ app = typer.Typer(
     "that share rollouts through an object store.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain help: rich's boxes cut options' help at 80 columns ("...") and print <bool>
+    # beside every flag.
+    rich_markup_mode=None,
 )
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(infra.app, name="infra")
@@ -79,7 +82,9 @@ def main() -> None:
         inert_logs()  # peers' text in log lines reaches no terminal as control codes
         # Not standalone: click would print usage errors as a boxed block, and exit itself.
         status = app(prog_name="sapo", standalone_mode=False)
-    except NoArgsIsHelpError:  # `sapo` or `sapo ledger` alone: the help was shown
+    except NoArgsIsHelpError as asked:  # `sapo` or `sapo ledger` alone: its help
+        if asked.ctx is not None:
+            typer.echo(asked.ctx.get_help())
         sys.exit(0)
     except UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "sapo"

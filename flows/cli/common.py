@@ -20,12 +20,15 @@ T = TypeVar("T")
 # Credentials stay strings ("0123" is not a number); other storage values get YAML types.
 _STRING_OPTIONS = frozenset({"key", "secret", "token", "endpoint_url", "region", "url_style"})
 
-UrlArg = Annotated[str, typer.Argument(help="Ledger root: a local path, file:// or s3://bkt/p.")]
+UrlArg = Annotated[
+    str, typer.Argument(metavar="URL", help="Ledger root: a local path, file:// or s3://bkt/p.")
+]
 StorageOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--storage-option",
         "-o",
+        metavar="KEY=VALUE",
         help="key=value for the store (s3: key, secret, endpoint_url, region, url_style). "
         "Defaults come from the standard AWS_* environment variables.",
     ),
@@ -55,7 +58,12 @@ SwarmFileOpt = Annotated[
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", help="Override any key: --set defaults.grpo.learning_rate=1e-5"),
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override any key of the swarm file (repeatable): --set "
+        "defaults.grpo.learning_rate=1e-5",
+    ),
 ]
 WorkdirOpt = Annotated[
     Path | None, typer.Option(help="Working directory (ledger, MLflow store, checkpoints).")

@@ -15,6 +15,7 @@ app = typer.Typer(
     help="PostgreSQL, an S3 server, Prefect and MLflow on this machine, without Docker "
     "(infra/docker-compose.yml is the same stack with Docker).",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help (flows/cli/__init__.py)
 )
 
 HomeOpt = Annotated[

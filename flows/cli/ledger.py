@@ -28,16 +28,27 @@ from flows.cli.common import (
 from flows.cli.inert import inert_text
 
 app = typer.Typer(
-    help="Query, sample, validate and compact a rollout ledger.", no_args_is_help=True
+    help="Query, sample, validate and compact a rollout ledger.",
+    no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: read at 80 columns without cut options
 )
+
+
+def _dashboard_help() -> str:
+    """The shipped queries by name (dashboards/sql), read from the package."""
+    import dashboards
+
+    return "Run a shipped query (dashboards/sql) by name: " + ", ".join(dashboards.names()) + "."
 
 
 def _policy_help() -> str:
     """Each policy kind with its parameters, read from the policy models themselves."""
-    from ledger.policies import PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy
+    from typing import get_args
+
+    from ledger.policies import AnyPolicy
 
     kinds = []
-    for model in (PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy):
+    for model in get_args(AnyPolicy):  # every kind the ledger knows, fresh included
         fields = [name for name in model.model_fields if name != "kind"]
         kind = model.model_fields["kind"].default
         kinds.append(f"{kind} ({', '.join(fields) or 'no parameters'})")
@@ -51,9 +62,7 @@ def query(
         str | None,
         typer.Argument(help="SQL over the views (see above); @FILE reads it from a file."),
     ] = None,
-    dashboard: Annotated[
-        str | None, typer.Option(help="Run a shipped query from dashboards/sql by name.")
-    ] = None,
+    dashboard: Annotated[str | None, typer.Option(metavar="NAME", help=_dashboard_help())] = None,
     fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
 ) -> None:
@@ -82,13 +91,14 @@ def query(
 def sample(
     url: UrlArg,
     node_id: Annotated[str, typer.Option(help="The receiving node (never sampled from).")],
-    groups: Annotated[int, typer.Option(help="How many peer groups (J).", min=0)],
+    groups: Annotated[int, typer.Option(metavar="N", help="How many peer groups (J).", min=0)],
     policy: Annotated[str, typer.Option(help=_policy_help())] = "paper",
     param: Annotated[
         list[str] | None,
         typer.Option(
             "--param",
             "-p",
+            metavar="KEY=VALUE",
             help="A policy parameter as key=value (repeatable), e.g. -p max_per_peer=1 "
             "-p min_std=0.1; checked by the policy's model.",
         ),
@@ -143,7 +153,7 @@ def validate(
 
 @app.command("credentials")
 def credentials(
-    url: Annotated[str, typer.Argument(help="The ledger: s3://bucket/prefix.")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="The ledger: s3://bucket/prefix.")],
     swarm_id: Annotated[str, typer.Option("--swarm-id", help="The node's swarm.")],
     node_id: Annotated[str, typer.Option("--node-id", help="The node.")],
     alias: Annotated[str, typer.Option(help="The mc alias of the MinIO server.")] = "sapo",
@@ -172,7 +182,8 @@ def credentials(
 def compact(
     url: UrlArg,
     node_id: Annotated[
-        list[str] | None, typer.Option(help="Compact this node's partitions (repeatable).")
+        list[str] | None,
+        typer.Option(metavar="NODE_ID", help="Compact this node's partitions (repeatable)."),
     ] = None,
     all_nodes: Annotated[bool, typer.Option(help="Rewrite every node's partitions.")] = False,
     swarm_id: Annotated[str | None, typer.Option(help="Only this swarm.")] = None,
@@ -180,8 +191,17 @@ def compact(
         str | None, typer.Option(help="Only days before this date, YYYY-MM-DD (default: today).")
     ] = None,
     all_days: Annotated[bool, typer.Option(help="Include today's partitions.")] = False,
-    min_files: Annotated[int, typer.Option(min=2)] = 2,
-    target_rows: Annotated[int, typer.Option(min=1)] = 1_000_000,
+    min_files: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=2,
+            help="Merge a partition only when it holds at least this many files.",
+        ),
+    ] = 2,
+    target_rows: Annotated[
+        int, typer.Option(metavar="N", min=1, help="Rows a merged file holds at most.")
+    ] = 1_000_000,
     key: Annotated[
         Path | None,
         typer.Option(

@@ -104,9 +104,10 @@ KeepOpt = Annotated[
     Keep | None,
     typer.Option(
         "--keep",
-        help=CHECKPOINT_KEEP_HELP,
+        help=CHECKPOINT_KEEP_HELP + " Default: the swarm file's checkpoint_keep (resume).",
     ),
 ]
+DemoKeepOpt = Annotated[Keep, typer.Option("--keep", help=CHECKPOINT_KEEP_HELP)]
 
 
 def with_keep(overrides: list[str] | None, keep: Keep | None) -> list[str]:
@@ -152,9 +153,11 @@ def where(cfg: SwarmConfig) -> str:
 def swarm(
     config: SwarmFileOpt = None,
     nodes: Annotated[
-        int | None, typer.Option(min=1, max=MAX_NODES, help="Number of nodes.")
+        int | None, typer.Option(metavar="N", min=1, max=MAX_NODES, help="Number of nodes.")
     ] = None,
-    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds per node (total).")] = None,
+    rounds: Annotated[
+        int | None, typer.Option(metavar="N", min=1, help="Rounds per node (total).")
+    ] = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
     force: ForceOpt = False,
@@ -200,9 +203,12 @@ def swarm(
 def node(
     node_id: Annotated[str, typer.Option("--node-id", help="Which node of the swarm file.")],
     config: SwarmFileOpt = None,
-    rounds: Annotated[int | None, typer.Option(min=1, help="Run until this round total.")] = None,
+    rounds: Annotated[
+        int | None, typer.Option(metavar="N", min=1, help="Run until this round total.")
+    ] = None,
     more_rounds: Annotated[
-        int | None, typer.Option(min=1, help="Run this many rounds past the checkpoint.")
+        int | None,
+        typer.Option(metavar="N", min=1, help="Run this many rounds past the checkpoint."),
     ] = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
@@ -249,9 +255,11 @@ def deploy(
     config: SwarmFileOpt = None,
     cron: Annotated[str | None, typer.Option(help="Cron schedule, e.g. '*/10 * * * *'.")] = None,
     interval: Annotated[
-        float | None, typer.Option(min=1, help="Interval schedule in seconds.")
+        float | None, typer.Option(metavar="SECONDS", min=1, help="Interval schedule in seconds.")
     ] = None,
-    rounds_per_run: Annotated[int, typer.Option(min=1, help="Rounds each run adds.")] = 1,
+    rounds_per_run: Annotated[
+        int, typer.Option(metavar="N", min=1, help="Rounds each run adds.")
+    ] = 1,
     work_pool: Annotated[
         str | None, typer.Option(help="Register with this work pool (workers run them).")
     ] = None,
@@ -261,8 +269,9 @@ def deploy(
     pin: Annotated[
         list[str] | None,
         typer.Option(
-            help="NODE=QUEUE: the node's runs go to that work queue, which one machine's "
-            "worker polls (--work-pool only; repeatable)."
+            metavar="NODE=QUEUE",
+            help="The node's runs go to that work queue, which one machine's "
+            "worker polls (--work-pool only; repeatable).",
         ),
     ] = None,
     workdir: WorkdirOpt = None,
@@ -358,12 +367,18 @@ def serve_deployments(
 
 def demo(
     workdir: WorkdirOpt = None,
-    rounds: Annotated[int | None, typer.Option(min=1)] = None,
-    nodes: Annotated[int | None, typer.Option(min=1, max=MAX_NODES)] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(metavar="N", min=1, help="Rounds per node (default: the swarm file's)."),
+    ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(metavar="N", min=1, max=MAX_NODES, help="Nodes (default: the swarm file's)."),
+    ] = None,
     synthetic: Annotated[
         bool, typer.Option(help="Only exercise the ledger with synthetic nodes (no model).")
     ] = False,
-    keep: KeepOpt = Keep.final_model,
+    keep: DemoKeepOpt = Keep.final_model,
 ) -> None:
     """The embedded CPU swarm (3 nodes, bundled model), then the ledger's dashboards."""
     if synthetic:  # the ledger alone: the base install runs it

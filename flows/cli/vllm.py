@@ -17,7 +17,11 @@ import typer
 
 from flows.cli.common import fail
 
-app = typer.Typer(help="The environment vLLM generation runs in.", no_args_is_help=True)
+app = typer.Typer(
+    help="The environment vLLM generation runs in.",
+    no_args_is_help=True,
+    rich_markup_mode=None,  # plain help (flows/cli/__init__.py)
+)
 
 CPU_TORCH = "torch==2.13.0"
 """The CPU build on this project's package index (an unpinned torch pulls CUDA's)."""
