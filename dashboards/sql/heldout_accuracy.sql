@@ -21,8 +21,8 @@ SELECT
     node_id,
     node_round,
     avg(accuracy)                                   AS accuracy,
-    sum(correct)                                    AS correct,
-    sum(completions)                                AS completions,
+    sum(correct)::BIGINT                            AS correct,
+    sum(completions)::BIGINT                        AS completions,
     count(*)                                        AS tasks,
     map(list(task ORDER BY task), list(accuracy ORDER BY task)) AS accuracy_by_task
 FROM once

@@ -10,7 +10,7 @@ SELECT
     avg(reward)               AS claimed_reward,
     count(DISTINCT group_id)  AS groups,
     count(*)                  AS completions,
-    sum(completion_tokens)    AS tokens_generated
+    sum(completion_tokens)::BIGINT AS tokens_generated  -- an integer, not a 128-bit sum
 FROM rollouts
 GROUP BY swarm_id, node_id, node_round
 ORDER BY swarm_id, node_id, node_round;

@@ -12,7 +12,7 @@ WITH selected AS (
     ORDER BY swarm_id, node_id, node_round, group_id, recorded_at
 ),
 tokens AS (
-    SELECT group_id, sum(completion_tokens) AS tokens
+    SELECT group_id, sum(completion_tokens)::BIGINT AS tokens
     FROM rollouts
     WHERE group_id IN (SELECT group_id FROM selected WHERE trained)
     GROUP BY group_id
@@ -22,7 +22,7 @@ SELECT
     s.node_id,
     s.node_round,
     sum(s.reward_mean * s.completions) / nullif(sum(s.completions), 0) AS training_reward,
-    coalesce(sum(k.tokens) FILTER (WHERE s.trained), 0)                AS tokens_trained
+    coalesce(sum(k.tokens) FILTER (WHERE s.trained), 0)::BIGINT        AS tokens_trained
 FROM selected s
 LEFT JOIN tokens k USING (group_id)
 GROUP BY s.swarm_id, s.node_id, s.node_round

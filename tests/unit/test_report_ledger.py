@@ -253,6 +253,10 @@ def test_every_listed_dashboard_runs_over_a_ledger(local_site: LedgerSite, tmp_p
         run_swarm(led, "base", local=2, external=0, experiment="exp")
         run_swarm(led, "shared", local=1, external=1, experiment="exp")
         expected = reporting.report_tables(led.query).summary
+        # Sums of integers are integers (DuckDB's 128-bit sum printed as decimal[38,0]).
+        for name in dashboards.names():
+            frame = led.query(dashboards.runnable(name))
+            assert not [c for c, t in frame.schema.items() if t == pl.Decimal], name
     runner = CliRunner()
     # These read node logs (held-out scores, training sets) that this ledger has none of.
     from_node_logs = {"heldout_accuracy", "training_compute", "informative_groups"}
