@@ -19,6 +19,10 @@ OFFLINE_DEFAULTS = {
     # quiet library chatter in node logs: progress bars and advisory warnings
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TRANSFORMERS_VERBOSITY": "error",
+    # and MLflow's and Prefect's INFO lines ("Creating initial MLflow database tables...",
+    # a temporary server stopping) among sapo's own: warnings and errors still show
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
     # Prefect's ephemeral server gets 20 s to start by default; a busy 2-core machine
     # starting several nodes at once needs more
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",

@@ -89,7 +89,6 @@ def experiment(
         home = exp.workdir_path() / "prefect" / "experiment"
         home.mkdir(parents=True, exist_ok=True)
         os.environ["PREFECT_HOME"] = str(home)
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from flows.experiments.flow import experiment_flow
 
     result = experiment_flow(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from flows.config import SwarmConfig, swarm_yaml
+from flows.env import apply_offline_defaults
 from flows.node.files import write_atomically
 from flows.progress import PROGRESS_ENV, SwarmProgress
 from flows.swarm.stopping import NodeStopper, SwarmStopped, stopped_lines
@@ -64,6 +65,7 @@ def open_parent_run(
 
 def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> dict[str, str]:
     env = dict(os.environ)
+    apply_offline_defaults(env)  # quiet, offline nodes, whoever started the launcher
     # Share the cores instead of every node using all of them: oversubscribed BLAS threads
     # thrash (three nodes x two threads on two cores ran rounds 2-3x slower).
     cores = os.cpu_count() or 1
@@ -77,7 +79,6 @@ def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> di
         # SQLite file (the launcher's included) would lock under concurrent nodes.
         env["PREFECT_HOME"] = str(config.workdir / "prefect" / node_id)
         Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # SQLite needs the folder
-    env.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     env[PROGRESS_ENV] = "lines"  # the launcher draws the bars
     # Several nodes starting their ephemeral servers at once on a small machine need longer
     # than Prefect's default 20 s.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -49,3 +50,25 @@ def test_a_threshold_that_is_no_number_is_a_clear_error() -> None:
     assert not release_freed_memory("glibc")
     with pytest.raises(ValueError, match="SAPO_MMAP_THRESHOLD is '128k'"):
         release_freed_memory("128k")
+
+
+def test_mlflow_and_prefect_info_lines_stay_out_of_normal_output(tmp_path) -> None:
+    """Issue 47: MLflow's "Creating initial MLflow database tables..." and Prefect's INFO
+    lines appeared among sapo's own. A new store made under the defaults says nothing."""
+    code = (
+        "import sys\n"
+        "from flows.env import apply_offline_defaults\n"
+        "apply_offline_defaults()\n"
+        "from flows.tracking import open_tracker\n"
+        "open_tracker(sys.argv[1], 'quiet', sys.argv[2])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if "LOGGING_LEVEL" not in k}
+    done = subprocess.run(
+        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert (tmp_path / "mlflow.db").exists()
+    assert " INFO " not in done.stdout + done.stderr, done.stderr
