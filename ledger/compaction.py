@@ -236,7 +236,9 @@ def compact(
             catalog.registry.must_sign(parts.swarm_id, parts.node_id, catalog.check_signatures)
             and not own
         ):
-            log.warning(
+            # Reported (CompactionReport.unsigned_partitions), not warned: the caller says
+            # it once, with what to do.
+            log.info(
                 "skipping %s: its node's files must be signed (its swarm's rules, or its "
                 "registered key), and only that node can sign the merged file",
                 job.partition,

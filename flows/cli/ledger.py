@@ -239,6 +239,8 @@ def compact(
             "registered key), so only it can compact them "
             "(--key <workdir>/keys/<swarm>/<node>.pem --swarm-id ... --node-id ...)"
         )
+    if report.unsigned_partitions:  # what was asked was not done
+        raise typer.Exit(1)
 
 
 @app.command("collect-markers")
