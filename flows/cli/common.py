@@ -86,8 +86,22 @@ def require(extra: str, *modules: str) -> None:
     if missing:
         raise fail(
             f"this command needs the {extra!r} extra ({', '.join(missing)} not installed): "
-            f"pip install 'sapo-swarm[{extra}]'"
+            f"{install_hint(extra)}"
         )
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that adds ``extra`` to this install: from the checkout it runs from,
+    or from the wheel it was installed from (sapo is not on the package index)."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file():  # an editable install: its checkout
+        return f"pip install -e '{root}[{extra}]'"
+    from importlib.metadata import version
+
+    return (
+        f"pip install 'sapo_swarm-{version('sapo-swarm')}-py3-none-any.whl[{extra}]' (the "
+        "wheel this was installed from; `pip wheel --no-deps -w dist .` in a checkout builds it)"
+    )
 
 
 def fail(message: str) -> typer.Exit:

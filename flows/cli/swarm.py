@@ -409,7 +409,9 @@ def write_demo_report(cfg: SwarmConfig) -> None:
     from importlib.util import find_spec
 
     if find_spec("matplotlib") is None:
-        print("for the report's figures: pip install 'sapo-swarm[dashboards]'; sapo report")
+        from flows.cli.common import install_hint
+
+        print(f"for the report's figures: {install_hint('dashboards')}; then sapo report")
         return
     from flows.reports.report import report_ledger
 

@@ -35,7 +35,7 @@ BREAKS_IMPORT = ("torchvision", "torchaudio", "torchcodec")
 
 
 def default_path() -> Path:
-    from sapo_core.policy.vllm_backend import default_env
+    from sapo_core.policy.bundled import default_env  # no torch: a base install asks too
 
     return default_env()
 

@@ -189,7 +189,8 @@ class GRPOConfig(Strict):
         "auto",
         description="adamw: torch's AdamW, fp32 moments (8 bytes a trained parameter); "
         "adamw_8bit: bitsandbytes' AdamW8bit, block-wise 8-bit moments (2 bytes; "
-        "pip install 'sapo-swarm[gpu]'). auto: adamw, except on a GPU whose memory full "
+        "pip install 'bitsandbytes>=0.50', sapo's gpu extra). auto: adamw, except on a GPU "
+        "whose memory full "
         "fine-tuning with fp32 moments would take more than half of "
         "(sapo_core/grpo/optimizer.py).",
     )

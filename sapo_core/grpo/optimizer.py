@@ -73,8 +73,8 @@ def _bitsandbytes() -> Any:
             quiet.setLevel(level)
     except ImportError as err:
         raise RuntimeError(
-            "grpo.optimizer adamw_8bit needs bitsandbytes: pip install 'sapo-swarm[gpu]' "
-            "(or set grpo.optimizer: adamw)"
+            "grpo.optimizer adamw_8bit needs bitsandbytes: pip install 'bitsandbytes>=0.50' "
+            "(sapo's gpu extra), or set grpo.optimizer: adamw"
         ) from err
     return bitsandbytes
 

@@ -45,6 +45,13 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def default_env() -> Path:
+    """Where `sapo vllm install` makes the vLLM environment: ``$SAPO_CACHE/vllm`` (default
+    ~/.cache/sapo/vllm), whose Python is ``generation.vllm.python``'s default. Here, beside
+    the cache, so that `sapo vllm` finds it without torch."""
+    return cache_dir() / "vllm"
+
+
 def _installed(part: GGUFPart) -> Path | None:
     spec = importlib.util.find_spec(part.module)  # locating does not import it
     if spec is None or spec.origin is None:

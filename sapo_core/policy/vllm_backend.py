@@ -40,7 +40,7 @@ from typing import IO, Any
 from sapo_core.config import GenerationConfig, VLLMConfig
 from sapo_core.policy import adapter as adapters
 from sapo_core.policy.backend import Completion, ProgressCallback, Prompt, stop_text_end
-from sapo_core.policy.bundled import cache_dir
+from sapo_core.policy.bundled import default_env
 from sapo_core.policy.hf_backend import stop_token_ids
 from sapo_core.policy.loading import Policy
 from sapo_core.policy.merged_weights import save_merged
@@ -48,12 +48,6 @@ from sapo_core.policy.merged_weights import save_merged
 log = logging.getLogger(__name__)
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-
-
-def default_env() -> Path:
-    """Where `sapo vllm install` makes the vLLM environment: ``$SAPO_CACHE/vllm`` (default
-    ~/.cache/sapo/vllm), whose Python is ``generation.vllm.python``'s default."""
-    return cache_dir() / "vllm"
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -201,5 +201,18 @@ def test_commands_beyond_the_ledger_name_the_extra_they_need(tmp_path: Path) -> 
         )
         assert done.stdout.strip().endswith("exit 2"), (command, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and f"pip install 'sapo-swarm[{extra}]'" in lines[0], lines
+        # sapo is not on the package index: the hint names the checkout it runs from.
+        assert len(lines) == 1 and f"pip install -e '{ROOT}[{extra}]'" in lines[0], lines
         assert not (tmp_path / "sapo-work").exists()  # nothing started
+    # `sapo vllm` needs no torch to say where its environment is (it said "No module named
+    # 'torch'").
+    done = subprocess.run(
+        [sys.executable, "-c", NEEDS_AN_EXTRA, f"vllm check --path {tmp_path}", ",".join(HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.stderr.strip() == (
+        f"error: no vLLM environment at {tmp_path}: run `sapo vllm install`"
+    ), done.stderr
