@@ -71,6 +71,11 @@ def existing_store(uri: str) -> str:
     return uri
 
 
+GENERATION = {"max_new_tokens": 64, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
+"""What a logged model generates as a pyfunc unless the caller's params say otherwise:
+greedy, up to 64 new tokens, the completion alone (not the prompt before it)."""
+
+
 def flatten(prefix: str, value: Any) -> dict[str, str]:
     """Nested config -> flat MLflow params ("grpo.learning_rate": "2e-05")."""
     if isinstance(value, Mapping):
@@ -200,6 +205,12 @@ class Tracker:
         base = (
             {"base_model_path": adapter.base_directory(model)} if adapter.is_adapted(model) else {}
         )
+        # Served as a pyfunc (`mlflow.pyfunc.load_model`, `mlflow models serve`) it generates
+        # GENERATION's defaults; a caller's `params` (max_new_tokens, do_sample, temperature,
+        # top_p) override them, which the signature must declare to be accepted.
+        from mlflow.models import infer_signature
+
+        signature = infer_signature(["What is 1 + 1?"], ["2"], params=dict(GENERATION))
         with tempfile.TemporaryDirectory(dir=scratch, prefix=".mlflow-model-") as tmp:
             saved = Path(tmp) / "model"
             # Requirements named here: inferring them imports every optional module
@@ -208,6 +219,8 @@ class Tracker:
                 transformers_model={"model": model, "tokenizer": tokenizer},
                 path=str(saved),
                 task="text-generation",
+                signature=signature,
+                model_config={**GENERATION, "return_full_text": False},
                 pip_requirements=[
                     f"torch=={torch.__version__.split('+')[0]}",
                     f"transformers=={transformers.__version__}",

@@ -39,8 +39,15 @@ def test_a_logged_and_registered_model_loads_with_both_flavors(tmp_path: Path, c
     for name, tensor in model.state_dict().items():
         assert loaded.state_dict()[name].equal(tensor), name
     generic = mlflow.pyfunc.load_model(f"models:/tiny-policy/{version}")
+    # Issue 47: the pyfunc gave the prompt back unchanged and ignored params. It generates
+    # the completion alone (greedy: the same as the network's own), and params set its length.
     (text,) = generic.predict(["What is 1 + 1?"])
-    assert text.startswith("What is 1 + 1?")
+    prompt = tokenizer("What is 1 + 1?", return_tensors="pt")
+    greedy = model.generate(**prompt, max_new_tokens=64, do_sample=False)
+    expected = tokenizer.decode(greedy[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text == expected and len(tokenizer(text)["input_ids"]) > 8
+    (short,) = generic.predict(["What is 1 + 1?"], params={"max_new_tokens": 4})
+    assert len(tokenizer(short)["input_ids"]) <= 4 and expected.startswith(short)
 
 
 def test_a_continued_node_logs_beside_its_earlier_model_and_registered_versions_keep_theirs(
