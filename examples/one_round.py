@@ -1,6 +1,12 @@
 """One node's SAPO round with `sapo_core` alone: the round a swarm node runs, on one page.
 
-    python examples/one_round.py --questions 4 --completions 4 --max-new-tokens 64
+    python examples/one_round.py --questions 2 --completions 4
+
+On the bundled SmolLM2-135M it takes about a minute on 2 cores. By default the questions
+are the embedded CPU swarm's (one-digit sums, the last number in a completion its answer),
+which the small model gets right some of the time: a group whose answers all score alike
+carries no gradient, so until one does the node draws new questions (as its next round
+would), and every step below shows.
 
 The same calls as a node in a swarm (flows/node/steps.py), without the ledger, Prefect or
 MLflow around them; where to read each step's code is in brackets:
@@ -41,15 +47,28 @@ WORKED_EXAMPLE = {
 }
 
 
+EASY = {
+    "tasks": {"specs": [{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2,
+                                                        "min_digits": 1, "max_digits": 1}}]},
+    "reward": {"extraction": "last_number"},
+}  # fmt: skip
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=BUNDLED_MODEL, help="HF id, local folder or the bundle")
-    p.add_argument("--tasks", default="", help="comma-separated reasoning-gym tasks (paper's 9)")
+    p.add_argument(
+        "--tasks",
+        default="",
+        help="comma-separated reasoning-gym tasks, answered in <answer> tags (default: the "
+        "embedded CPU swarm's one-digit sums)",
+    )
     p.add_argument("--questions", type=int, default=4, help="B: questions (groups) this round")
     p.add_argument("--completions", type=int, default=4, help="G: completions per question")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-5, help="Adam step size (Gensyn's default)")
+    p.add_argument("--draws", type=int, default=4, help="rounds of questions to try for a signal")
     return p.parse_args(argv)
 
 
@@ -60,7 +79,11 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "local_groups": args.questions,  # I: own groups trained on
         "external_groups": 0,  # J: peers' groups (none without a swarm: plain GRPO)
-        "tasks": {"specs": [{"name": t} for t in args.tasks.split(",")]} if args.tasks else {},
+        **(
+            {"tasks": {"specs": [{"name": t} for t in args.tasks.split(",")]}}
+            if args.tasks
+            else EASY  # what the embedded CPU swarm asks (flows/swarms/cpu.yaml)
+        ),
         "prompt": {"examples": [WORKED_EXAMPLE]},
         "generation": {
             "completions_per_question": args.completions,
@@ -75,19 +98,24 @@ def main(argv: list[str] | None = None, peers: list[Group] | None = None) -> dic
     args = parse_args(argv)
     learner = Learner(NodeConfig.model_validate(node_settings(args)))
 
-    # 1-3. Questions, G completions each, and this node's verdict on every completion: its
-    # ground truth re-derived from the question's task fields, never taken from a row.
-    generated = learner.generate(round_=0)
-    rewards = [[r.reward for r in g.rollouts] for g in generated.groups]
-    print(f"[1] {len(generated.groups)} questions: {[g.question.task for g in generated.groups]}")
-    print(f"[2] {sum(map(len, rewards))} completions, {generated.tokens} tokens")
-    print(f"[3] own reward {generated.own_reward:.3f}; per group {rewards}")
+    for round_ in range(args.draws):
+        # 1-3. Questions, G completions each, and this node's verdict on every completion:
+        # its ground truth re-derived from the question's task fields, never taken from a row.
+        generated = learner.generate(round_)
+        rewards = [[r.reward for r in g.rollouts] for g in generated.groups]
+        tasks = [g.question.task for g in generated.groups]
+        print(f"[1] round {round_}: {len(generated.groups)} questions: {tasks}")
+        print(f"[2] {sum(map(len, rewards))} completions, {generated.tokens} tokens")
+        print(f"[3] own reward {generated.own_reward:.3f}; per group {rewards}")
 
-    # 4. The training set. In a swarm the peers' groups join here: plain text, re-encoded
-    # with this node's tokenizer and re-scored by its verifier; a lying peer's rows are
-    # flagged and never trained on.
-    chosen, flagged = learner.select(0, generated.groups, peers or [])
-    print(f"[4] {len(chosen.trained)} of {len(chosen.selected)} groups carry a signal")
+        # 4. The training set. In a swarm the peers' groups join here: plain text,
+        # re-encoded with this node's tokenizer and re-scored by its verifier; a lying peer's
+        # rows are flagged and never trained on.
+        chosen, flagged = learner.select(round_, generated.groups, peers or [])
+        print(f"[4] {len(chosen.trained)} of {len(chosen.selected)} groups carry a signal")
+        if chosen.trained:
+            break
+        print("    none: new questions, as the node's next round would draw")
 
     # 5. Advantages within each group (what the update will weigh each completion by).
     segments, _ = learner.encode(chosen.trained)
@@ -96,7 +124,7 @@ def main(argv: list[str] | None = None, peers: list[Group] | None = None) -> dic
 
     # 6. The GRPO step: token log-probs under the current policy, the clipped loss against
     # the behaviour log-probs recorded while generating, gradients, one optimizer step.
-    report = learner.update(0, chosen, flagged)
+    report = learner.update(round_, chosen, flagged)
     update = report.update
     if update:
         print(

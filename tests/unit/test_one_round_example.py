@@ -121,3 +121,19 @@ def test_no_step_without_a_learning_signal(tiny_model_dir: Path) -> None:
     before = initial_model(tiny_model_dir).state_dict()
     after = out["learner"].policy.model.state_dict()
     assert all(w.equal(before[name]) for name, w in after.items())
+
+
+@pytest.mark.slow
+def test_on_the_bundled_model_the_map_shows_every_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 47: the README's map of the algorithm, run as it says on the bundled model
+    (`--questions 2 --completions 4`), scored 0 and ended "nothing to learn this round":
+    the update never ran. On the embedded swarm's questions it draws until a group carries
+    a signal, and takes the step."""
+    out = load_example().main(["--questions", "2", "--completions", "4"])
+    printed = capsys.readouterr().out
+    assert out["report"].update, printed  # the GRPO step ran
+    assert out["chosen"].trained and all(
+        any(a != 0 for a in advantages) for advantages in out["advantages"]
+    )
+    for step in ("[1]", "[2]", "[3]", "[4]", "[5]", "[6] loss"):
+        assert step in printed, printed
