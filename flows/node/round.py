@@ -166,6 +166,11 @@ def node_flow(
             if lifecycle.finished(node.next_round, swarm.rounds, node.final_model_missing):
                 checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
             return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
+        except BaseException as stopped:
+            if node.run is not None:  # its MLflow run says how it ended, never "running"
+                interrupted = isinstance(stopped, KeyboardInterrupt)
+                node.run.tracker.finish(node.run.run_id, "KILLED" if interrupted else "FAILED")
+            raise
         finally:
             node.close()
             progress.close()

@@ -128,13 +128,23 @@ def run_swarm(
             failed = _run_nodes(config, resolved, parent, display, out)
     except SwarmStopped:
         if opened is not None:
-            opened[0].finish(opened[1], "KILLED")  # and nothing is registered
+            # The parent and every node run the stop cut short: stopped, not running on in
+            # MLflow (a node stopped by SIGTERM closes nothing itself); nothing registered.
+            stop_runs(opened[0], opened[1])
         raise
     if opened is not None:
         tracker, run_id = opened
         _register(config, tracker, run_id, out)
         tracker.finish(run_id, "FINISHED" if failed == 0 else "FAILED")
     return failed
+
+
+def stop_runs(tracker: Tracker, parent: str) -> None:
+    """Mark a stopped swarm's parent run and its node runs still RUNNING as KILLED."""
+    for child in tracker.children(parent):
+        if child.info.status == "RUNNING":
+            tracker.finish(child.info.run_id, "KILLED")
+    tracker.finish(parent, "KILLED")
 
 
 def _register(
