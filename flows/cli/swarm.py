@@ -228,9 +228,17 @@ def node(
         cfg.node(node_id)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
+    from flows.node import lifecycle
+
     saved = check_resume(cfg, [node_id], force, more_rounds)[node_id]
     if saved is not None and not saved.resumable:  # and has nothing more to do
         print(f"{node_id} has finished its {cfg.rounds} rounds; {checkpoint.kept_model(saved)}")
+        return
+    until_round = None if more_rounds else cfg.rounds  # --more-rounds may go past it
+    if saved is not None and lifecycle.nothing_left(
+        cfg, node_id, saved, cfg.rounds, until_round, more_rounds
+    ):  # said here, without starting Prefect (seconds) for a flow that would do nothing
+        print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
         return
     check_models(cfg, [node_id])
     check_ledger(cfg)
@@ -244,7 +252,7 @@ def node(
     node_flow(
         node_id,
         swarm=cfg,
-        until_round=None if more_rounds else cfg.rounds,  # --more-rounds may go past it
+        until_round=until_round,
         more_rounds=more_rounds,
         parent_run_id=parent_run_id,
         force=force,

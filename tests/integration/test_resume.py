@@ -107,6 +107,24 @@ def test_a_finished_swarm_says_so_and_refuses_new_nodes(tmp_path):
     assert not (tmp_path / "nodes" / "node-2").exists()
 
 
+def test_a_finished_node_says_so_without_starting_its_flow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: `sapo node` on a finished node started a Prefect server (8-21 s) for a flow
+    that then said there was nothing to do."""
+    from flows.node import checkpoint
+    from flows.node import round as node_round
+
+    cfg = load_swarm(None, nodes=1, rounds=3, workdir=tmp_path)
+    checkpoint_at(tmp_path, "node-0", 3, node_config(cfg.node("node-0")))
+    checkpoint.mark_finished(tmp_path, "node-0", 3)
+    started: list[str] = []
+    monkeypatch.setattr(node_round, "node_flow", lambda *a, **k: started.append("flow"))
+    out = runner.invoke(app, ["node", "--node-id", "node-0", "--workdir", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert out.output.strip() == "node-0 has finished its 3 rounds" and started == []
+
+
 def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
