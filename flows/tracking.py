@@ -238,6 +238,18 @@ class Tracker:
         run = attempt(lambda: self.client.get_run(run_id), "read the run", self.retry)
         return None if run is None else run.data.tags.get(key)
 
+    def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """A table (``rows``: one dict per row) as a run's artifact, shown in MLflow's UI;
+        nothing when there are no rows."""
+        if not rows:
+            return
+        columns = {key: [row[key] for row in rows] for key in rows[0]}
+        attempt(
+            lambda: self.client.log_table(run_id, columns, artifact_file),
+            "log table",
+            self.retry,
+        )
+
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)
 

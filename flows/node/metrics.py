@@ -8,6 +8,7 @@ from typing import Any
 
 from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
+from sapo_core.assembly import TrainingSet
 from sapo_core.learner import EMPTY, TOO_LONG
 
 SKIP_REASONS = (TOO_LONG, EMPTY)
@@ -79,6 +80,37 @@ UPDATE_METRICS = {
     "tokens_per_pass": "update_tokens_per_pass",
     "checkpointing": "update_checkpointing",
 }
+
+
+SAMPLE_GROUPS = 2
+"""Groups of each origin (own, peers') a round's table of sample completions shows."""
+SAMPLE_TEXT = 2000
+"""Characters of a question or completion the table keeps (a peer's may be long)."""
+
+
+def sample_completions(chosen: TrainingSet, round_: int) -> list[dict[str, Any]]:
+    """A small table of what the node trained on this round, for MLflow's UI (what the model
+    writes, not only scalars): the first SAMPLE_GROUPS own groups and peers' groups of the
+    training set, one row per completion, with this node's reward for it."""
+    trained = {id(g) for g in chosen.trained}
+    rows = []
+    for origin in ("local", "external"):
+        groups = [g for g in chosen.selected if g.group.source == origin][:SAMPLE_GROUPS]
+        for scored in groups:
+            for rollout, reward in zip(scored.rollouts, scored.rewards, strict=True):
+                rows.append(
+                    {
+                        "round": round_,
+                        "origin": "own" if origin == "local" else "peer",
+                        "publisher": rollout.node_id,
+                        "task": rollout.question.task,
+                        "question": rollout.question.question[:SAMPLE_TEXT],
+                        "completion": rollout.completion[:SAMPLE_TEXT],
+                        "reward": reward,
+                        "trained": id(scored) in trained,  # carried a gradient
+                    }
+                )
+    return rows
 
 
 def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:

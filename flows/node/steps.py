@@ -24,7 +24,7 @@ import polars as pl
 from flows.node import checkpoint as checkpoints
 from flows.node.backlog import log_writer, riding_out
 from flows.node.lifecycle import node_config
-from flows.node.metrics import round_metrics
+from flows.node.metrics import round_metrics, sample_completions
 from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
 from ledger import StorageError
@@ -332,6 +332,12 @@ def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     metrics = round_metrics(node, state)
     if node.run is not None:
         node.run.tracker.log_metrics(node.run.run_id, metrics, step=state.round)
+        chosen = require(state.chosen, state, "track", "reward")
+        node.run.tracker.log_table(
+            node.run.run_id,
+            sample_completions(chosen, state.round),
+            f"completions/round-{state.round:04d}.json",
+        )
     return metrics
 
 
