@@ -61,7 +61,9 @@ def _data_rounds(ax: Any) -> tuple[float | None, float | None]:
 
 def _points(n: int) -> dict[str, Any]:
     """Line style for ``n`` points: markers for few (see FEW_POINTS), a plain line for many."""
-    return {"marker": "o", "markersize": 3.5} if n <= FEW_POINTS else {}
+    if n > FEW_POINTS:
+        return {}
+    return {"marker": "o", "markersize": 6.0 if n <= 2 else 3.5}  # a lone point stands out
 
 
 def smoothing_window(rounds: int) -> int:
