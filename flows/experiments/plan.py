@@ -10,6 +10,25 @@ from flows.experiments.progress import run_walls, wall_label
 from flows.experiments.sweep import ExperimentConfig
 from flows.node.lifecycle import is_complete
 
+SECONDS_PER_ROLLOUT_TOKEN = {"bundled:smollm2-135m-instruct": 0.0195}
+"""Measured wall seconds a swarm spends per rollout and token of its max_new_tokens (generation
+and the update), by model, on an idle 2-core CPU machine: the paper-table sweep's 40 runs
+(3 nodes x 12 rounds x 4 groups of 8 completions of at most 48 tokens) took about 12 h, 18
+min a run (docs/paper-table-cpu.md). A fresh sweep's --dry-run estimates from it; a timed
+run replaces it."""
+
+
+def estimated_hours(rows: list[dict[str, Any]]) -> float | None:
+    """Hours the runs ``rows`` would take from SECONDS_PER_ROLLOUT_TOKEN; None when a run's
+    model was never measured."""
+    total = 0.0
+    for row in rows:
+        rates = [SECONDS_PER_ROLLOUT_TOKEN.get(m) for m in row["models"].split(",")]
+        if any(rate is None for rate in rates):
+            return None
+        total += row["rollouts"] * row["max_new_tokens"] * max(r for r in rates if r)
+    return total / 3600
+
 
 def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, Any]]:
     """One row per configuration: what would run (for --dry-run and the report); a run
@@ -67,6 +86,11 @@ def format_plan(exp: ExperimentConfig, records: Path | None = None) -> str:
         # what whoever resumes the sweep plans around
         estimate = left * sum(timed) / len(timed) / 3600
         head += f"; {left} of {len(rows)} runs left, about {estimate:.1f} h at the timed mean"
+    elif left and (guess := estimated_hours([r for r in rows if not r["done"]])) is not None:
+        head += (
+            f"; {left} runs, about {guess:.1f} h on an idle 2-core CPU machine (measured "
+            "cost per rollout; a timed run replaces it)"
+        )
     cols = ["configuration", "seed", "swarm_id", "policy", "nodes", "rounds", "questions",
             "completions", "max_new_tokens", "rollouts", "done", "wall"]  # fmt: skip
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}

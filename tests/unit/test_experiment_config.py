@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +321,18 @@ def test_the_compute_matched_control_is_a_node_alone_making_more_questions() -> 
     data["swarm"]["nodes"][0]["local_selection"] = "informative_first"
     with pytest.raises(ValidationError, match="only the configurations vary"):
         ExperimentConfig.model_validate(data)
+
+
+def test_a_fresh_sweeps_dry_run_estimates_its_time(tmp_path: Path) -> None:
+    """Issue 47: --dry-run of a sweep never run gave no time at all. The paper-table sweep
+    (40 runs), which took about 12 h here, is estimated from the measured cost a rollout."""
+    out = CliRunner().invoke(
+        app,
+        ["experiment", "-c", str(EXAMPLES / "paper-table-cpu.yaml"), "--dry-run",
+         "--set", f"workdir={tmp_path}"],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    head = out.output.splitlines()[0]
+    match = re.search(r"; 40 runs, about ([0-9.]+) h on an idle 2-core CPU machine", head)
+    assert match is not None, head
+    assert 11.0 <= float(match.group(1)) <= 13.0
