@@ -130,5 +130,10 @@ def describe(metrics: dict[str, Any], node_id: str, round_: int) -> str:
     )
 
 
+def is_round_summary(line: str, node_id: str) -> bool:
+    """Whether ``line`` is ``node_id``'s summary of a round (`describe`'s line)."""
+    return line.startswith(f"{node_id} round ") and ": own_reward " in line
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"

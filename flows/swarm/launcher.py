@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING
 from flows.config import SwarmConfig, swarm_yaml
 from flows.env import apply_offline_defaults
 from flows.node.files import write_atomically
+from flows.node.metrics import is_round_summary
 from flows.progress import PROGRESS_ENV, SwarmProgress
 from flows.swarm.stopping import NodeStopper, SwarmStopped, stopped_lines
 from ledger.schema import sharing_label
@@ -94,7 +95,9 @@ def _pump(
     stopping: threading.Event,
 ) -> None:
     for line in stream:
-        if not stopping.is_set():
+        # Once the swarm stops, a dying node's noise is not shown; the summary of a round it
+        # finished still is (it may reach the pipe as the stop comes): the record is whole.
+        if not stopping.is_set() or is_round_summary(line, node_id):
             display.feed(node_id, line.rstrip(), out)
 
 

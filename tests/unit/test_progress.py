@@ -39,3 +39,24 @@ def test_launcher_moves_bars_on_events_and_prints_everything_else() -> None:
     assert (rounds.completed, rounds.total) == (2, 4)
     assert rounds.description == "node-0 round 1 (2 of 4): update"  # numbered as in the logs
     assert (generation.completed, generation.total) == (6, 8)
+
+
+def test_a_stopped_swarm_still_shows_the_rounds_its_nodes_finished() -> None:
+    """Issue 47: after Ctrl-C a node's round-0 summary, printed as the stop came, was never
+    shown (everything a node printed after the stop was dropped, to hide its dying noise)."""
+    import io
+    import threading
+
+    from flows.node.metrics import describe
+    from flows.progress import SwarmProgress
+    from flows.swarm.launcher import _pump
+
+    metrics = {"own_reward": 0.5, "cumulative_own_reward": 0.5, "training_reward": 0.25,
+               "external_groups_used": 2.0, "seconds_generate": 3.0}  # fmt: skip
+    summary = describe(metrics, "node-1", 0)
+    stream = io.StringIO(f"Traceback (most recent call last):\n{summary}\nKeyboardInterrupt\n")
+    stopping = threading.Event()
+    stopping.set()
+    shown: list[str] = []
+    _pump(stream, "node-1", SwarmProgress(enabled=False), shown.append, stopping)
+    assert shown == [f"[node-1] {summary}"]
