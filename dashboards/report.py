@@ -11,7 +11,7 @@ its id; swarms without manifests (older ledgers) are reported with those unknown
 Every number comes from the ledger. MLflow, when given, only cross-checks: each node's
 `own_reward` per round must equal the ledger's `claimed_reward` (its mean over what the
 node published), and its `cumulative_training_reward` (which counts peers' groups too) is
-shown beside the ledger's. The names are README's "Rewards, by name".
+shown beside the ledger's. The names are docs/running.md's "Rewards, by name".
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ apply_offline_defaults()
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 STACK_VARIABLES = ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "SAPO_WORKDIR")
 """Where nodes send their runs and state when a file does not say. A developer who exported
-a stack's variables (README, "Many machines") must not send the tests' runs to it, and
+a stack's variables (docs/running.md, "Many machines") must not send the tests' runs to it, and
 `mlflow.set_tracking_uri` in one test sets MLFLOW_TRACKING_URI for the node processes of
 the next: every test starts without them (tests that need a server name it)."""
 

@@ -35,7 +35,7 @@ TRAINING_STATE = (OPTIMIZER, RNG)
 @dataclass
 class RewardTotals:
     """A node's running sums over its rounds, kept in its checkpoints: each is the sum of
-    that round's figure of the same name (README, "Rewards, by name")."""
+    that round's figure of the same name (docs/running.md, "Rewards, by name")."""
 
     cumulative_own_reward: float = 0.0
     cumulative_training_reward: float = 0.0

@@ -24,7 +24,7 @@ def round_metrics(
     report = require(state.report, state, "metrics", "update")
     generated = require(state.generated, state, "metrics", "generate")
     metrics: dict[str, float] = {
-        # The names of README's "Rewards, by name". Own: the mean over everything the node
+        # The names of docs/running.md's "Rewards, by name". Own: the mean over everything the node
         # generated (and published, as its claim) this round: the policy's own accuracy.
         "own_reward": generated.own_reward,
         # Training: the mean over the training set (own and peers' groups kept for the

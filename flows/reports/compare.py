@@ -21,7 +21,7 @@ from ledger.retrying import first_line
 
 RANKED_BY = "cumulative_own_reward"
 COMPARED = ("own_reward", "training_reward", "cumulative_own_reward", "cumulative_training_reward")
-"""Each node run's last value of these (the README's "Rewards, by name")."""
+"""Each node run's last value of these (docs/running.md, "Rewards, by name")."""
 
 NODE_SCHEMA: dict[str, Any] = {
     "experiment": pl.String,
