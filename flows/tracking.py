@@ -196,6 +196,9 @@ class Tracker:
         # Its warnings are about the Hugging Face Hub (no model card or licence for a local
         # model): noise in every run's output.
         logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)
+        # Saving imports transformers' quantisation integrations, and bitsandbytes (the gpu
+        # extra) then warns on a CPU that an optional kernel package is missing: noise too.
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         from sapo_core.policy import adapter
 
         # An adapted model is logged as its adapter (megabytes) with the tokenizer, naming

@@ -147,6 +147,8 @@ def test_without_bitsandbytes_8_bit_fails_in_one_line_naming_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import raises ImportError
-    with pytest.raises(RuntimeError, match=r"pip install 'sapo-swarm\[gpu\]'") as err:
+    with pytest.raises(
+        RuntimeError, match=r"pip install 'bitsandbytes>=0.50' \(sapo's gpu extra\)"
+    ) as err:
         make_optimizer(_model(), GRPOConfig(optimizer="adamw_8bit"))
     assert "\n" not in str(err.value)
