@@ -149,7 +149,8 @@ def test_keeping_nothing_logs_no_model_to_mlflow_either(tmp_path: Path) -> None:
     mlflow.set_tracking_uri(swarm.tracking_uri())
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     assert run.data.metrics["cumulative_own_reward"] >= 0.0  # tracked, its round logged
-    assert mlflow.artifacts.list_artifacts(run_id=run.info.run_id) == []  # no model
+    logged = [a.path for a in mlflow.artifacts.list_artifacts(run_id=run.info.run_id)]
+    assert logged == ["completions"]  # the rounds' sample tables, and no model
     # One rule, stated: the default follows what the swarm keeps; a set value wins.
     assert not swarm.logs_models
     assert make_swarm(tmp_path, tracking={"enabled": True}).logs_models
