@@ -138,5 +138,5 @@ def test_an_adapter_node_logs_its_adapter_which_loads_on_its_base_into_a_pipelin
     assert torch.allclose(got, want, atol=1e-5)
     assert not torch.allclose(got, base, atol=1e-3)  # the adapter is applied, not dropped
     generic = mlflow.pyfunc.load_model(f"models:/tiny-lora/{version}")
-    (text,) = generic.predict(["What is 1 + 1?"])
-    assert text.startswith("What is 1 + 1?")
+    (text,) = generic.predict(["What is 1 + 1?"], params={"max_new_tokens": 6})
+    assert text and not text.startswith("What is 1 + 1?")  # the completion, generated
