@@ -168,3 +168,22 @@ def test_each_quoted_command_has_help_that_runs() -> None:
     for path in sorted(paths):
         out = runner.invoke(app, [*path, "--help"], terminal_width=80)
         assert out.exit_code == 0, (path, out.output)
+
+
+def test_every_relative_link_in_the_docs_reaches_a_file() -> None:
+    """The README's references moved to docs/ (issue 47): a link left pointing at the old
+    place, or at a page's old neighbour, is found here."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages += [ROOT / "infra" / "README.md", ROOT / "benchmarks" / "README.md"]
+    links = [
+        (page, target)
+        for page in pages
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+        if not re.match(r"^(https?:|mailto:|#)", target)
+    ]
+    broken = [
+        f"{page.relative_to(ROOT)}: {target}"
+        for page, target in links
+        if not (page.parent / target.split("#")[0]).exists()
+    ]
+    assert len(links) > 20 and broken == []
