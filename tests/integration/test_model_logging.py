@@ -140,3 +140,42 @@ def test_an_adapter_node_logs_its_adapter_which_loads_on_its_base_into_a_pipelin
     generic = mlflow.pyfunc.load_model(f"models:/tiny-lora/{version}")
     (text,) = generic.predict(["What is 1 + 1?"], params={"max_new_tokens": 6})
     assert text and not text.startswith("What is 1 + 1?")  # the completion, generated
+
+
+LOG_A_MODEL = """
+import logging, sys
+from pathlib import Path
+from flows.env import apply_offline_defaults
+apply_offline_defaults()
+logging.basicConfig(level=logging.INFO)  # as a node's log handler shows its warnings
+import transformers
+from flows.tracking import open_tracker
+from tests.tiny_models import build_tiny_model
+tmp = Path(sys.argv[1])
+checkpoint = build_tiny_model(tmp / "tiny")
+model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
+tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+tracker = open_tracker(f"sqlite:///{tmp}/mlflow.db", "quiet", str(tmp / "artifacts"))
+tracker.log_model(tracker.run("n", {}), model, tokenizer, scratch=tmp)
+print("bitsandbytes" in sys.modules)
+"""
+
+
+def test_logging_a_model_says_nothing_of_bitsandbytes_kernels(tmp_path: Path) -> None:
+    """Issue 47: saving a model imports bitsandbytes (the gpu extra), which on a CPU warned
+    in every node's output that an optional kernel package is missing. In a fresh process,
+    since it warns once, on import."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", LOG_A_MODEL, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=300,
+        check=True,
+    )
+    assert done.stdout.strip().endswith("True")  # it was imported: the case in question
+    assert "kernels" not in done.stderr, done.stderr[-2000:]
