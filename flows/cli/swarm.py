@@ -43,13 +43,13 @@ def load(
 
 
 def check_no_late_nodes(cfg: SwarmConfig, saved: dict[str, Checkpoint | None], force: bool) -> None:
-    """Refuse to start new nodes in a swarm whose nodes have all finished (`--nodes 3` on a
-    finished 2-node swarm): they would train alone against a ledger that no longer changes,
-    and the swarm's model be registered again. ``force`` states the choice instead."""
-    done = [n for n, c in saved.items() if c is not None and c.next_round >= cfg.rounds]
-    new = [n for n, c in saved.items() if c is None]
-    if not done or not new or len(done) + len(new) < len(saved):
+    """`lifecycle.late_nodes`, said on the terminal: refused, or (``force``) stated."""
+    from flows.node import lifecycle
+
+    late = lifecycle.late_nodes(cfg, saved)
+    if late is None:
         return
+    done, new = late
     line = (
         f"swarm {cfg.swarm_id}: {', '.join(done)} finished {cfg.rounds} rounds; "
         f"{', '.join(new)} would start alone after them"

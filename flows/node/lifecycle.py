@@ -215,6 +215,20 @@ def finished(next_round: int, rounds: int, model_missing: Callable[[], bool]) ->
 # -- a swarm ----------------------------------------------------------------------------
 
 
+def late_nodes(
+    swarm: SwarmConfig, saved: Mapping[str, checkpoint.Checkpoint | None]
+) -> tuple[list[str], list[str]] | None:
+    """(the nodes that finished, the new ones) when a swarm whose nodes have all finished
+    is asked to start new ones (`--nodes 3` on a finished 2-node swarm): they would train
+    alone against a ledger that no longer changes, and the swarm's model be registered
+    again. None otherwise. ``saved``: each node's newest checkpoint (None: a new node)."""
+    done = [n for n, c in saved.items() if c is not None and c.next_round >= swarm.rounds]
+    new = [n for n, c in saved.items() if c is None]
+    if not done or not new or len(done) + len(new) < len(saved):
+        return None
+    return done, new
+
+
 def is_complete(
     swarm: SwarmConfig, saved: Mapping[str, checkpoint.Checkpoint | None] | None = None
 ) -> bool:
