@@ -66,7 +66,7 @@ def query(
     fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
 ) -> None:
-    """Run SQL over the ledger's views: rollouts, groups, samples, manifests, evaluations,
+    """SQL over the ledger. Its views: rollouts, groups, samples, manifests, evaluations,
     trainings, ledger_files."""
     import dashboards
 
@@ -109,7 +109,7 @@ def sample(
     fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
 ) -> None:
-    """Draw whole peer groups for a node with a sampling policy written in SQL."""
+    """Draw whole peer groups for a node. Each sampling policy is written in SQL."""
     from pydantic import ValidationError
 
     from ledger import parse_policy
@@ -135,7 +135,7 @@ def validate(
     strict: Annotated[bool, typer.Option(help="Exit 1 when anything was skipped.")] = False,
     storage_option: StorageOpt = None,
 ) -> None:
-    """Read every object and report what a reader skips, and why."""
+    """Read every object; report what a reader skips, and why."""
     with open_ledger(url, storage_option) as led:
         report = guarded(led.validate)
     print(f"ledger   {led.url}")
@@ -159,7 +159,7 @@ def credentials(
     alias: Annotated[str, typer.Option(help="The mc alias of the MinIO server.")] = "sapo",
     policy_only: Annotated[bool, typer.Option(help="Print only the IAM policy JSON.")] = False,
 ) -> None:
-    """Print the write policy of one node (its own prefixes only) and the mc commands that
+    """Print one node's write policy (its own prefixes only). Then the mc commands that
     make a MinIO user with it (infra/README.md)."""
     import json
     from urllib.parse import urlparse
@@ -211,7 +211,7 @@ def compact(
     ] = None,
     storage_option: StorageOpt = None,
 ) -> None:
-    """Merge the small files of older partitions into few large ones."""
+    """Merge older partitions' small files into large ones."""
     if not node_id and not all_nodes:
         raise fail("name the nodes to compact with --node-id, or pass --all-nodes")
     signer = _signer(key, swarm_id, node_id) if key is not None else None
@@ -245,9 +245,9 @@ def compact(
 
 @app.command("collect-markers")
 def collect_markers(url: UrlArg, storage_option: StorageOpt = None) -> None:
-    """Delete change-log markers no reader needs any more (older than twice the full-listing
-    period), every node's: nodes collect their own once an hour; this is the operator's
-    sweep, e.g. after nodes have left."""
+    """Delete change-log markers no reader needs any more. Every node's markers older than
+    twice the full-listing period: nodes collect their own once an hour; this is the
+    operator's sweep, e.g. after nodes have left."""
     with open_ledger(url, storage_option) as led:
         collected = guarded(led.collect_markers)
     print(f"collected {collected} change-log markers")

@@ -163,7 +163,7 @@ def swarm(
     force: ForceOpt = False,
     keep: KeepOpt = None,
 ) -> None:
-    """Run a local swarm: one process per node, no barrier, sharing through the ledger."""
+    """Run a local swarm: one process per node, no barrier. Nodes share through the ledger."""
     require("flows")
     from flows.node.lifecycle import is_complete
     from flows.swarm.launcher import disk_line, run_swarm, write_resolved
@@ -217,7 +217,7 @@ def node(
     ] = None,
     force: ForceOpt = False,
 ) -> None:
-    """Run one node against any ledger URL (a swarm can span machines sharing a bucket)."""
+    """Run one node against any ledger URL. A swarm can span machines sharing a bucket."""
     require("flows")
     from flows.config import ConfigError
     from flows.node import checkpoint
@@ -285,7 +285,7 @@ def deploy(
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
 ) -> None:
-    """One Prefect deployment per node, on a cron or interval schedule."""
+    """One Prefect deployment per node, on a schedule. Give it --cron or --interval."""
     require("flows")
     from flows.services import deploy as deploying
     from ledger.storage import is_local_url
@@ -388,7 +388,7 @@ def demo(
     ] = False,
     keep: DemoKeepOpt = Keep.final_model,
 ) -> None:
-    """The embedded CPU swarm (3 nodes, bundled model), then the ledger's dashboards."""
+    """The embedded CPU swarm (3 nodes, bundled model). Then its dashboards and report."""
     if synthetic:  # the ledger alone: the base install runs it
         from flows.swarm.demo import run_ledger_demo
 

@@ -49,7 +49,8 @@ def experiment(
     ] = False,
     overrides: SetOpt = None,
 ) -> None:
-    """Run a sweep of sharing configurations (same seeds, tasks, models), then its report."""
+    """Run a sweep of sharing configurations, then its report. Every configuration runs
+    the same seeds, tasks and models."""
     require("flows")
     require("dashboards")
     from flows.config import ConfigError
@@ -114,7 +115,8 @@ def report(
     ] = None,
     storage_option: StorageOpt = None,
 ) -> None:
-    """Report every swarm in a ledger, and each sweep's comparison: HTML, PNGs, tables."""
+    """Report a ledger's swarms and sweeps: HTML, PNGs, tables. Each sweep gets its
+    comparison of sharing configurations."""
     require("dashboards")
     if mlflow is not None:
         require("flows", "mlflow")
@@ -156,8 +158,8 @@ def compare(
     ] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Nodes and sharing configurations side by side, from MLflow (best first by
-    cumulative_own_reward); optionally register the best node's model."""
+    """Nodes and sharing configurations side by side, from MLflow. Best first by
+    cumulative_own_reward; optionally register the best node's model."""
     require("flows", "mlflow")
     from flows.reports.compare import read_comparison, register_best_model
 

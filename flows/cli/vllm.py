@@ -66,7 +66,7 @@ def install(
         typer.Option(help="Where to make it (default $SAPO_CACHE/vllm, ~/.cache/sapo/vllm)."),
     ] = None,
 ) -> None:
-    """Make the vLLM environment (several GB; minutes), then check that it imports."""
+    """Make the vLLM environment (several GB; minutes). Then check that it imports."""
     target = (path or default_path()).expanduser().resolve()
     for step in install_steps(target, gpu=gpu):
         print("$ " + " ".join(step), flush=True)

@@ -60,3 +60,14 @@ def test_choices_and_defaults_are_listed() -> None:
     assert "Default: the swarm file's checkpoint_keep (resume)." in swarm
     demo = " ".join(help_text(("demo",)).split())
     assert "[default: final-model]" in demo and "--rounds N" in demo
+
+
+@pytest.mark.parametrize(
+    "path", [p for p, c in ALL if isinstance(c, typer.core.TyperGroup)], ids=lambda p: " ".join(p)
+)
+def test_a_groups_command_list_says_each_command_whole(path: tuple[str, ...]) -> None:
+    """A listing ends each line at a sentence's end, never cut with '...' (each command's
+    first sentence fits the column)."""
+    listing = help_text(path).split("Commands:\n", 1)[1].splitlines()
+    assert listing, path
+    assert [line for line in listing if line.rstrip().endswith("...")] == [], path
