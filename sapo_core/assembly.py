@@ -28,6 +28,10 @@ class TrainingSet:
         """This node's rewards over the selected groups, optionally of one source."""
         return [r for g in self.selected if source in (None, g.group.source) for r in g.rewards]
 
+    def is_trained(self, group: ScoredGroup) -> bool:
+        """Whether a selected group carried a gradient (by identity: two groups may be equal)."""
+        return any(group is g for g in self.trained)
+
     @property
     def zero_variance_fraction(self) -> float:
         return sum(g.zero_variance for g in self.selected) / max(len(self.selected), 1)
@@ -40,7 +44,6 @@ class TrainingSet:
         """One row per selected group, for the ledger's training log: where it came from,
         whether it carried a gradient, whether it was trained on, and its share of the
         update's loss weight (``loss_shares``, by group id: RoundReport's)."""
-        trained = {id(g) for g in self.trained}
         shares = loss_shares or {}
         return [
             {
@@ -51,7 +54,7 @@ class TrainingSet:
                 "completions": len(g.rewards),
                 "reward_mean": g.mean_reward,
                 "informative": not g.zero_variance,
-                "trained": id(g) in trained,
+                "trained": self.is_trained(g),
                 "loss_share": min(shares.get(g.group.group_id, 0.0), 1.0),  # float sums
             }
             for g in self.selected

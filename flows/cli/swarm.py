@@ -220,7 +220,6 @@ def node(
     """Run one node against any ledger URL. A swarm can span machines sharing a bucket."""
     require("flows")
     from flows.config import ConfigError
-    from flows.node import checkpoint
     from flows.swarm.launcher import write_resolved
 
     cfg = load(config, overrides, rounds=rounds, workdir=workdir)
@@ -231,14 +230,12 @@ def node(
     from flows.node import lifecycle
 
     saved = check_resume(cfg, [node_id], force, more_rounds)[node_id]
-    if saved is not None and not saved.resumable:  # and has nothing more to do
-        print(f"{node_id} has finished its {cfg.rounds} rounds; {checkpoint.kept_model(saved)}")
-        return
     until_round = None if more_rounds else cfg.rounds  # --more-rounds may go past it
-    if saved is not None and lifecycle.nothing_left(
-        cfg, node_id, saved, cfg.rounds, until_round, more_rounds
+    if saved is not None and (
+        not saved.resumable  # it kept only its final model: nothing more can run
+        or lifecycle.nothing_left(cfg, node_id, saved, cfg.rounds, until_round, more_rounds)
     ):  # said here, without starting Prefect (seconds) for a flow that would do nothing
-        print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
+        print(lifecycle.finished_line(node_id, saved), flush=True)
         return
     check_models(cfg, [node_id])
     check_ledger(cfg)

@@ -181,6 +181,13 @@ def nothing_left(
     return not saved.resumable or checkpoint.finished_rounds(swarm.workdir, node_id) >= end
 
 
+def finished_line(node_id: str, saved: checkpoint.Checkpoint) -> str:
+    """What a node with nothing left to run says, in `sapo node` and in its flow alike: the
+    rounds it ran and, once it kept only its final model, where that model is."""
+    line = f"{node_id} has finished its {saved.next_round} rounds"
+    return line if saved.resumable else f"{line}; {checkpoint.kept_model(saved)}"
+
+
 def reached_the_end(next_round: int, rounds: int) -> bool:
     """Whether a node whose next round is `next_round` has run all of its swarm's rounds:
     then its policy is scored once more (the final evaluation, unless recorded already)."""

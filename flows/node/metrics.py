@@ -92,7 +92,6 @@ def sample_completions(chosen: TrainingSet, round_: int) -> list[dict[str, Any]]
     """A small table of what the node trained on this round, for MLflow's UI (what the model
     writes, not only scalars): the first SAMPLE_GROUPS own groups and peers' groups of the
     training set, one row per completion, with this node's reward for it."""
-    trained = {id(g) for g in chosen.trained}
     rows = []
     for origin in ("local", "external"):
         groups = [g for g in chosen.selected if g.group.source == origin][:SAMPLE_GROUPS]
@@ -107,7 +106,7 @@ def sample_completions(chosen: TrainingSet, round_: int) -> list[dict[str, Any]]
                         "question": rollout.question.question[:SAMPLE_TEXT],
                         "completion": rollout.completion[:SAMPLE_TEXT],
                         "reward": reward,
-                        "trained": id(scored) in trained,  # carried a gradient
+                        "trained": chosen.is_trained(scored),  # carried a gradient
                     }
                 )
     return rows

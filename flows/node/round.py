@@ -121,7 +121,7 @@ def node_flow(
     if saved is not None and lifecycle.nothing_left(
         swarm, node_id, saved, end, until_round, more_rounds
     ):
-        print(f"{node_id} has finished its {saved.next_round} rounds", flush=True)
+        print(lifecycle.finished_line(node_id, saved), flush=True)
         return {"node_id": node_id, "rounds": [], "metrics": []}
     force = force or lifecycle.forced_by_environment()
     lifecycle.check_resume(swarm, [node_id], force, more_rounds, {node_id: saved}).enforce()
