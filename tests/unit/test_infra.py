@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from flows.config import load_swarm
+from ledger.storage.settings import S3Settings
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 
@@ -53,11 +55,34 @@ def test_every_variable_has_an_example() -> None:
     assert used - defaulted <= set(example), used - defaulted - set(example)
 
 
-def test_infra_swarm_config_points_at_the_stack() -> None:
+def test_the_infra_swarm_file_takes_the_services_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One file for every machine: the bucket's endpoint, the tracking server and the Prefect
+    server are what the machine exports (what `sapo infra up` prints), not addresses pinned
+    in the file, which would win over the variables and send a worker to its own localhost
+    (issue 47's review: `sapo deploy -c infra/swarm.yaml` as docs/running.md runs it)."""
+    services = {
+        "AWS_ENDPOINT_URL": "http://10.0.0.5:9000",
+        "MLFLOW_TRACKING_URI": "http://10.0.0.5:5000",
+        "PREFECT_API_URL": "http://10.0.0.5:4200/api",
+    }
+    for name, value in services.items():
+        monkeypatch.setenv(name, value)
     swarm = load_swarm(INFRA / "swarm.yaml")
-    ledger = swarm.ledger
-    assert ledger.url == "s3://sapo-ledger/ledger"
-    assert ledger.storage_options["endpoint_url"] == "http://127.0.0.1:9000"
-    assert swarm.tracking_uri() == "http://127.0.0.1:5000"
-    assert swarm.prefect.api_url == "http://127.0.0.1:4200/api"
+    assert swarm.ledger.url == "s3://sapo-ledger/ledger"
+    endpoint = S3Settings.resolve(swarm.ledger.storage_options).endpoint_url
+    assert endpoint == services["AWS_ENDPOINT_URL"]
+    assert swarm.tracking_uri() == services["MLFLOW_TRACKING_URI"]
+    assert swarm.prefect_api_url() == services["PREFECT_API_URL"]
     assert len(swarm.nodes) == 3
+
+
+def test_the_compose_walkthrough_exports_every_service_the_swarm_file_needs() -> None:
+    readme = (INFRA / "README.md").read_text()
+    block = readme[readme.index("docker compose -f infra/docker-compose.yml") :]
+    block = block[: block.index("```")]
+    exported = dict(re.findall(r"\b([A-Z][A-Z0-9_]+)=(\S+)", block))
+    assert exported["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"  # the compose file's ports
+    assert exported["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+    assert exported["PREFECT_API_URL"] == "http://127.0.0.1:4200/api"
