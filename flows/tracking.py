@@ -182,12 +182,20 @@ class Tracker:
         return attempt(upload, "log artifacts", _heavy(self.retry))
 
     def log_model(
-        self, run_id: str, model: Any, tokenizer: Any, scratch: Path, path: str = "model"
+        self,
+        run_id: str,
+        model: Any,
+        tokenizer: Any,
+        scratch: Path,
+        path: str = "model",
+        prompt_template: str | None = None,
     ) -> str | None:
         """Log a causal LM in MLflow's transformers flavor at the run's artifact ``path``,
         so that `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model` load it (and
         the registered versions made from it), and tag the run with that path
-        (`MODEL_PATH_TAG`: what `register_best` registers). Saved under `scratch` first,
+        (`MODEL_PATH_TAG`: what `register_best` registers). ``prompt_template`` (with one
+        ``{prompt}``: the node's prompt, `prompts.serving_template`) wraps what the pyfunc
+        is given; the flavor's pipeline takes its input as is. Saved under `scratch` first,
         then uploaded. Returns its ``runs:/`` URI, or None when the upload failed."""
         import mlflow.transformers
         import torch
@@ -224,6 +232,7 @@ class Tracker:
                 task="text-generation",
                 signature=signature,
                 model_config={**GENERATION, "return_full_text": False},
+                prompt_template=prompt_template,
                 pip_requirements=[
                     f"torch=={torch.__version__.split('+')[0]}",
                     f"transformers=={transformers.__version__}",

@@ -74,6 +74,21 @@ def render_prompt(
     return _render(tokenizer, messages(question, config), config.prefill)
 
 
+SERVING_SLOT = "{prompt}"
+"""Where a served model's input goes in `serving_template` (MLflow's `prompt_template`)."""
+
+
+def serving_template(tokenizer: Any, config: PromptConfig, fmt: PromptFormat) -> str:
+    """The node's prompt with the question left open, for MLflow's `prompt_template`: the
+    logged model, served as a pyfunc (`mlflow models serve`), is prompted as the node
+    trained it (system prompt, examples, chat template or plain format, prefill), so a
+    chat model asked a bare question answers rather than ending its turn at once. Braces
+    of the prompt's own text are doubled: the template is a `str.format` one."""
+    marker = "<<sapo-question-6b1f>>"  # survives a chat template untouched
+    text = render_prompt(tokenizer, marker, config, fmt)
+    return text.replace("{", "{{").replace("}", "}}").replace(marker, SERVING_SLOT)
+
+
 def _render(tokenizer: Any, turns: list[dict[str, str]], prefill: str) -> str:
     text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     return str(text) + prefill

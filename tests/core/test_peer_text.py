@@ -24,7 +24,13 @@ from sapo_core.config import (
 )
 from sapo_core.learner import Learner
 from sapo_core.policy.hf_backend import TransformersBackend
-from sapo_core.prompts import prompt_ids, render_prompt, special_strings, text_ids
+from sapo_core.prompts import (
+    prompt_ids,
+    render_prompt,
+    serving_template,
+    special_strings,
+    text_ids,
+)
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.tasks import TaskSource
 
@@ -177,3 +183,19 @@ def test_generation_from_prompt_ids_is_generation_from_the_text(tiny_policy: Any
     texts = [render_prompt(tokenizer, q, prompt) for q in questions]
     ids = [prompt_ids(tokenizer, q, prompt) for q in questions]
     assert backend.generate(ids, config, seed=5) == backend.generate(texts, config, seed=5)
+
+
+@pytest.mark.parametrize("fmt", ["chat", "plain"])
+def test_the_serving_template_is_the_nodes_prompt_with_the_question_open(
+    tokenizer: Any, fmt: str
+) -> None:
+    """MLflow fills `{prompt}` with str.format: the node's own braces survive, doubled."""
+    config = PromptConfig(
+        system_prompt="Answer as {x}.",
+        prefill="<answer>",
+        examples=(Example(question="1 + {1}?", completion="<answer>2</answer>"),),
+    )
+    template = serving_template(tokenizer, config, fmt)  # type: ignore[arg-type]
+    question = "What is {a} + 2?"
+    expected = render_prompt(tokenizer, question, config, fmt)  # type: ignore[arg-type]
+    assert template.format(prompt=question) == expected

@@ -50,6 +50,35 @@ def test_a_logged_and_registered_model_loads_with_both_flavors(tmp_path: Path, c
     assert len(tokenizer(short)["input_ids"]) <= 4 and expected.startswith(short)
 
 
+def test_the_served_model_is_prompted_as_the_node_trained_it(tmp_path: Path) -> None:
+    """Issue 47, run as a user runs it: the demo's registered model, asked a bare question
+    through the pyfunc, gave '' (a chat model given no chat turn ends it at once). A node
+    logs its prompt as the model's prompt template, so the pyfunc and `mlflow models serve`
+    prompt as the node trained: system prompt, chat template, prefill."""
+    import mlflow
+    import transformers
+
+    from sapo_core.config import PromptConfig
+    from sapo_core.prompts import render_prompt, serving_template
+
+    checkpoint = build_tiny_model(tmp_path / "tiny")
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    config = PromptConfig(system_prompt="Put {the} answer in tags.", prefill="<answer>")
+    uri, tracker, run_id = _node_run(tmp_path)
+    template = serving_template(tokenizer, config, "chat")
+    tracker.log_model(run_id, model, tokenizer, scratch=tmp_path, prompt_template=template)
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    (text,) = served.predict(["What is 1 + 1?"], params={"max_new_tokens": 8})
+    prompt = tokenizer(render_prompt(tokenizer, "What is 1 + 1?", config), return_tensors="pt")
+    greedy = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    expected = tokenizer.decode(greedy[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text == expected and text
+    pipeline = mlflow.transformers.load_model(f"runs:/{run_id}/model")
+    assert pipeline("Hi", max_new_tokens=1)[0]["generated_text"].startswith("Hi")  # as is
+
+
 def test_a_continued_node_logs_beside_its_earlier_model_and_registered_versions_keep_theirs(
     tmp_path: Path,
 ) -> None:
