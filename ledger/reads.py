@@ -21,6 +21,26 @@ from ledger.schema import check_id
 MAX_GROUPS_PER_SAMPLE = 100_000
 DRAW_POOL_PER_GROUP = 16
 """A draw looks first among the lowest 16 draws per group asked for (see ``_draw``)."""
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def whole_decimals_as_integers(frame: pl.DataFrame) -> pl.DataFrame:
+    """DuckDB sums a BIGINT column (tokens, counts) to a 128-bit HUGEINT, which reaches
+    polars as ``decimal[38,0]``: a count a person reads as a decimal. Columns of whole
+    decimals whose values fit 64 bits become Int64; a larger one stays as it is."""
+
+    def fits(column: pl.Series) -> bool:
+        low, high = column.min(), column.max()
+        return low is None or bool(_INT64[0] <= low and high <= _INT64[1])  # type: ignore[operator]
+
+    whole = [
+        name
+        for name, dtype in frame.schema.items()
+        if isinstance(dtype, pl.Decimal) and dtype.scale == 0 and fits(frame[name])
+    ]
+    return frame.with_columns(pl.col(whole).cast(pl.Int64)) if whole else frame
+
+
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -166,7 +186,7 @@ class LedgerReads(LedgerHandle):
         def attempt() -> pl.DataFrame:
             try:
                 self.catalog.ensure_views()  # binding the views reads every file's footer
-                return self.con.execute(sql, params).pl()
+                return whole_decimals_as_integers(self.con.execute(sql, params).pl())
             except duckdb.Error as exc:
                 # A file changed under the views is forgotten and the query retried;
                 # anything else (the caller's SQL) is the caller's error.

@@ -270,3 +270,20 @@ def test_every_listed_dashboard_runs_over_a_ledger(local_site: LedgerSite, tmp_p
         app, ["ledger", "query", local_site.url, "--dashboard", "sweep_summary", "-f", "json"]
     )
     assert pl.DataFrame(json.loads(out.output)).equals(expected)
+
+
+def test_a_users_sums_of_integers_are_integers(local_site: LedgerSite) -> None:
+    """Issue 47, run as a user runs it: `sapo ledger query URL "SELECT node_id,
+    sum(completion_tokens) ..."` printed the tokens as decimal[38,0] (DuckDB's 128-bit sum);
+    the shipped dashboards cast theirs, a user's own SQL did not."""
+    with local_site.open() as led:
+        run_swarm(led, "base", local=2, external=0, experiment="exp")
+        rows = led.query("SELECT completion_tokens FROM rollouts")["completion_tokens"]
+        frame = led.query(
+            "SELECT sum(completion_tokens) AS tokens, count(*) AS n, avg(reward) AS mean,"
+            " 2::HUGEINT << 100 AS big, sum(reward)::DECIMAL(9, 2) AS cents FROM rollouts"
+        )
+    assert frame.schema["tokens"] == pl.Int64 and frame["tokens"][0] == rows.sum()
+    assert frame.schema["n"] == pl.Int64 and frame.schema["mean"] == pl.Float64
+    assert frame.schema["cents"] == pl.Decimal(9, 2)  # not whole: kept
+    assert frame.schema["big"] == pl.Decimal(38, 0)  # beyond 64 bits: kept
