@@ -91,16 +91,39 @@ def require(extra: str, *modules: str) -> None:
 
 
 def install_hint(extra: str) -> str:
-    """The pip command that adds ``extra`` to this install: from the checkout it runs from,
-    or from the wheel it was installed from (sapo is not on the package index)."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / "pyproject.toml").is_file():  # an editable install: its checkout
-        return f"pip install -e '{root}[{extra}]'"
-    from importlib.metadata import version
+    """The pip command that adds ``extra`` to this install (sapo is not on the package
+    index): from the checkout it runs from, else from where pip installed it from."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
 
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file():  # running from a checkout (an editable install)
+        return f"pip install -e '{root}[{extra}]'"
+    try:
+        dist = distribution("sapo-swarm")
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+        version = dist.version
+    except (PackageNotFoundError, ValueError):
+        direct, version = None, "0.1.0"
+    return hint_from_direct_url(direct, extra, version)
+
+
+def hint_from_direct_url(direct: dict[str, Any] | None, extra: str, version: str) -> str:
+    """The pip command for ``extra`` given what pip recorded of the install's origin
+    (PEP 610's direct_url.json: a folder, editable or not, or a wheel file), else the
+    wheel by name."""
+    from urllib.parse import unquote, urlparse
+
+    url = str((direct or {}).get("url", ""))
+    where = unquote(urlparse(url).path) if url.startswith("file:") else None
+    if where is not None and "dir_info" in (direct or {}):
+        editable = "-e " if (direct or {})["dir_info"].get("editable") else ""
+        return f"pip install {editable}'{where}[{extra}]' (the checkout this was installed from)"
+    if where is not None and where.endswith(".whl"):
+        return f"pip install '{where}[{extra}]' (the wheel this was installed from)"
     return (
-        f"pip install 'sapo_swarm-{version('sapo-swarm')}-py3-none-any.whl[{extra}]' (the "
-        "wheel this was installed from; `pip wheel --no-deps -w dist .` in a checkout builds it)"
+        f"pip install 'sapo_swarm-{version}-py3-none-any.whl[{extra}]' (the wheel this was "
+        "installed from; `pip wheel --no-deps -w dist .` in a checkout builds it)"
     )
 
 

@@ -216,3 +216,27 @@ def test_commands_beyond_the_ledger_name_the_extra_they_need(tmp_path: Path) -> 
     assert done.stderr.strip() == (
         f"error: no vLLM environment at {tmp_path}: run `sapo vllm install`"
     ), done.stderr
+
+
+def test_a_missing_extras_hint_names_where_this_install_came_from() -> None:
+    """Issue 47, run as a user runs it: `pip install ./sapo` (a checkout, not editable),
+    then `sapo swarm`, was told to install a wheel it never had. pip records the origin
+    (PEP 610); the hint names it: the folder, the editable checkout or the wheel file."""
+    from flows.cli.common import hint_from_direct_url
+
+    folder = {"url": "file:///home/me/my%20sapo", "dir_info": {}}
+    assert hint_from_direct_url(folder, "flows", "0.1.0").startswith(
+        "pip install '/home/me/my sapo[flows]'"
+    )
+    editable = {"url": "file:///home/me/sapo", "dir_info": {"editable": True}}
+    assert hint_from_direct_url(editable, "flows", "0.1.0").startswith(
+        "pip install -e '/home/me/sapo[flows]'"
+    )
+    wheel = {"url": "file:///tmp/dist/sapo_swarm-0.1.0-py3-none-any.whl", "archive_info": {}}
+    assert hint_from_direct_url(wheel, "dashboards", "0.1.0").startswith(
+        "pip install '/tmp/dist/sapo_swarm-0.1.0-py3-none-any.whl[dashboards]'"
+    )
+    for unknown in (None, {"url": "https://example.org/sapo.tar.gz", "archive_info": {}}):
+        assert hint_from_direct_url(unknown, "flows", "0.2.0").startswith(
+            "pip install 'sapo_swarm-0.2.0-py3-none-any.whl[flows]'"
+        )
