@@ -189,13 +189,16 @@ class Tracker:
         scratch: Path,
         path: str = "model",
         prompt_template: str | None = None,
+        stop: tuple[str, ...] = (),
     ) -> str | None:
         """Log a causal LM in MLflow's transformers flavor at the run's artifact ``path``,
         so that `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model` load it (and
         the registered versions made from it), and tag the run with that path
         (`MODEL_PATH_TAG`: what `register_best` registers). ``prompt_template`` (with one
         ``{prompt}``: the node's prompt, `prompts.serving_template`) wraps what the pyfunc
-        is given; the flavor's pipeline takes its input as is. Saved under `scratch` first,
+        is given, and its generation ends at a ``stop`` text (the plain format's
+        `</answer>`) as the node's does; the flavor's pipeline takes its input as is, with
+        no stop text. Saved under `scratch` first,
         then uploaded. Returns its ``runs:/`` URI, or None when the upload failed."""
         import mlflow.transformers
         import torch
@@ -231,7 +234,11 @@ class Tracker:
                 path=str(saved),
                 task="text-generation",
                 signature=signature,
-                model_config={**GENERATION, "return_full_text": False},
+                model_config={
+                    **GENERATION,
+                    "return_full_text": False,
+                    **({"stop_sequence": list(stop)} if stop else {}),
+                },
                 prompt_template=prompt_template,
                 pip_requirements=[
                     f"torch=={torch.__version__.split('+')[0]}",

@@ -24,7 +24,7 @@ from flows.progress import NodeProgress
 from flows.tracking import MODEL_PATH_TAG, Tracker, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
-from sapo_core.prompts import serving_template
+from sapo_core.prompts import serving_template, stop_texts
 from sapo_core.reputation import Reputation
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ class NodeRuntime:
                     prompt_template=serving_template(
                         policy.tokenizer, self.learner.config.prompt, self.learner.prompt_format
                     ),
+                    stop=stop_texts(self.learner.prompt_format),
                 )
             done = saved.next_round >= self.swarm.rounds
             keep = self.swarm.checkpoint_keep

@@ -79,6 +79,40 @@ def test_the_served_model_is_prompted_as_the_node_trained_it(tmp_path: Path) -> 
     assert pipeline("Hi", max_new_tokens=1)[0]["generated_text"].startswith("Hi")  # as is
 
 
+def test_a_served_plain_format_model_stops_at_the_nodes_stop_text(tmp_path: Path) -> None:
+    """A base model prompted in the plain format ends its completion at `</answer>` in the
+    node; served, it ends there too (the pipeline's stop_sequence), instead of writing on
+    to max_new_tokens. Here the stop text is one the tiny model's greedy output holds."""
+    import mlflow
+    import transformers
+
+    from sapo_core.config import PromptConfig
+    from sapo_core.prompts import render_prompt, serving_template
+
+    checkpoint = build_tiny_model(tmp_path / "tiny")
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    config = PromptConfig(system_prompt="")
+    prompt = tokenizer(render_prompt(tokenizer, "2 + 2?", config, "plain"), return_tensors="pt")
+    greedy = model.generate(**prompt, max_new_tokens=16, do_sample=False)
+    new = greedy[0, prompt["input_ids"].shape[1] :]
+    full = tokenizer.decode(new, skip_special_tokens=True)
+    stop = tokenizer.decode(new[6:8], skip_special_tokens=True)
+    assert stop.strip() and full.index(stop) + len(stop) < len(full)
+    uri, tracker, run_id = _node_run(tmp_path)
+    template = serving_template(tokenizer, config, "plain")
+    tracker.log_model(
+        run_id, model, tokenizer, scratch=tmp_path, prompt_template=template, stop=(stop,)
+    )
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    assert served.model_config["stop_sequence"] == [stop]
+    (text,) = served.predict(["2 + 2?"], params={"max_new_tokens": 16})
+    # It stops at the stop text's first match (transformers matches it across the
+    # prompt's end too), never later: a strict prefix of the unstopped completion.
+    assert full.startswith(text) and len(text) <= full.index(stop) + len(stop) < len(full)
+
+
 def test_a_continued_node_logs_beside_its_earlier_model_and_registered_versions_keep_theirs(
     tmp_path: Path,
 ) -> None:
