@@ -26,8 +26,9 @@ _INT64 = (-(2**63), 2**63 - 1)
 
 def whole_decimals_as_integers(frame: pl.DataFrame) -> pl.DataFrame:
     """DuckDB sums a BIGINT column (tokens, counts) to a 128-bit HUGEINT, which reaches
-    polars as ``decimal[38,0]``: a count a person reads as a decimal. Columns of whole
-    decimals whose values fit 64 bits become Int64; a larger one stays as it is."""
+    polars as ``decimal[38,0]``: a count a person reads as a decimal. Such columns whose
+    values fit 64 bits become Int64; a larger sum stays as it is, and so does a decimal
+    the SQL asked for (``::DECIMAL(18, 0)``)."""
 
     def fits(column: pl.Series) -> bool:
         low, high = column.min(), column.max()
@@ -36,7 +37,9 @@ def whole_decimals_as_integers(frame: pl.DataFrame) -> pl.DataFrame:
     whole = [
         name
         for name, dtype in frame.schema.items()
-        if isinstance(dtype, pl.Decimal) and dtype.scale == 0 and fits(frame[name])
+        if isinstance(dtype, pl.Decimal)
+        and (dtype.precision, dtype.scale) == (38, 0)
+        and fits(frame[name])
     ]
     return frame.with_columns(pl.col(whole).cast(pl.Int64)) if whole else frame
 

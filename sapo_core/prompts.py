@@ -78,15 +78,25 @@ SERVING_SLOT = "{prompt}"
 """Where a served model's input goes in `serving_template` (MLflow's `prompt_template`)."""
 
 
-def serving_template(tokenizer: Any, config: PromptConfig, fmt: PromptFormat) -> str:
+def serving_template(tokenizer: Any, config: PromptConfig, fmt: PromptFormat) -> str | None:
     """The node's prompt with the question left open, for MLflow's `prompt_template`: the
     logged model, served as a pyfunc (`mlflow models serve`), is prompted as the node
     trained it (system prompt, examples, chat template or plain format, prefill), so a
-    chat model asked a bare question answers rather than ending its turn at once. Braces
-    of the prompt's own text are doubled: the template is a `str.format` one."""
+    chat model asked a bare question answers rather than ending its turn at once.
+
+    The serving pipeline encodes the text without adding special tokens, so the plain
+    format's BOS (`prompt_ids` puts it first) is written in; braces of the prompt's own
+    text are doubled, the template being a `str.format` one. None when the question does
+    not appear exactly once (a chat template that drops or repeats it): MLflow would
+    refuse the template, and the model is then logged without one. Unlike the node, the
+    server reads special tokens' strings inside the question as the tokens."""
     marker = "<<sapo-question-6b1f>>"  # survives a chat template untouched
     text = render_prompt(tokenizer, marker, config, fmt)
-    return text.replace("{", "{{").replace("}", "}}").replace(marker, SERVING_SLOT)
+    if text.count(marker) != 1:
+        return None
+    bos = tokenizer.bos_token if fmt == "plain" and bos_ids(tokenizer) else ""
+    escaped = (bos + text).replace("{", "{{").replace("}", "}}")
+    return escaped.replace(marker, SERVING_SLOT)
 
 
 def _render(tokenizer: Any, turns: list[dict[str, str]], prefill: str) -> str:

@@ -110,17 +110,26 @@ def install_hint(extra: str) -> str:
 
 def hint_from_direct_url(direct: dict[str, Any] | None, extra: str, version: str) -> str:
     """The pip command for ``extra`` given what pip recorded of the install's origin
-    (PEP 610's direct_url.json: a folder, editable or not, or a wheel file), else the
-    wheel by name."""
-    from urllib.parse import unquote, urlparse
+    (PEP 610's direct_url.json: a folder, editable or not, an archive such as a wheel, or
+    a repository), else the wheel by name."""
+    from shlex import quote
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
 
-    url = str((direct or {}).get("url", ""))
-    where = unquote(urlparse(url).path) if url.startswith("file:") else None
-    if where is not None and "dir_info" in (direct or {}):
-        editable = "-e " if (direct or {})["dir_info"].get("editable") else ""
-        return f"pip install {editable}'{where}[{extra}]' (the checkout this was installed from)"
-    if where is not None and where.endswith(".whl"):
-        return f"pip install '{where}[{extra}]' (the wheel this was installed from)"
+    direct = direct or {}
+    url = str(direct.get("url", ""))
+    if url.startswith("file:"):
+        where = url2pathname(urlparse(url).path)
+        if "dir_info" in direct:
+            editable = "-e " if direct["dir_info"].get("editable") else ""
+            origin = "the checkout this was installed from"
+            return f"pip install {editable}{quote(f'{where}[{extra}]')} ({origin})"
+        return f"pip install {quote(f'{where}[{extra}]')} (the file this was installed from)"
+    vcs = direct.get("vcs_info")
+    if vcs:
+        pinned = f"{vcs.get('vcs', 'git')}+{url}@{vcs.get('commit_id', '')}".rstrip("@")
+        origin = "the repository this was installed from"
+        return f"pip install {quote(f'sapo-swarm[{extra}] @ {pinned}')} ({origin})"
     return (
         f"pip install 'sapo_swarm-{version}-py3-none-any.whl[{extra}]' (the wheel this was "
         "installed from; `pip wheel --no-deps -w dist .` in a checkout builds it)"

@@ -12,7 +12,7 @@ import typer
 from flows.cli.common import fail, require
 
 app = typer.Typer(
-    help="PostgreSQL, S3, Prefect and MLflow on this machine. Without Docker: "
+    help="PostgreSQL, S3, Prefect and MLflow here, without Docker. "
     "infra/docker-compose.yml is the same stack with Docker.",
     no_args_is_help=True,
     rich_markup_mode=None,  # plain help (flows/cli/__init__.py)

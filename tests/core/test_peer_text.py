@@ -25,6 +25,7 @@ from sapo_core.config import (
 from sapo_core.learner import Learner
 from sapo_core.policy.hf_backend import TransformersBackend
 from sapo_core.prompts import (
+    bos_ids,
     prompt_ids,
     render_prompt,
     serving_template,
@@ -185,17 +186,52 @@ def test_generation_from_prompt_ids_is_generation_from_the_text(tiny_policy: Any
     assert backend.generate(ids, config, seed=5) == backend.generate(texts, config, seed=5)
 
 
+def _with_bos(tokenizer: Any) -> Any:
+    """A copy of `tokenizer` that puts its BOS before every text, as Gemma's and Llama's do."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+
+    made = copy.deepcopy(tokenizer)
+    bos = made.bos_token or "<s>"
+    if made.bos_token is None:
+        made.add_special_tokens({"bos_token": bos})
+    made._tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, made.bos_token_id)]
+    )
+    assert bos_ids(made) == [made.bos_token_id]
+    return made
+
+
+@pytest.mark.parametrize("bos", [False, True], ids=["no-bos", "bos"])
 @pytest.mark.parametrize("fmt", ["chat", "plain"])
 def test_the_serving_template_is_the_nodes_prompt_with_the_question_open(
-    tokenizer: Any, fmt: str
+    tokenizer: Any, fmt: str, bos: bool
 ) -> None:
-    """MLflow fills `{prompt}` with str.format: the node's own braces survive, doubled."""
+    """MLflow fills `{prompt}` with str.format (the node's own braces survive, doubled), and
+    its pipeline encodes the result without adding special tokens: the ids are the node's
+    own, the plain format's BOS included (a base Gemma served without it writes badly)."""
+    tokenizer = _with_bos(tokenizer) if bos else tokenizer
     config = PromptConfig(
         system_prompt="Answer as {x}.",
         prefill="<answer>",
         examples=(Example(question="1 + {1}?", completion="<answer>2</answer>"),),
     )
     template = serving_template(tokenizer, config, fmt)  # type: ignore[arg-type]
+    assert template is not None
     question = "What is {a} + 2?"
-    expected = render_prompt(tokenizer, question, config, fmt)  # type: ignore[arg-type]
-    assert template.format(prompt=question) == expected
+    served = template.format(prompt=question)
+    expected = prompt_ids(tokenizer, question, config, fmt)  # type: ignore[arg-type]
+    assert tokenizer(served, add_special_tokens=False)["input_ids"] == expected
+    rendered = render_prompt(tokenizer, question, config, fmt)  # type: ignore[arg-type]
+    assert served == ((tokenizer.bos_token if bos and fmt == "plain" else "") + rendered)
+
+
+def test_no_serving_template_when_the_chat_template_does_not_say_the_question_once(
+    tokenizer: Any,
+) -> None:
+    import copy
+
+    dropping = copy.deepcopy(tokenizer)
+    dropping.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
+    assert serving_template(dropping, PromptConfig(), "chat") is None

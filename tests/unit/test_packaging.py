@@ -7,6 +7,7 @@ import ast
 import fnmatch
 import json
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -235,6 +236,18 @@ def test_a_missing_extras_hint_names_where_this_install_came_from() -> None:
     wheel = {"url": "file:///tmp/dist/sapo_swarm-0.1.0-py3-none-any.whl", "archive_info": {}}
     assert hint_from_direct_url(wheel, "dashboards", "0.1.0").startswith(
         "pip install '/tmp/dist/sapo_swarm-0.1.0-py3-none-any.whl[dashboards]'"
+    )
+    sdist = {"url": "file:///tmp/dist/sapo_swarm-0.1.0.tar.gz", "archive_info": {}}
+    assert hint_from_direct_url(sdist, "flows", "0.1.0").startswith(
+        "pip install '/tmp/dist/sapo_swarm-0.1.0.tar.gz[flows]'"
+    )
+    git = {"url": "https://example.org/sapo.git", "vcs_info": {"vcs": "git", "commit_id": "ab1"}}
+    assert hint_from_direct_url(git, "flows", "0.1.0").startswith(
+        "pip install 'sapo-swarm[flows] @ git+https://example.org/sapo.git@ab1'"
+    )
+    quoted = {"url": "file:///home/o%27brien/sapo", "dir_info": {}}  # the shell reads it whole
+    assert shlex.split(hint_from_direct_url(quoted, "flows", "0.1.0"))[2] == (
+        "/home/o'brien/sapo[flows]"
     )
     for unknown in (None, {"url": "https://example.org/sapo.tar.gz", "archive_info": {}}):
         assert hint_from_direct_url(unknown, "flows", "0.2.0").startswith(

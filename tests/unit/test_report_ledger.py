@@ -281,9 +281,11 @@ def test_a_users_sums_of_integers_are_integers(local_site: LedgerSite) -> None:
         rows = led.query("SELECT completion_tokens FROM rollouts")["completion_tokens"]
         frame = led.query(
             "SELECT sum(completion_tokens) AS tokens, count(*) AS n, avg(reward) AS mean,"
-            " 2::HUGEINT << 100 AS big, sum(reward)::DECIMAL(9, 2) AS cents FROM rollouts"
+            " 2::HUGEINT << 100 AS big, sum(reward)::DECIMAL(9, 2) AS cents,"
+            " count(*)::DECIMAL(18, 0) AS asked FROM rollouts"
         )
     assert frame.schema["tokens"] == pl.Int64 and frame["tokens"][0] == rows.sum()
     assert frame.schema["n"] == pl.Int64 and frame.schema["mean"] == pl.Float64
     assert frame.schema["cents"] == pl.Decimal(9, 2)  # not whole: kept
     assert frame.schema["big"] == pl.Decimal(38, 0)  # beyond 64 bits: kept
+    assert frame.schema["asked"] == pl.Decimal(18, 0)  # the SQL's own type: kept
