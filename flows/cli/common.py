@@ -101,11 +101,13 @@ def install_hint(extra: str) -> str:
         return f"pip install -e '{root}[{extra}]'"
     try:
         dist = distribution("sapo-swarm")
+    except PackageNotFoundError:  # neither a checkout nor installed: the wheel, unversioned
+        return hint_from_direct_url(None, extra, "<version>")
+    try:
         direct = json.loads(dist.read_text("direct_url.json") or "null")
-        version = dist.version
-    except (PackageNotFoundError, ValueError):
-        direct, version = None, "0.1.0"
-    return hint_from_direct_url(direct, extra, version)
+    except ValueError:  # pip's record unreadable: the wheel of this version
+        direct = None
+    return hint_from_direct_url(direct, extra, dist.version)
 
 
 def hint_from_direct_url(direct: dict[str, Any] | None, extra: str, version: str) -> str:
