@@ -9,8 +9,14 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.paper import paper_comparison, same_split_gains, shape_steps, sweep_labels
-from analysis.replicates import COMPUTE, ReplicateTables
+from analysis.paper import (
+    paper_comparison,
+    parse_label,
+    same_split_gains,
+    shape_steps,
+    sweep_labels,
+)
+from analysis.replicates import COMPUTE, RETURNS, ReplicateTables
 
 
 def _num(value: object, spec: str = ".3f") -> str:
@@ -145,6 +151,7 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
             "configuration": "configuration", "n_seeds": "seeds",
             **{m: m.replace("_", " ") for m in compute},
         })  # fmt: skip
+    lines += returns_lines(tables, baseline=baseline)
     lines += ["", "### mechanism (per configuration, pooled over seeds and nodes)", ""]
     lines += table_lines(
         tables.mechanism,
@@ -174,8 +181,10 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
     lines: list[str] = []
     names = {"cumulative_training_reward": "cumulative training reward (the paper's measure)",
              "cumulative_claimed_reward": "cumulative claimed reward"}  # fmt: skip
+    # The paper's gains are over 8/0: beside ours only when ours are over nodes alone too.
+    alone = parse_label(baseline)
     for metric, name in names.items():
-        if metric not in tables.gains:
+        if metric not in tables.gains or alone.external or alone.policy:
             continue
         frame = paper_comparison(
             tables.gains[metric], tables.configurations[metric], baseline=baseline
@@ -237,6 +246,54 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
              "diff_high": "95% high", "per_seed": "per seed", "excludes_zero":
              "interval excludes 0"},
         )  # fmt: skip
+    return lines
+
+
+RETURNS_NOTE = (
+    "Per 1k: a node's cumulative own (claimed) reward per 1,000 tokens it generated or "
+    "trained on, per run, then over seeds. Gain per 1k extra: the mean paired gain in "
+    "cumulative own reward over the baseline, divided by the mean extra tokens a node "
+    "spent on the same seeds (a ratio of means, no interval); '-' unless the configuration "
+    "spent over 5% more tokens than the baseline: the same or a smaller spend has no price."
+)
+
+
+def returns_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
+    """What each configuration earns for its compute: own reward per 1,000 tokens a node
+    generated and trained on (with intervals, and paired against the baseline), and the
+    gain over the baseline per 1,000 extra tokens."""
+    present = [m for m in RETURNS if m in tables.configurations]
+    if not present or tables.returns.is_empty():
+        return []
+    cells: dict[str, dict[str, object]] = {}
+    for metric in present:
+        for row in tables.configurations[metric].iter_rows(named=True):
+            line = cells.setdefault(str(row["configuration"]), {"n_seeds": row["n_seeds"]})
+            line[metric] = _with_interval(row, ".3f")
+    marginal = {r["configuration"]: r for r in tables.returns.iter_rows(named=True)}
+    extra = {f"{kind}_{tokens}": float("nan") for kind in ("extra", "per")
+             for tokens in RETURNS.values()}  # fmt: skip
+    frame = pl.DataFrame(
+        [{"configuration": c, **line, **{k: marginal.get(c, extra).get(k) for k in extra}}
+         for c, line in cells.items()]
+    )  # fmt: skip
+    columns = {"configuration": "configuration", "n_seeds": "seeds"}
+    columns |= {m: f"own reward per 1k {m.rsplit('_', 1)[-1]}" for m in present}
+    columns |= {f"extra_{t}": f"extra {t.split('_')[1]} (k/node)" for t in RETURNS.values()}
+    columns |= {f"per_{t}": f"gain per 1k extra {t.split('_')[1]}" for t in RETURNS.values()}
+    lines = ["", "### return on compute (own reward per 1,000 tokens a node spent)", ""]
+    lines += table_lines(frame, columns)
+    lines += ["", RETURNS_NOTE]
+    for metric in present:
+        if metric in tables.gains:
+            lines += [""]
+            lines += table_lines(
+                tables.gains[metric],
+                {"configuration": f"{metric.replace('_', ' ')}: vs {baseline}",
+                 "diff_mean": "gain", "diff_low": "95% low", "diff_high": "95% high",
+                 "rel_gain": "relative", "per_seed": "gain per seed",
+                 "excludes_zero": "interval excludes 0"},
+            )  # fmt: skip
     return lines
 
 

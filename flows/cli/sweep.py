@@ -12,7 +12,6 @@ import typer
 from flows.cli.common import (
     Format,
     FormatOpt,
-    SetOpt,
     StorageOpt,
     fail,
     guarded,
@@ -47,7 +46,15 @@ def experiment(
             "this machine's ledger holds (a sweep finished elsewhere, or one still running)."
         ),
     ] = False,
-    overrides: SetOpt = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="Override any key of the experiment file (repeatable): --set swarm.rounds=2; "
+            "--set baseline=2/2 reports the gains over another configuration.",
+        ),
+    ] = None,
 ) -> None:
     """Run a sweep of sharing configurations, then its report. Every configuration runs
     the same seeds, tasks and models."""

@@ -228,6 +228,15 @@ class ExperimentConfig(Strict):
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """An experiment file with `--set key=value` overrides (e.g. swarm.rounds=2)."""
+    keys = ExperimentConfig.model_fields
+    for item in overrides or []:
+        top = item.partition("=")[0].split(".")[0]
+        if top and "=" in item and top not in keys:
+            # a swarm file's key, most often: the experiment holds the swarm under swarm:
+            raise ConfigError(
+                f"--set {item}: {top!r} is not a key of an experiment file ({', '.join(keys)}); "
+                f"the swarm's keys are under swarm.: --set swarm.{item}"
+            )
     data = apply_overrides(read_yaml_mapping(path, what="experiment file"), overrides or [])
     try:
         return ExperimentConfig.model_validate(data)

@@ -115,6 +115,21 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     assert "| 8/0 | 561.790 | baseline | 2/0 | 3 | 0.500 | 0.500 | baseline | - | - | - |" in md
     assert "| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 1.000 | 0.958 | -4.2% |" in md
     assert "samplers at the same I/J" not in md  # no sampler of our own was run
+    # Return on compute: 40 tokens generated a node. 2/0 earns 0.5 (12.5 per 1k); 1/1
+    # earns 1.0, 1.0, 0.5 (25, 25, 12.5) for the same generation, so no price per extra
+    # generated token. It trains 70, 80, 80 tokens a node against 40: (30 + 40 + 40) / 3
+    # = 36.7 extra a node (0.0367k), and its gain of 1/3 over them is 9.09 per 1k.
+    per_gen = {(r["configuration"], r["seed"]): r["own_reward_per_1k_generated"]
+               for r in tables.runs.iter_rows(named=True)}  # fmt: skip
+    assert per_gen == pytest.approx(
+        {(BASE, s): 12.5 for s in SEEDS} | {(SHARED, 0): 25.0, (SHARED, 1): 25.0, (SHARED, 2): 12.5}
+    )
+    (back,) = tables.returns.to_dicts()
+    assert back["extra_tokens_generated"] == pytest.approx(0.0)
+    assert back["per_tokens_generated"] is None
+    assert back["extra_tokens_trained"] == pytest.approx(110 / 3 / 1000)
+    assert back["per_tokens_trained"] == pytest.approx((1 / 3) / (110 / 3 / 1000))
+    assert "| 1/1 | 3 | 20.833 [" in md and "| 0.000 | 0.037 | - | 9.091 |" in md
     path = write_replicate_report(tables, tmp_path / "out", baseline=BASE)
     assert path.read_text() == md
     curves = configuration_curves(tables.node_rounds, tmp_path / "out" / "curves.png")
@@ -392,3 +407,19 @@ def test_seeds_whose_configurations_computed_apart_at_round_0_are_named(ledger: 
     )
     tables = tables_from_records(replace(records, node_rounds=shifted), baseline=BASE, rounds=2)
     assert tables.unpaired == [f"seed {s}: {SHARED} apart from {BASE}" for s in (0, 1, 2)]
+
+
+def test_gains_over_a_sharing_configuration_leave_the_papers_table_out(ledger: Ledger) -> None:
+    """`--set baseline=2/2` reports the other configurations against a sharing one (issue
+    46: 2/2 against the compute-matched control). The paper's gains are over nodes alone,
+    so its Table 1 has nothing to sit beside; the gains and the return on compute do."""
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    tables = replicate_tables(ledger.query, replicates, baseline=SHARED, rounds=2)
+    md = replicate_markdown(tables, baseline=SHARED)
+    assert "SAPO's Table 1" not in md
+    assert "| vs 1/1 | gain |" in md and "| 2/0 | -0.333 |" in md
+    # 2/0 trains 36.7 fewer tokens a node than 1/1 and generates the same: no price either way
+    (back,) = tables.returns.to_dicts()
+    assert back["configuration"] == BASE and back["extra_tokens_trained"] < 0
+    assert back["per_tokens_trained"] is None and back["per_tokens_generated"] is None
+    assert "### return on compute" in md

@@ -183,6 +183,19 @@ def test_bad_sweep_is_a_clear_error() -> None:
     assert result.exit_code == 0 and "paper-cpu-3x1-variance-weighted" in result.output
 
 
+def test_a_swarm_key_set_on_an_experiment_names_its_place_under_swarm() -> None:
+    """`--set defaults.grpo.learning_rate=...` is a swarm file's form; an experiment holds
+    its swarm under `swarm:`, and pydantic alone said only 'Extra inputs are not permitted'."""
+    sweep = str(EXAMPLES / "paper-cpu.yaml")
+    said = CliRunner().invoke(
+        app, ["experiment", "-c", sweep, "--dry-run", "--set", "defaults.grpo.learning_rate=1e-5"]
+    )
+    assert said.exit_code == 2
+    assert "--set swarm.defaults.grpo.learning_rate=1e-5" in said.output
+    moved = load_experiment(EXAMPLES / "paper-cpu.yaml", ["swarm.rounds=3", "baseline=2/2"])
+    assert moved.swarm["rounds"] == 3 and moved.baseline_label() == "2/2"
+
+
 def test_seeds_run_every_configuration_once_per_replicate_with_paired_node_seeds() -> None:
     exp = make(seeds=[0, 2])
     runs = exp.runs()
