@@ -142,12 +142,14 @@ def _ratio(value: float, scale: float) -> float:
 def same_split_gains(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
     """Each configuration with a sampler of its own (``I/J-policy``) against the paper's
     sampler at the same I/J, paired by seed: ``paired_gains`` columns, the configuration
-    named ``"I/J-policy vs I/J"``. Empty when no such pair was run."""
+    named ``"I/J-policy vs I/J"``. Empty when no such pair was run. A node alone (J = 0)
+    samples no peer, so a suffix there names something else (the compute-matched
+    control's ``4/0-q8-informative-first``), never a sampler."""
     labels = runs.get_column("configuration").unique(maintain_order=True).to_list()
     frames = []
     for label in labels:
         split = parse_label(label)
-        if split.policy is None or split.plain not in labels:
+        if split.policy is None or split.external == 0 or split.plain not in labels:
             continue
         pair = runs.filter(pl.col("configuration").is_in([label, split.plain]))
         if not _measured(pair, split.plain, metric):

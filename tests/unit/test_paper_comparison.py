@@ -99,6 +99,13 @@ def test_no_pair_when_the_papers_sampler_has_no_complete_run() -> None:
     assert same_split_gains(runs({"4/0": [1.0], "2/2": [2.0]}), metric="metric").is_empty()
 
 
+def test_a_node_alone_with_a_suffix_is_no_sampler_to_pair() -> None:
+    """The compute-matched control (issue 46) makes more questions at J = 0: no sampler of
+    its own, so no "samplers at the same I/J" row against 4/0."""
+    frame = runs({"4/0": [1.0, 1.0], "2/2": [2.0, 2.0], "4/0-q8-informative-first": [1.5, 1.5]})
+    assert same_split_gains(frame, metric="metric").is_empty()
+
+
 def test_the_gain_is_over_the_baseline_on_the_paired_seeds_and_its_bounds_ordered() -> None:
     # 6/2 lacks seed 2: its gain is over the baseline's seeds 0 and 1 (mean 1.5), while the
     # baseline's own row keeps all three seeds (mean 2.0).
