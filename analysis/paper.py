@@ -57,6 +57,11 @@ class Split:
         return round(self.external / total, 6) if total else 0.0
 
     @property
+    def alone(self) -> bool:
+        """Nodes alone with nothing else varied: what the paper's 8/0 is."""
+        return self.external == 0 and self.policy is None
+
+    @property
     def plain(self) -> str:
         return sharing_label(self.local, self.external)
 

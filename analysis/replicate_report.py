@@ -16,7 +16,8 @@ from analysis.paper import (
     shape_steps,
     sweep_labels,
 )
-from analysis.replicates import COMPUTE, RETURNS, ReplicateTables
+from analysis.replicates import COMPUTE, ReplicateTables
+from analysis.returns import TOKENS
 
 
 def _num(value: object, spec: str = ".3f") -> str:
@@ -182,9 +183,9 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
     names = {"cumulative_training_reward": "cumulative training reward (the paper's measure)",
              "cumulative_claimed_reward": "cumulative claimed reward"}  # fmt: skip
     # The paper's gains are over 8/0: beside ours only when ours are over nodes alone too.
-    alone = parse_label(baseline)
+    alone = sweep_labels([baseline]) and parse_label(baseline).alone
     for metric, name in names.items():
-        if metric not in tables.gains or alone.external or alone.policy:
+        if metric not in tables.gains or not alone:
             continue
         frame = paper_comparison(
             tables.gains[metric], tables.configurations[metric], baseline=baseline
@@ -250,50 +251,57 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
 
 
 RETURNS_NOTE = (
-    "Per 1k: a node's cumulative own (claimed) reward per 1,000 tokens it generated or "
-    "trained on, per run, then over seeds. Gain per 1k extra: the mean paired gain in "
-    "cumulative own reward over the baseline, divided by the mean extra tokens a node "
-    "spent on the same seeds (a ratio of means, no interval); '-' unless the configuration "
-    "spent over 5% more tokens than the baseline: the same or a smaller spend has no price."
+    "Gain: the mean paired gain in cumulative own (claimed) reward over the baseline. Per "
+    "1k: per seed, that gain over the thousands of tokens a node of the configuration "
+    "generated or trained on, then the mean and 95% interval over seeds: the same gain for "
+    "twice the tokens reads half. Per 1k extra: the mean gain over the mean extra tokens a "
+    "node spent beyond the baseline's on the same seeds (a ratio of means, no interval); "
+    "'-' unless the configuration spent over 5% more than the baseline: the same or a "
+    "smaller spend has no price."
 )
 
 
+def _interval_text(row: dict[str, object] | None) -> str:
+    if row is None:
+        return "-"
+    cells = {"mean": row["per_1k"], "low": row["per_1k_low"], "high": row["per_1k_high"]}
+    return _with_interval(cells, ".4f")
+
+
 def returns_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
-    """What each configuration earns for its compute: own reward per 1,000 tokens a node
-    generated and trained on (with intervals, and paired against the baseline), and the
-    gain over the baseline per 1,000 extra tokens."""
-    present = [m for m in RETURNS if m in tables.configurations]
-    if not present or tables.returns.is_empty():
+    """What each configuration's gain over the baseline cost: per 1,000 tokens a node
+    generated and trained on, and per 1,000 extra tokens (analysis/returns.py)."""
+    if tables.returns.is_empty():
         return []
-    cells: dict[str, dict[str, object]] = {}
-    for metric in present:
-        for row in tables.configurations[metric].iter_rows(named=True):
-            line = cells.setdefault(str(row["configuration"]), {"n_seeds": row["n_seeds"]})
-            line[metric] = _with_interval(row, ".3f")
-    marginal = {r["configuration"]: r for r in tables.returns.iter_rows(named=True)}
-    extra = {f"{kind}_{tokens}": float("nan") for kind in ("extra", "per")
-             for tokens in RETURNS.values()}  # fmt: skip
-    frame = pl.DataFrame(
-        [{"configuration": c, **line, **{k: marginal.get(c, extra).get(k) for k in extra}}
-         for c, line in cells.items()]
-    )  # fmt: skip
-    columns = {"configuration": "configuration", "n_seeds": "seeds"}
-    columns |= {m: f"own reward per 1k {m.rsplit('_', 1)[-1]}" for m in present}
-    columns |= {f"extra_{t}": f"extra {t.split('_')[1]} (k/node)" for t in RETURNS.values()}
-    columns |= {f"per_{t}": f"gain per 1k extra {t.split('_')[1]}" for t in RETURNS.values()}
-    lines = ["", "### return on compute (own reward per 1,000 tokens a node spent)", ""]
-    lines += table_lines(frame, columns)
+    rows: dict[str, dict[str, dict[str, object]]] = {}
+    for row in tables.returns.iter_rows(named=True):
+        rows.setdefault(str(row["configuration"]), {})[str(row["tokens"])] = row
+    lines = [
+        "",
+        f"### return on compute: the gain over {baseline} per 1,000 tokens a node spent",
+        "",
+    ]
+    kinds = list(TOKENS)
+    columns = {"configuration": "configuration", "seeds": "seeds", "gain": "gain"}
+    columns |= {f"per_{k}": f"gain per 1k {k}" for k in kinds}
+    columns |= {f"extra_{k}": f"extra {k} (k/node)" for k in kinds}
+    columns |= {f"marginal_{k}": f"gain per 1k extra {k}" for k in kinds}
+    body = []
+    for configuration, by_kind in rows.items():
+        first = next(iter(by_kind.values()))
+        line: dict[str, object] = {
+            "configuration": configuration,
+            "seeds": "/".join(dict.fromkeys(str(r["n_seeds"]) for r in by_kind.values())),
+            "gain": _num(first["gain"]),
+        }
+        for kind in kinds:
+            found = by_kind.get(kind)
+            line[f"per_{kind}"] = _interval_text(found)
+            line[f"extra_{kind}"] = "-" if found is None else _num(found["extra_k"])
+            line[f"marginal_{kind}"] = "-" if found is None else _num(found["per_1k_extra"], ".4f")
+        body.append(line)
+    lines += table_lines(pl.DataFrame(body, schema=dict.fromkeys(columns, pl.String)), columns)
     lines += ["", RETURNS_NOTE]
-    for metric in present:
-        if metric in tables.gains:
-            lines += [""]
-            lines += table_lines(
-                tables.gains[metric],
-                {"configuration": f"{metric.replace('_', ' ')}: vs {baseline}",
-                 "diff_mean": "gain", "diff_low": "95% low", "diff_high": "95% high",
-                 "rel_gain": "relative", "per_seed": "gain per seed",
-                 "excludes_zero": "interval excludes 0"},
-            )  # fmt: skip
     return lines
 
 

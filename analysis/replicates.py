@@ -15,11 +15,9 @@ configuration with one replicate seed: one swarm). The metrics, decided up front
   the last round) on the fixed evaluation set;
 - oscillation and compute (tokens generated, tokens trained on, update seconds): described
   per configuration, not compared;
-- the return on compute: a node's cumulative claimed reward per 1,000 tokens it generated
-  and per 1,000 it trained on (compared, as a configuration that earns more by spending
-  more is not the same finding as one that earns more for the same spend), and the
-  marginal return: the gain over the baseline per 1,000 extra tokens a node spent
-  (`marginal_returns`).
+- the return on compute: the gain in cumulative claimed reward over the baseline per
+  1,000 tokens a node generated and trained on, and per 1,000 extra tokens it spent
+  (analysis/returns.py).
 
 The unit of replication is the swarm seed; nodes of one swarm train on each other's groups,
 so they are not independent samples (analysis/statistics.py). The tables become
@@ -33,18 +31,12 @@ from dataclasses import dataclass
 import polars as pl
 
 from analysis.records import RunRecords
+from analysis.returns import token_returns
 from analysis.statistics import paired_gains, per_configuration
 
 METRICS = ("cumulative_claimed_reward", "cumulative_training_reward", "final_accuracy")
 COMPUTE = ("tokens_generated", "tokens_trained", "update_seconds")  # per run, summed
-RETURNS = {"own_reward_per_1k_generated": "tokens_generated",
-           "own_reward_per_1k_trained": "tokens_trained"}  # fmt: skip
-COMPARED = (*METRICS, *RETURNS)  # paired gains over the baseline
-DESCRIBED = (*COMPARED, "oscillation", *COMPUTE)  # intervals per configuration
-# A configuration whose nodes spent less than this share more than the baseline's tokens
-# bought nothing extra: a gain over so small (or a negative) difference is no price per
-# token, only noise divided.
-SAME_SPEND = 0.05
+DESCRIBED = (*METRICS, "oscillation", *COMPUTE)  # intervals per configuration; gains: METRICS
 
 
 @dataclass
@@ -53,7 +45,7 @@ class ReplicateTables:
     runs: pl.DataFrame  # per run: configuration, seed, the two metrics
     configurations: dict[str, pl.DataFrame]  # metric -> per-configuration mean and interval
     gains: dict[str, pl.DataFrame]  # metric -> paired gain over the baseline
-    returns: pl.DataFrame  # per configuration: gain per 1,000 extra tokens (`marginal_returns`)
+    returns: pl.DataFrame  # per configuration and token kind: analysis/returns.py
     mechanism: pl.DataFrame  # per configuration: informative groups, discoveries, spread
     discoveries: pl.DataFrame  # per run, node and task
     heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
@@ -119,7 +111,7 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     expected = pl.col("nodes").max() if nodes is None else pl.lit(nodes)
     trained_all = (pl.col("rounds_done") >= rounds) & (pl.col("nodes") >= expected)
     evaluated_all = pl.col("evaluated_nodes").fill_null(0) >= expected
-    metrics = summary.with_columns(
+    return summary.with_columns(
         *[
             pl.when(trained_all).then(pl.col(name)).alias(name)
             for name in (
@@ -132,48 +124,6 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
         pl.when(trained_all & evaluated_all).then(pl.col("final_accuracy")).alias("final_accuracy"),
         (trained_all & evaluated_all).alias("complete"),
     )
-    return metrics.with_columns(
-        pl.when(_thousands_per_node(tokens) > 0)
-        .then(pl.col("cumulative_claimed_reward") / _thousands_per_node(tokens))
-        .alias(name)
-        for name, tokens in RETURNS.items()
-    )
-
-
-def _thousands_per_node(tokens: str) -> pl.Expr:
-    """A run's token count as thousands per node (the claimed reward is a node's)."""
-    return pl.col(tokens) / pl.col("nodes") / 1000
-
-
-def marginal_returns(runs: pl.DataFrame, *, baseline: str) -> pl.DataFrame:
-    """Per configuration against ``baseline``, paired by seed: the extra tokens a node
-    generated and trained on (thousands, mean over seeds) and the gain in cumulative claimed
-    reward per 1,000 of them, a ratio of the two means. Null unless the configuration spent
-    more than ``SAME_SPEND`` over the baseline's tokens: the same or a smaller spend has no
-    price per token (2/2 generates what 4/0 does; its return per token is in ``RETURNS``)."""
-    spend = runs.with_columns(
-        _thousands_per_node(tokens).alias(f"k_{tokens}") for tokens in RETURNS.values()
-    )
-    gain = paired_gains(spend, baseline=baseline, metric="cumulative_claimed_reward")
-    out = gain.select("configuration", "n_seeds", "diff_mean")
-    base = spend.filter(pl.col("configuration") == baseline)
-    for tokens in RETURNS.values():
-        if base[f"k_{tokens}"].is_null().all():
-            extra = pl.lit(None, pl.Float64)
-            out = out.with_columns(extra.alias(f"extra_{tokens}"), extra.alias(f"per_{tokens}"))
-            continue
-        more = paired_gains(spend, baseline=baseline, metric=f"k_{tokens}").select(
-            "configuration",
-            pl.col("diff_mean").alias(f"extra_{tokens}"),
-            (pl.col("diff_mean") >= SAME_SPEND * pl.col("baseline_mean")).alias("priced"),
-        )
-        out = out.join(more, on="configuration", how="left", maintain_order="left")
-        out = out.with_columns(
-            pl.when(pl.col("priced"))
-            .then(pl.col("diff_mean") / pl.col(f"extra_{tokens}"))
-            .alias(f"per_{tokens}")
-        ).drop("priced")
-    return out.rename({"diff_mean": "gain"})
 
 
 # What a node did at round 0, before any update: the same in every configuration of a seed
@@ -315,12 +265,10 @@ def tables_from_records(
         },
         gains={
             m: paired_gains(metrics, baseline=baseline, metric=m)
-            for m in COMPARED
+            for m in METRICS
             if metrics[m].is_not_null().any() and base[m].is_not_null().any()
         },
-        returns=marginal_returns(metrics, baseline=baseline)
-        if base["cumulative_claimed_reward"].is_not_null().any()
-        else pl.DataFrame(),
+        returns=token_returns(metrics, baseline=baseline),
         mechanism=how,
         discoveries=found.sort("configuration", "seed", "node_id", "task"),
         unrun=unrun,

@@ -145,7 +145,7 @@ def report_replicates(
     families = family_tables(records, baseline=baseline, rounds=first.rounds) if mixed else None
     path = write_replicate_report(tables, out_dir, baseline=baseline)
     if families is not None:
-        # A swarm of several models: each family against its own J = 0 runs as well.
+        # A swarm of several models: each family against its own baseline runs as well.
         families.runs.write_csv(out_dir / "families.csv")
         path.write_text(path.read_text() + "\n" + family_markdown(families, baseline=baseline))
     done = tables.runs.filter(pl.col("complete"))["swarm_id"].implode()

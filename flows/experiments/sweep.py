@@ -231,11 +231,15 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     keys = ExperimentConfig.model_fields
     for item in overrides or []:
         top = item.partition("=")[0].split(".")[0]
-        if top and "=" in item and top not in keys:
-            # a swarm file's key, most often: the experiment holds the swarm under swarm:
+        if (
+            "=" in item
+            and top in {*SwarmConfig.model_fields, "defaults", "sampling"}
+            and top not in keys
+        ):
+            # a swarm file's form: the experiment holds its swarm under swarm:
             raise ConfigError(
-                f"--set {item}: {top!r} is not a key of an experiment file ({', '.join(keys)}); "
-                f"the swarm's keys are under swarm.: --set swarm.{item}"
+                f"--set {item}: {top!r} is a key of the swarm, which an experiment file "
+                f"holds under swarm:; --set swarm.{item}"
             )
     data = apply_overrides(read_yaml_mapping(path, what="experiment file"), overrides or [])
     try:

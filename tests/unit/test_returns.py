@@ -1,18 +1,20 @@
-"""The return on compute (analysis/replicates.py): own reward per 1,000 tokens a node spent,
-and the gain over the baseline per 1,000 extra tokens, on runs worked out by hand."""
+"""The return on compute (analysis/returns.py): the gain over the baseline per 1,000 tokens
+a node spent and per 1,000 extra tokens, on runs worked out by hand."""
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
-from analysis.replicates import marginal_returns
+from analysis.returns import token_returns
 
 
 def runs() -> pl.DataFrame:
-    """Two seeds of 2 nodes each. 4/0 earns 1.0 for 10k generated / 4k trained a run; 2/2
-    earns 1.5 for the same 10k generated and 8k trained; the control (8 questions) earns
-    1.3, 1.1 for 20k generated and 8k trained; 'lean' earns 1.2 for 9k generated."""
+    """Two seeds, 2 nodes a run; the claimed reward is a rate (a sum over rounds of mean
+    rewards), the tokens a run's sums over its nodes. 4/0: 1.0 for 10k generated and 4k
+    trained a run. 2/2: 1.5 on the same generation, 8k trained. The control makes twice the
+    questions: 1.3 and 1.1 for 20k generated and 8k trained. 'lean': 1.2 for 9k generated
+    and 4.1k trained."""
     rows = []
     for seed in (0, 1):
         rows += [
@@ -29,52 +31,73 @@ def runs() -> pl.DataFrame:
     ).with_columns(nodes=pl.lit(2))  # fmt: skip
 
 
-def test_the_gain_is_priced_per_extra_thousand_tokens_a_node_spent() -> None:
-    back = {r["configuration"]: r for r in marginal_returns(runs(), baseline="4/0").to_dicts()}
-    assert list(back) == ["2/2", "4/0-q8", "lean"]
-    # The control: +0.2 for 5k more generated a node (10k/2 -> 20k/2) and 2k more trained.
-    control = back["4/0-q8"]
-    assert control["gain"] == pytest.approx(0.2)
-    assert control["extra_tokens_generated"] == pytest.approx(5.0)
-    assert control["per_tokens_generated"] == pytest.approx(0.04)
-    assert control["extra_tokens_trained"] == pytest.approx(2.0)
-    assert control["per_tokens_trained"] == pytest.approx(0.1)
-    # 2/2 generates what 4/0 does: its gain has no price per generated token.
-    assert back["2/2"]["extra_tokens_generated"] == pytest.approx(0.0)
-    assert back["2/2"]["per_tokens_generated"] is None
-    assert back["2/2"]["per_tokens_trained"] == pytest.approx(0.5 / 2.0)
-    # Spending less (generation) or within 5% more (training: +50 a node on 2,000) is no price.
-    assert back["lean"]["per_tokens_generated"] is None
-    assert back["lean"]["per_tokens_trained"] is None
+def by_kind(frame: pl.DataFrame) -> dict[tuple[str, str], dict[str, object]]:
+    return {(r["configuration"], r["tokens"]): r for r in frame.iter_rows(named=True)}
 
 
-def test_against_the_control_the_sharing_nodes_spent_less_for_more() -> None:
-    """The comparison issue 46 asks for: 2/2 over the control earns +0.3 on half the
-    generation and the same training: a better return, not a price."""
-    (row,) = marginal_returns(
-        runs().filter(pl.col("configuration").is_in(["2/2", "4/0-q8"])), baseline="4/0-q8"
-    ).to_dicts()
-    assert row["gain"] == pytest.approx(0.3)
-    assert row["extra_tokens_generated"] == pytest.approx(-5.0)
-    assert row["per_tokens_generated"] is None and row["per_tokens_trained"] is None
+def test_the_gain_is_priced_per_thousand_tokens_a_node_spent_and_per_extra_thousand() -> None:
+    back = by_kind(token_returns(runs(), baseline="4/0"))
+    assert list(dict.fromkeys(c for c, _ in back)) == ["2/2", "4/0-q8", "lean"]
+    # The control: gains 0.3 and 0.1 (mean 0.2) for 10k generated a node (5k more than
+    # 4/0's 5k) and 4k trained (2k more).
+    gen, trained = back["4/0-q8", "generated"], back["4/0-q8", "trained"]
+    assert gen["gain"] == pytest.approx(0.2) and gen["k_tokens"] == pytest.approx(10.0)
+    assert gen["per_1k"] == pytest.approx(0.02)  # 0.03 and 0.01 per seed
+    half = 12.7062 * (0.02 / 2**0.5) / 2**0.5  # t(1) x sd / sqrt(n), sd of (0.03, 0.01)
+    assert (gen["per_1k_low"], gen["per_1k_high"]) == pytest.approx(
+        (0.02 - half, 0.02 + half), rel=1e-4
+    )
+    assert gen["extra_k"] == pytest.approx(5.0) and gen["per_1k_extra"] == pytest.approx(0.04)
+    assert trained["per_1k"] == pytest.approx(0.05) and trained["per_1k_extra"] == pytest.approx(
+        0.1
+    )
+    # 2/2 gains 0.5 on 4/0's generation: 0.1 per 1k generated, and no price per extra one.
+    assert back["2/2", "generated"]["per_1k"] == pytest.approx(0.1)
+    assert back["2/2", "generated"]["extra_k"] == pytest.approx(0.0)
+    assert back["2/2", "generated"]["per_1k_extra"] is None
+    assert back["2/2", "trained"]["per_1k_extra"] == pytest.approx(0.5 / 2.0)
+    # Spending less (generation) or no more than 5% more (training: +50 a node on 2,000).
+    assert back["lean", "generated"]["per_1k_extra"] is None
+    assert back["lean", "trained"]["per_1k_extra"] is None
 
 
-def test_reward_per_thousand_tokens_a_node_spent_is_in_every_runs_metrics() -> None:
-    from analysis.replicates import run_metrics
+def test_the_same_gain_for_twice_the_generation_reads_half() -> None:
+    """Against the control (issue 46's comparison): 2/2 gains 0.2 and 0.4 on half the
+    generation and the same training; per 1k generated it earns 0.2 / 5 and 0.4 / 5."""
+    frame = runs().filter(pl.col("configuration").is_in(["2/2", "4/0-q8"]))
+    back = by_kind(token_returns(frame, baseline="4/0-q8"))
+    gen = back["2/2", "generated"]
+    assert gen["gain"] == pytest.approx(0.3) and gen["per_1k"] == pytest.approx(0.06)
+    assert gen["extra_k"] == pytest.approx(-5.0) and gen["per_1k_extra"] is None
+    assert back["2/2", "trained"]["per_1k_extra"] is None  # the same training
 
-    rows = pl.DataFrame(
+
+def test_the_gain_and_the_spend_are_paired_on_the_same_seeds() -> None:
+    """A seed whose trained tokens are unknown (a lost training log) leaves the trained
+    figures, gain included, on the other seeds: not a gain over three seeds divided by a
+    spend over two."""
+    frame = pl.DataFrame(
         {
-            "configuration": ["a"] * 4,
-            "seed": [0] * 4,
-            "swarm_id": ["s"] * 4,
-            "node_id": ["n0", "n0", "n1", "n1"],
-            "node_round": [0, 1, 0, 1],
-            "claimed_reward": [0.2, 0.4, 0.1, 0.3],  # n0 0.6, n1 0.4: a node 0.5
-            "tokens_generated": [500, 500, 700, 300],  # 2,000: 1k a node
-            "tokens_trained": [100, 200, 100, 100],  # 500: 0.25k a node
-            "accuracy": [None] * 4,
+            "configuration": ["a"] * 3 + ["b"] * 3,
+            "seed": [0, 1, 2] * 2,
+            "cumulative_claimed_reward": [1.0, 1.0, 1.0, 1.6, 1.1, 1.1],
+            "tokens_generated": [2000] * 6,
+            "tokens_trained": [1000, 1000, 1000, None, 2000, 2000],
+            "nodes": [1] * 6,
         }
     )
-    (run,) = run_metrics(rows, rounds=2).to_dicts()
-    assert run["own_reward_per_1k_generated"] == pytest.approx(0.5)
-    assert run["own_reward_per_1k_trained"] == pytest.approx(2.0)
+    back = by_kind(token_returns(frame, baseline="a"))
+    assert back["b", "generated"]["n_seeds"] == 3
+    assert back["b", "generated"]["gain"] == pytest.approx(0.8 / 3)
+    trained = back["b", "trained"]
+    assert trained["n_seeds"] == 2 and trained["gain"] == pytest.approx(0.1)
+    assert trained["extra_k"] == pytest.approx(1.0)
+    assert trained["per_1k_extra"] == pytest.approx(0.1)  # not (0.8 / 3) / 1.0
+    # a configuration sharing no seed with the baseline, or tokens never counted: no row
+    alone = frame.with_columns(
+        seed=pl.when(pl.col("configuration") == "b").then(9).otherwise("seed")
+    )
+    assert token_returns(alone, baseline="a").is_empty()
+    assert token_returns(frame.drop("tokens_trained"), baseline="a")["tokens"].to_list() == [
+        "generated"
+    ]
