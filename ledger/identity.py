@@ -200,6 +200,8 @@ def _json_object(data: bytes, what: str, most: int = MAX_OBJECT_BYTES) -> dict[s
         record = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise IdentityError(f"{what}: not JSON ({exc})") from exc
+    except RecursionError:  # a peer's "[[[[..." thousands deep: refused, never a crashed reader
+        raise IdentityError(f"{what}: JSON nested too deeply") from None
     if not isinstance(record, dict):
         raise IdentityError(f"{what}: not a JSON object")
     return record

@@ -23,13 +23,17 @@ a string for VARCHAR at most ``MAX_TEXT_CHARS`` long, ``true``/``false`` for BOO
 timestamp string for TIMESTAMPTZ), finite, and within the column's bounds. A line that is
 not a JSON object, breaks any of those rules, or lacks a required column is skipped whole
 and counted; a file DuckDB cannot read at all is skipped and reported. Nesting depth and
-value sizes cannot crash or hang the reader: DuckDB's JSON parser is iterative, and the file
-size bounds the work.
+value sizes cannot crash or hang this reader: it names every column (so DuckDB infers no
+schema), DuckDB's JSON parser is iterative, and the file size bounds the work.
 
-In plain DuckDB (no sapo), trusting every file::
+In plain DuckDB (no sapo), trusting every value but not the shape, name the columns too:
+left to infer a schema, ``read_json`` recurses into whatever a line nests, and a line
+nested 100,000 deep in a field no one asked for crashes the process::
 
     SELECT * FROM read_json('<root>/_evaluations/*/*/*/*.jsonl', format = 'newline_delimited',
-                            hive_partitioning = true, ignore_errors = true)
+                            hive_partitioning = true, ignore_errors = true,
+                            columns = {node_round: 'BIGINT', task: 'VARCHAR',
+                                       accuracy: 'DOUBLE'})
 """
 
 from __future__ import annotations

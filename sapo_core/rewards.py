@@ -119,6 +119,8 @@ class ConfigBounds:
             config = json.loads(task_config)
         except ValueError:
             return "task_config is not JSON"
+        except RecursionError:  # "[[[[..." thousands deep, within the length bound
+            return "task_config nested too deeply to parse"
         if not isinstance(config, dict):
             return "task_config is not a JSON object"
         if _depth(config) > MAX_CONFIG_DEPTH:

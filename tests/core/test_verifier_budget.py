@@ -143,6 +143,23 @@ def test_a_task_the_node_does_not_run_is_refused_unbuilt(rebuilder) -> None:
     assert rebuilder.pid is None  # refused before any worker was asked
 
 
+def test_a_task_config_nested_thousands_deep_is_refused_not_raised(rebuilder) -> None:
+    """`[[[[...` 5,000 deep fits the ledger's 8,192-character bound on task_config; parsing
+    it raised RecursionError out of the node's round, before the peer's reputation could
+    count it, so every retried round drew the same group and crashed again."""
+    honest = TaskSource(TaskConfig(), seed=1).draw(0, 1)[0]
+    bomb = dataclasses.replace(honest, task_config="[" * 5000)
+    scored, problems = score_group(
+        _group(bomb, [f"<answer>{honest.answer}</answer>"] * 2),
+        RewardConfig(),
+        _bounds(),
+        rebuilder,
+    )
+    assert scored is None and len(problems) == 2
+    assert all("task_config nested too deeply to parse" in p for p in problems)
+    assert rebuilder.pid is None  # refused before any worker was asked
+
+
 def test_a_specialist_accepts_the_tasks_it_is_evaluated_on(rebuilder) -> None:
     # A specialist trains on chain_sum and learns tower_of_hanoi only from peers' groups:
     # tasks it is evaluated on are its own for verification.

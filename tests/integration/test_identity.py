@@ -124,6 +124,29 @@ def test_a_publish_that_failed_after_its_signature_succeeds_when_retried(site, s
     assert reader.query("SELECT count(*) FROM rollouts WHERE node_round = 1").item() == 2
 
 
+def test_json_nested_thousands_deep_in_a_key_or_signature_is_refused_not_raised(site, swarm):
+    """A peer's own key object, or the signature object of a file it publishes, holding
+    `[[[[...` 4,000 deep (within the 4 KiB object bound) made every read of every reader
+    raise RecursionError, on disk and on S3. Now the key is unusable and the file unsigned,
+    like any unreadable object, and the honest nodes' rows are served as before."""
+    writer = site.open()
+    writer.store.put_new(ident.key_object_key("sw", "evil"), b"[" * 4000)
+    rows = to_table(round_rows("b", 3, [[1, 0]]))
+    key = "swarm_id=sw/node_id=b/day=2026-03-01/r00000003-deep.parquet"
+    data = parquet_bytes(rows)
+    writer.store.put_new(ident.signature_key(key, ident.sha256_of(data)), b"[" * 4000)
+    writer.store.put_new(key, data)
+    writer.store.put_new(
+        "swarm_id=sw/node_id=evil/day=2026-03-01/r00000000-evil.parquet",
+        parquet_bytes(to_table(round_rows("evil", 0, [[1, 0]]))),
+    )
+    reader = site.open()
+    assert served_nodes(reader) == {"a", "b"}
+    assert statuses(reader)[key] == ident.BAD_SIGNATURE
+    assert reader.query("SELECT count(*) FROM rollouts WHERE node_round = 3").item() == 0
+    assert set(reader.sample("a", 4, swarm_id="sw").get_column("node_id")) == {"b"}
+
+
 def test_a_node_id_holds_the_first_key_registered(site, swarm):
     led = site.open()
     led.register_key(swarm["a"])  # the same key again: fine

@@ -320,3 +320,30 @@ def test_a_removed_files_rows_disappear_after_refresh(local_site):
     rewrite = [evaluation("chain_sum", 2, 8, 4.0, 0)]
     assert led.write_evaluation("sw", "n1", 0, rewrite, now=T0) == keys["e-n1-0"]
     assert led.query("SELECT count(*) FROM evaluations").item() == 3
+
+
+def test_the_documented_plain_duckdb_recipe_survives_a_peers_deep_line(tmp_path: Path) -> None:
+    """ledger/node_logs.py tells a user how to read the logs in plain DuckDB. Without named
+    columns that query crashed the whole process (SIGSEGV) on one peer's line nested 100,000
+    deep in a field no one asked for; the recipe now names its columns. Run in a child, so
+    a crash is a failed test and not a dead test run."""
+    import subprocess
+    import sys
+
+    recipe = (node_logs.__doc__ or "").split("::")[-1].strip()
+    assert recipe.startswith("SELECT") and "columns = {" in recipe
+    folder = tmp_path / f"_evaluations/{EVIL}"
+    folder.mkdir(parents=True)
+    honest = json.dumps({"node_round": 1, "task": "gcd", "accuracy": 0.5})
+    deep = '{"node_round": 2, "task": "gcd", "accuracy": 1.0, "x": ' + "[" * 100_000
+    deep += "]" * 100_000 + "}"
+    (folder / "e00000001-deep.jsonl").write_text(honest + "\n" + deep + "\n")
+    sql = recipe.replace("<root>", str(tmp_path))
+    code = f"import duckdb; print(sorted(duckdb.sql({sql!r}).fetchall()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    # both lines: the deep field is one no column reads, as in sapo's own reader
+    assert done.stdout.strip() == (
+        "[(1, 'gcd', 0.5, datetime.date(2026, 3, 1), 'evil', 'sw'), "
+        "(2, 'gcd', 1.0, datetime.date(2026, 3, 1), 'evil', 'sw')]"
+    )
