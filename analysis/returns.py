@@ -66,15 +66,18 @@ def token_returns(runs: pl.DataFrame, *, baseline: str) -> pl.DataFrame:
     seed, cumulative_claimed_reward, tokens_generated, tokens_trained, nodes). Empty where
     nothing pairs with the baseline."""
     configurations = runs.get_column("configuration").unique(maintain_order=True).to_list()
+    # the baseline's seeds once per kind of tokens, not again for every configuration
+    references = {
+        kind: _per_seed(runs, baseline, column)
+        for kind, column in TOKENS.items()
+        if column in runs.columns
+    }
     out: list[dict[str, object]] = []
     for configuration in configurations:
         if configuration == baseline:
             continue
-        for kind, column in TOKENS.items():
-            if column not in runs.columns:
-                continue
-            reference = _per_seed(runs, baseline, column)
-            mine = _per_seed(runs, configuration, column)
+        for kind, reference in references.items():
+            mine = _per_seed(runs, configuration, TOKENS[kind])
             seeds = sorted(set(mine) & set(reference))
             if not seeds:
                 continue
