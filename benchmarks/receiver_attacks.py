@@ -16,6 +16,11 @@ prints as a node or a user would, and reports one row:
   peers publish a group a round; 12 rounds of the receiver's real draw, verifier and
   reputation. Target: Sybils together at most the unknown-peer budget once an honest peer is
   known; never known; excluded.
+- ``copiers-fresh`` / ``-paper``: each round the receiver publishes 2 groups and two honest
+  peers 1 each; copier c1 republishes the receiver's groups under its own ids, c2 the honest
+  peers'; 12 rounds of the receiver's real draw, verifier and reputation. Target: none of the
+  receiver's own groups drawn back, no group twice in one draw (nor, under fresh, in a later
+  one); reported: the copies' share of J and who became known.
 - ``terminal-escapes`` / ``csv-formula``: a completion and model id holding an OSC 52
   clipboard write, a clear-screen code and a red forged line, and a ``=HYPERLINK(...)``
   completion, printed by ``sapo ledger query`` as a table and as CSV. Target: no control
@@ -183,6 +188,61 @@ def sybil_warmup(policy: str) -> Callable[[Any], dict[str, Any]]:
     return attack
 
 
+def copiers(policy: str) -> Callable[[Any], dict[str, Any]]:
+    def attack(site: Any) -> dict[str, Any]:
+        from ledger import parse_policy
+        from sapo_core.reputation import Reputation
+        from sapo_core.tasks import TaskSource
+        from tests.factories import copied
+        from tests.peer_rounds import HONEST, RECEIVER, TASKS, receiver_round, rollout_records
+
+        chosen = parse_policy(policy)
+        led = site.open()
+        reputation = Reputation.empty(RECEIVER.reputation)
+        own: set[tuple[str, ...]] = set()
+        seen: list[tuple[str, ...]] = []
+        by_copiers, drawn, repeats_in_a_draw = 0, 0, 0
+        for round_ in range(12):
+            mine, theirs = [], []
+            for q in TaskSource(TASKS, seed=7).draw(round_, 2):
+                texts = [f"<answer>{a}</answer>" for a in (q.answer, "-1", q.answer, "0")]
+                mine.append(rollout_records("me", round_, q, texts, [1, 0, 1, 0]))
+            for k, node in enumerate(HONEST):
+                q = TaskSource(TASKS, seed=100 + k).draw(round_, 1)[0]
+                texts = [f"<answer>{a}</answer>" for a in (q.answer, "-1", q.answer, "-1")]
+                theirs.append(rollout_records(node, round_, q, texts, [1, 0, 1, 0]))
+            for rows in mine + theirs:
+                led.publish(rows)
+            own |= {_said(rows) for rows in mine}
+            # c1 republishes the receiver's own groups, c2 the honest peers' (an hour later).
+            led.publish([r for rows in mine for r in copied(rows, "c1", round_)])
+            for k, rows in enumerate(theirs):  # a round each: their ids may coincide
+                led.publish(copied(rows, "c2", 2 * round_ + k))
+            groups, _ = receiver_round(led, reputation, chosen, round_)
+            said = [_said([r.to_record() for r in g.rollouts]) for g in groups]
+            repeats_in_a_draw += len(said) - len(set(said))
+            seen += said
+            by_copiers += sum(g.rollouts[0].node_id in ("c1", "c2") for g in groups)
+            drawn += len(groups)
+        own_drawn = sum(c in own for c in seen)
+        again = len(seen) - len(set(seen)) if policy == "fresh" else 0
+        return {
+            "wrong": own_drawn + repeats_in_a_draw + again,
+            "extra": f"over 12 rounds: the receiver's own groups drawn back {own_drawn}; a "
+            f"group twice in one draw {repeats_in_a_draw}"
+            + (f", in a later draw {again}" if policy == "fresh" else "")
+            + f"; copies' share of J {by_copiers}/{drawn}; known: "
+            f"{', '.join(reputation.known()) or 'none'}",
+        }
+
+    return attack
+
+
+def _said(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """What a group says: its question and its completions, in no order."""
+    return (rows[0]["question"], *sorted(r["completion"] for r in rows))
+
+
 def _plant_text(site: Any) -> None:
     from sapo_core.tasks import TaskSource
     from tests.peer_rounds import TASKS, rollout_records
@@ -230,6 +290,8 @@ ATTACKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "group-256-rows": big_group,
     "sybil-warmup-fresh": sybil_warmup("fresh"),
     "sybil-warmup-paper": sybil_warmup("paper"),
+    "copiers-fresh": copiers("fresh"),
+    "copiers-paper": copiers("paper"),
     "terminal-escapes": terminal_escapes,
     "csv-formula": csv_formula,
 }

@@ -32,11 +32,12 @@ GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
     node_round BIGINT, policy_version BIGINT, size INTEGER, reward_mean DOUBLE,
     reward_std DOUBLE, reward_min DOUBLE, reward_max DOUBLE, published_at TIMESTAMPTZ,
-    day DATE, source_file VARCHAR, first_seen TIMESTAMPTZ
+    day DATE, source_file VARCHAR, content_digest UHUGEINT, first_seen TIMESTAMPTZ
 """
-"""``first_seen``: when this reader first indexed the group, by its own clock. Recency
-windows use ``least(published_at, first_seen)``: a publisher's clock may make its group
-look older, never newer than the reader saw it."""
+"""``content_digest``: what the group says (validation.GROUP_CONTENT_SQL), the same for
+every copy of it under any ids. ``first_seen``: when this reader first indexed the group, by
+its own clock. Recency windows use ``least(published_at, first_seen)``: a publisher's clock
+may make its group look older, never newer than the reader saw it."""
 
 
 class GroupIndex:
@@ -99,7 +100,7 @@ class GroupIndex:
                 stddev_pop(reward) AS reward_std, min(reward) AS reward_min,
                 max(reward) AS reward_max, max(published_at) AS published_at,
                 any_value(day) AS day, filename AS source_file,
-                current_timestamp AS first_seen,
+                {v.GROUP_CONTENT_SQL} AS content_digest, current_timestamp AS first_seen,
                 {self._group_problem_sql} AS problem
             FROM _judged WHERE reason IS NULL
             GROUP BY filename, group_id"""

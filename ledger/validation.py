@@ -226,6 +226,20 @@ JUDGED_COLUMNS: Final = """rollout_id, group_id, swarm_id, node_id, model_id, ta
 its ids and numbers in memory, not its completions."""
 
 
+GROUP_CONTENT_SQL: Final = """md5_number(concat_ws('|',
+    md5(min(task)), coalesce(to_hex(min(task_config_digest)), ''),
+    coalesce(min(task_seed)::VARCHAR, ''), coalesce(min(task_index)::VARCHAR, ''),
+    to_hex(min(question_digest)), to_hex(min(answer_digest)),
+    array_to_string(list_sort(list(to_hex(completion_digest))), ',')))"""
+"""An aggregate over one valid group's ``JUDGED_COLUMNS``: a digest of what the group says,
+its question and the multiset of its completions, whoever published it under whatever ids.
+Two groups with one digest are copies (a peer may republish another's group, or the
+receiver's own, as its own): a draw takes each content once (ledger/policies/fair_draw.sql).
+Sorted, so the rows' order does not count; each field in its place (none is skipped), and
+md5 over them, so a peer cannot choose texts of its own that collide with another's group.
+Digests as hex: DuckDB casts a 128-bit number to text at ~0.2 ms each (41 s for 256k)."""
+
+
 def group_problem_sql(limits: RowLimits) -> str:
     """An aggregate SQL expression over one group's rows: why the group is rejected, or NULL.
 

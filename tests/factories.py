@@ -72,6 +72,28 @@ def round_rows(node_id: str, node_round: int, groups: list[list[float | None]], 
     return rows
 
 
+def copied(rows: list[dict[str, Any]], node_id: str, node_round: int) -> list[dict[str, Any]]:
+    """``rows`` republished by ``node_id`` as its round ``node_round``: the same questions
+    and completions under its own ids, in reverse order, claiming other rewards, stamped
+    an hour later."""
+    out = []
+    for row in reversed(rows):
+        gid = f"{row['swarm_id']}.{node_id}.r{node_round}.{row['group_id'].rsplit('.', 1)[1]}"
+        out.append(
+            row
+            | {
+                "group_id": gid,
+                "rollout_id": f"{gid}.{row['rollout_id'].rsplit('.', 1)[1]}",
+                "node_id": node_id,
+                "node_round": node_round,
+                "policy_version": node_round,
+                "reward": 1.0 - row["reward"] if row["reward"] is not None else None,
+                "published_at": row["published_at"] + timedelta(hours=1),
+            }
+        )
+    return out
+
+
 def rollout_of(
     question: Any, completion: str, node: str = "peer", j: int = 0, claimed: float | None = 1.0
 ) -> Any:

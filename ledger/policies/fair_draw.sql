@@ -1,9 +1,11 @@
 -- The fair draw every policy ends with: the policy's own SQL (paper.sql, ...) defines
--- `candidates` (group_id, node_id, draw: lower draws first); this takes the lowest draws
--- with two caps and a budget, so that no peer, and no crowd of new peers, takes a
--- receiver's whole J. The sampler appends it to the policy's SQL (Policy.sql).
+-- `candidates` (group_id, node_id, content_digest, draw: lower draws first); this takes
+-- the lowest draws, each content once, with two caps and a budget, so that no peer, and no
+-- crowd of new peers, takes a receiver's whole J. The sampler appends it to the policy's
+-- SQL (Policy.sql).
 --
--- Parameters: $n_groups       how many groups to return
+-- Parameters: $node_id        the receiver, as in the policy's SQL
+--             $n_groups       how many groups to return
 --             $max_per_peer   hard cap per publishing node (max_per_peer, else $n_groups)
 --             $peer_share_cap soft cap: a peer's groups beyond it come after every other
 --                             peer's (max_peer_share)
@@ -15,15 +17,32 @@
 -- Besides each group id it returns whether a cap put it late and whether its peer is
 -- unknown: with those, the sampler can tell when an answer drawn from a small pool is the
 -- answer over all candidates (Ledger._draw), and skip the per-peer pass over all of them.
+uncopied AS (
+    -- Copies (groups of one content, validation.GROUP_CONTENT_SQL, under other ids): a
+    -- peer may republish the receiver's own groups, or another peer's, as its own. They
+    -- verify, so they would fill J with texts the receiver trained on when it made them,
+    -- or take a second slot for one group, and earn a copier a record without generating.
+    -- Never the receiver's own content; of a content several peers published, the copy
+    -- with the lowest draw only (below): which copy is the original no reader can tell,
+    -- since publishers stamp their own times.
+    SELECT * FROM candidates
+    ANTI JOIN (SELECT content_digest FROM groups WHERE node_id = $node_id) own
+        USING (content_digest)
+),
 pool AS (
-    SELECT * FROM candidates ORDER BY draw LIMIT $pool
+    SELECT * FROM uncopied ORDER BY draw LIMIT $pool
+),
+first_copies AS (
+    -- Every copy of a content within the pool has its lowest draw there too (the pool is
+    -- the lowest draws), so the pool's answer is still the answer over all candidates.
+    SELECT DISTINCT ON (content_digest) * FROM pool ORDER BY content_digest, draw, group_id
 ),
 per_peer AS (
     -- Each peer's lowest draws, in order, as many as the hard cap allows: a top-k per
     -- peer without sorting them all. No answer takes more than $n_groups from one peer,
     -- so that bounds k as well.
     SELECT node_id, min_by({'group_id': group_id, 'draw': draw}, draw, $max_per_peer) AS picks
-    FROM pool
+    FROM first_copies
     GROUP BY node_id
 ),
 ranked AS (

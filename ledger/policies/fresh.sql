@@ -14,8 +14,9 @@
 -- once and on the most recent first (closest to the swarm's current policies), and takes
 -- no more than the peers' fresh supply.
 --
--- What the receiver drew before comes from its own sample log (the `samples` table,
--- ledger/node_logs.py), rounds before $node_round only: a retried round draws again what
+-- What the receiver drew before (by id, and by content: see fair_draw.sql) comes from its
+-- own sample log (the `samples` table, ledger/node_logs.py), rounds before $node_round
+-- only: a retried round draws again what
 -- its first attempt drew (and logged). With signatures on, nobody else can write that log;
 -- with them off, a peer who writes a log in the receiver's name can hide groups from it
 -- (the receiver still gets J from others, or fewer). Newest by the
@@ -33,9 +34,14 @@ WITH drawn_before AS (
     WHERE node_id = $node_id AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND ($node_round IS NULL OR node_round < $node_round)
 ),
+drawn_content AS (
+    -- And what they said: a copy of a group drawn before, under other ids, is not fresh.
+    SELECT DISTINCT content_digest FROM group_index SEMI JOIN drawn_before USING (group_id)
+),
 unseen AS (
-    SELECT group_id, node_id, least(published_at, first_seen) AS seen_at
+    SELECT group_id, node_id, content_digest, least(published_at, first_seen) AS seen_at
     FROM groups ANTI JOIN drawn_before USING (group_id)
+        ANTI JOIN drawn_content USING (content_digest)
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
@@ -50,7 +56,7 @@ candidates AS (
     -- of J than one that published a second earlier. The price: a quiet peer's oldest unseen
     -- group takes its turn before another peer's second newest (max_age_s keeps stale ones
     -- out).
-    SELECT group_id, node_id,
+    SELECT group_id, node_id, content_digest,
            {'turn': row_number() OVER (
                 PARTITION BY node_id
                 ORDER BY seen_at DESC, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed))))),

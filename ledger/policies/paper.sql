@@ -19,7 +19,7 @@
 --             $tasks    tasks the receiver's verifier judges (NULL: any): a group it
 --                       cannot judge would take a slot of J and teach it nothing
 WITH candidates AS (
-    SELECT group_id, node_id, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) AS draw
+    SELECT group_id, node_id, content_digest, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) AS draw
     FROM groups
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)

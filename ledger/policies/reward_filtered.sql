@@ -11,7 +11,7 @@
 --                                                earlier of the publisher's stamp and the
 --                                                reader's first sight
 WITH candidates AS (
-    SELECT group_id, node_id, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) AS draw
+    SELECT group_id, node_id, content_digest, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) AS draw
     FROM groups
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)

@@ -20,7 +20,7 @@
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
 WITH candidates AS (
-    SELECT group_id, node_id,
+    SELECT group_id, node_id, content_digest,
            -ln((hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) % 4294967296 + 0.5) / 4294967296)
                / (reward_std * reward_std) AS draw
     FROM groups

@@ -16,7 +16,7 @@ from ledger import (
     VarianceWeightedPolicy,
     parse_policy,
 )
-from tests.factories import T0, group_rows, round_rows
+from tests.factories import T0, copied, group_rows, round_rows
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def ledger(tmp_path):
     led.publish(round_rows("me", 0, [[1, 0], [0, 0]]))
     led.publish(round_rows("a", 0, [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]]))
     led.publish(round_rows("b", 0, [[0.5, 1.0], [1, 1]]))
-    led.publish(round_rows("b", 0, [[1, 0]], swarm_id="other"))
+    led.publish(round_rows("b", 0, [[1, 0]], swarm_id="other", question="q0 of b in other"))
     old = T0 - timedelta(days=2)
     led.publish(round_rows("c", 0, [[1, 0, 0], [1, 1, 0], [0, 1, 1]], published_at=old))
     yield led
@@ -247,6 +247,8 @@ def test_a_draw_from_the_lowest_draws_is_the_draw_over_every_candidate(tmp_path,
     # Peers of very different sizes: p0 publishes 1 mixed group, p11 twelve; some flat.
     for p in range(12):
         led.publish(round_rows(f"p{p}", 0, [[1, 0, p % 2]] * (p + 1) + [[1, 1]]))
+    # And a copier: p11's groups again under its own ids, taking one draw per content.
+    led.publish(copied(round_rows("p11", 0, [[1, 0, 1]] * 12), "cp", 3))
     policies = [
         "paper",
         RewardFilteredPolicy(max_per_peer=2, min_mean_reward=0.3),

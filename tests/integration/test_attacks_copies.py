@@ -1,0 +1,112 @@
+"""Copies: a peer republishes groups it did not generate (the receiver's own, or another
+peer's) under its own ids. They verify, so they would fill J with texts the receiver trained
+on when it made them, take a second slot for one group, and earn the copier a record without
+generating. A draw takes each content once, never the receiver's own (fair_draw.sql), and
+`fresh` never a content it drew before under any id.
+
+On main at adab360 every copy was a group of its own: the receiver drew its own groups back
+from a copier, the same group twice in one draw, and under `fresh` again in a later round.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger import FreshPolicy, PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy
+from sapo_core.reputation import Reputation
+from tests.factories import copied, round_rows
+from tests.peer_rounds import HONEST, RECEIVER, TASKS, _tagged, receiver_round, rollout_records
+
+POLICIES = [
+    PaperPolicy(max_peer_share=None, max_unknown_share=None),
+    RewardFilteredPolicy(),
+    VarianceWeightedPolicy(),
+    FreshPolicy(max_peer_share=None),
+]
+
+
+def _content(led, group_ids):
+    found = led.query(
+        "SELECT content_digest FROM groups WHERE list_contains($ids, group_id)",
+        {"ids": list(group_ids)},
+    )
+    return found["content_digest"].to_list()
+
+
+def test_copies_share_one_content_digest_and_any_change_makes_another(site):
+    led = site.open()
+    original = round_rows("a", 0, [[1, 0, 1], [0, 1]])
+    led.publish(original)
+    led.publish(copied(original, "cp", 5))  # rows reversed, other ids, rewards and stamps
+    edited = copied(original, "ed", 5)
+    edited[0] = edited[0] | {"completion": "<answer>edited</answer>"}
+    led.publish(edited)
+    led.publish(round_rows("b", 0, [[1, 0, 1]], question="q0 of a", task_index=9))
+    digests = dict(led.query("SELECT group_id, content_digest FROM groups").iter_rows())
+    assert digests["sw.a.r0.g0"] == digests["sw.cp.r5.g0"]
+    assert digests["sw.a.r0.g1"] == digests["sw.cp.r5.g1"] != digests["sw.a.r0.g0"]
+    assert digests["sw.ed.r5.g1"] != digests["sw.a.r0.g1"]  # one completion changed
+    assert digests["sw.ed.r5.g0"] == digests["sw.a.r0.g0"]
+    assert digests["sw.b.r0.g0"] != digests["sw.a.r0.g0"]  # same texts, another question
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.kind)
+def test_a_draw_takes_each_content_once_and_never_the_receivers_own(site, policy):
+    led = site.open()
+    mine = round_rows("me", 0, [[1, 0]] * 3)
+    theirs = round_rows("a", 0, [[1, 0, 0]] * 4)
+    led.publish(mine)
+    led.publish(theirs)
+    # Two copiers: the receiver's own groups and a's, each under their own ids.
+    led.publish(copied(mine, "cp1", 0))
+    led.publish(copied(theirs, "cp1", 1))
+    led.publish(copied(theirs, "cp2", 0))
+    copiers_drawn = set()
+    for seed in range(12):
+        drawn = led.sample_group_ids("me", 20, policy, seed=seed, swarm_id="sw")
+        # a's four contents, each once, from whichever peer's copy drew lowest.
+        assert len(drawn) == 4
+        assert sorted(_content(led, drawn)) == sorted(set(_content(led, drawn)))
+        assert not set(_content(led, drawn)) & set(_content(led, ["sw.me.r0.g0"]))
+        assert not any(g.startswith("sw.cp1.r0.") for g in drawn)  # the receiver's own, copied
+        copiers_drawn |= {g.split(".")[1] for g in drawn} - {"a"}
+    # Which copy is the original no reader can tell (publishers stamp their own times):
+    # the lowest draw takes the content, so copies are drawn too, never as extra groups.
+    assert copiers_drawn == {"cp1", "cp2"}
+
+
+def test_fresh_never_draws_again_a_content_drawn_before_under_another_id(site):
+    led = site.open()
+    theirs = round_rows("a", 0, [[1, 0]] * 2)
+    led.publish(theirs)
+    policy = FreshPolicy(max_peer_share=None)
+    first = led.sample("me", 2, policy, seed=0, swarm_id="sw", for_round=0)
+    led.write_sample("sw", "me", 0, first, policy="fresh", seed=0)
+    led.publish(copied(theirs, "cp", 1))  # after the draw, stamped newer
+    led.publish(round_rows("b", 1, [[0, 1]]))
+    later = led.sample_group_ids("me", 4, policy, seed=1, swarm_id="sw", for_round=1)
+    assert later == ["sw.b.r1.g0"]
+
+
+def test_a_copier_of_the_receivers_own_groups_earns_no_draw_and_no_record(site):
+    """The cheapest way to buy trust: republish what the receiver itself published, which its
+    verifier is sure to accept. Over eight rounds of the real draw, verifier and reputation,
+    the copier is never drawn, so never known, while an honest peer is."""
+    from sapo_core.tasks import TaskSource
+
+    led = site.open()
+    reputation = Reputation.empty(RECEIVER.reputation)
+    policy = FreshPolicy()
+    for round_ in range(8):
+        own = TaskSource(TASKS, seed=7).draw(round_, 2)
+        for q in own:
+            texts = _tagged([q.answer, "-1", q.answer, "0"])
+            rows = rollout_records("me", round_, q, texts, [1, 0, 1, 0])
+            led.publish(rows)
+            led.publish(copied(rows, "copier", round_))
+        q = TaskSource(TASKS, seed=100).draw(round_, 1)[0]
+        texts = _tagged([q.answer, "-1", q.answer, "-1"])
+        led.publish(rollout_records(HONEST[0], round_, q, texts, [1, 0, 1, 0]))
+        groups, _ = receiver_round(led, reputation, policy, round_)
+        assert [g.rollouts[0].node_id for g in groups] == [HONEST[0]]
+    assert reputation.known() == [HONEST[0]]
