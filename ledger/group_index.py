@@ -32,7 +32,7 @@ GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
     node_round BIGINT, policy_version BIGINT, size INTEGER, reward_mean DOUBLE,
     reward_std DOUBLE, reward_min DOUBLE, reward_max DOUBLE, published_at TIMESTAMPTZ,
-    day DATE, source_file VARCHAR, content_digest UHUGEINT, first_seen TIMESTAMPTZ
+    day DATE, source_file VARCHAR, content_digest VARCHAR, first_seen TIMESTAMPTZ
 """
 """``content_digest``: what the group says (validation.GROUP_CONTENT_SQL), the same for
 every copy of it under any ids. ``first_seen``: when this reader first indexed the group, by

@@ -363,6 +363,7 @@ SAMPLES: Final = NodeLog(
         LogColumn("node_round", "BIGINT", required=True, low=0, high=MAX_COUNTER),
         LogColumn("group_id", "VARCHAR", required=True),
         LogColumn("peer_node_id", "VARCHAR"),
+        LogColumn("content_digest", "VARCHAR"),
         LogColumn("policy", "VARCHAR"),
         LogColumn("seed", "BIGINT"),
         LogColumn("sampled_at", "TIMESTAMPTZ"),

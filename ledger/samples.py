@@ -12,9 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 
-def sample_rows(picks: list[tuple[str, str]], *, policy: str, seed: int) -> list[dict[str, Any]]:
-    """One row per drawn group: (group_id, publishing node), the policy's kind and the seed."""
+def sample_rows(
+    picks: list[tuple[str, str]], contents: dict[str, str], *, policy: str, seed: int
+) -> list[dict[str, Any]]:
+    """One row per drawn group: (group_id, publishing node), what it said (``contents``: its
+    content digest by group id, ledger/validation.py), the policy's kind and the seed. The
+    digest is what `fresh` remembers, so that a copy under other ids is not fresh; logs
+    written before it had none."""
     return [
-        {"group_id": group_id, "peer_node_id": peer, "policy": policy, "seed": seed}
+        {
+            "group_id": group_id,
+            "peer_node_id": peer,
+            "content_digest": contents[group_id],
+            "policy": policy,
+            "seed": seed,
+        }
         for group_id, peer in picks
     ]

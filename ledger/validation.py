@@ -226,18 +226,30 @@ JUDGED_COLUMNS: Final = """rollout_id, group_id, swarm_id, node_id, model_id, ta
 its ids and numbers in memory, not its completions."""
 
 
-GROUP_CONTENT_SQL: Final = """md5_number(concat_ws('|',
-    md5(min(task)), coalesce(to_hex(min(task_config_digest)), ''),
-    coalesce(min(task_seed)::VARCHAR, ''), coalesce(min(task_index)::VARCHAR, ''),
-    to_hex(min(question_digest)), to_hex(min(answer_digest)),
-    array_to_string(list_sort(list(to_hex(completion_digest))), ',')))"""
-"""An aggregate over one valid group's ``JUDGED_COLUMNS``: a digest of what the group says,
-its question and the multiset of its completions, whoever published it under whatever ids.
-Two groups with one digest are copies (a peer may republish another's group, or the
-receiver's own, as its own): a draw takes each content once (ledger/policies/fair_draw.sql).
-Sorted, so the rows' order does not count; each field in its place (none is skipped), and
-md5 over them, so a peer cannot choose texts of its own that collide with another's group.
-Digests as hex: DuckDB casts a 128-bit number to text at ~0.2 ms each (41 s for 256k)."""
+GROUP_CONTENT_SQL: Final = """md5(concat_ws('|', to_hex(min(question_digest)),
+    to_hex(min(answer_digest)),
+    array_to_string(list_sort(list(DISTINCT to_hex(completion_digest))), ',')))"""
+"""An aggregate over one valid group's ``JUDGED_COLUMNS``: a digest of what a receiver trains
+on from it, its question, its answer and the set of its completions (hex), whoever
+published it under whatever ids. Two groups with one digest are copies (a peer may republish
+another's group, or the receiver's own, as its own): a draw takes each content once
+(ledger/policies/fair_draw.sql). The task's name, configuration, seed and index are left
+out (a receiver accepts a configuration in any JSON spelling and checks the question it
+rebuilds from them against the shipped one), and so are rewards, models and counts, which it
+derives itself; completions as a set, so reordering or repeating rows makes no new content
+(the receiver keeps G rows of a group). Each field in its place, and md5 over them, so a peer
+cannot choose texts of its own that collide with another's group. Hex, not md5_number: DuckDB
+turns a 128-bit number into text at ~0.2 ms each, and polars reads it as a decimal that wraps
+past 2^127."""
+
+
+def content_digests_sql(source: str) -> str:
+    """SQL: (group_id, content_digest) of each group in ``source`` (a relation of public
+    columns, e.g. what ``Ledger.sample`` returned)."""
+    return (
+        f"SELECT group_id, {GROUP_CONTENT_SQL} AS content_digest "
+        f"FROM (SELECT {JUDGED_COLUMNS} FROM {source}) GROUP BY group_id"
+    )
 
 
 def group_problem_sql(limits: RowLimits) -> str:

@@ -280,8 +280,21 @@ class LedgerWrites(LedgerHandle):
                 f"a sample log records at most {node_logs.MAX_RECORDED_GROUPS} groups, "
                 f"not {len(picks)}"
             )
-        rows = samples.sample_rows(picks, policy=policy, seed=seed)
+        rows = samples.sample_rows(picks, self._contents(drawn), policy=policy, seed=seed)
         return self._write_node_log(node_logs.SAMPLES, swarm_id, node_id, node_round, rows, now)
+
+    @serialized
+    def _contents(self, drawn: pl.DataFrame) -> dict[str, str]:
+        """The content digest of each group in ``drawn`` (rows ``sample`` returned), from the
+        rows the node got: what it trains on, whichever copy the index serves later."""
+        if drawn.is_empty():
+            return {}
+        self.con.register("_drawn", drawn.to_arrow())
+        try:
+            found = self.con.execute(validation.content_digests_sql("_drawn")).fetchall()
+        finally:
+            self.con.unregister("_drawn")
+        return dict(found)
 
     @serialized
     def _write_node_log(

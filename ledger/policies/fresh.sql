@@ -35,8 +35,12 @@ WITH drawn_before AS (
       AND ($node_round IS NULL OR node_round < $node_round)
 ),
 drawn_content AS (
-    -- And what they said: a copy of a group drawn before, under other ids, is not fresh.
-    SELECT DISTINCT content_digest FROM group_index SEMI JOIN drawn_before USING (group_id)
+    -- And what they said, as the receiver's log recorded it from the rows it got (not
+    -- what the index serves under that id now: a peer may reuse a drawn id for another's
+    -- content): a copy of a group drawn before, under other ids, is not fresh.
+    SELECT DISTINCT content_digest FROM samples
+    WHERE node_id = $node_id AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND ($node_round IS NULL OR node_round < $node_round) AND content_digest IS NOT NULL
 ),
 unseen AS (
     SELECT group_id, node_id, content_digest, least(published_at, first_seen) AS seen_at

@@ -33,21 +33,30 @@ def _content(led, group_ids):
     return found["content_digest"].to_list()
 
 
-def test_copies_share_one_content_digest_and_any_change_makes_another(site):
+def test_copies_share_one_content_digest_and_a_changed_text_makes_another(site):
     led = site.open()
     original = round_rows("a", 0, [[1, 0, 1], [0, 1]])
     led.publish(original)
     led.publish(copied(original, "cp", 5))  # rows reversed, other ids, rewards and stamps
+    # What a receiver does not train on, or rebuilds itself: the configuration's spelling,
+    # the task index, a repeated row (it keeps G rows of a group).
+    respelled = [
+        r | {"task_config": '{ "size" : 100 }', "task_index": 9} for r in copied(original, "rs", 5)
+    ]
+    led.publish([*respelled, respelled[0] | {"rollout_id": respelled[0]["rollout_id"] + "x"}])
     edited = copied(original, "ed", 5)
     edited[0] = edited[0] | {"completion": "<answer>edited</answer>"}
     led.publish(edited)
-    led.publish(round_rows("b", 0, [[1, 0, 1]], question="q0 of a", task_index=9))
+    led.publish([r | {"answer": "5"} for r in copied(original, "an", 5)])
     digests = dict(led.query("SELECT group_id, content_digest FROM groups").iter_rows())
-    assert digests["sw.a.r0.g0"] == digests["sw.cp.r5.g0"]
-    assert digests["sw.a.r0.g1"] == digests["sw.cp.r5.g1"] != digests["sw.a.r0.g0"]
-    assert digests["sw.ed.r5.g1"] != digests["sw.a.r0.g1"]  # one completion changed
-    assert digests["sw.ed.r5.g0"] == digests["sw.a.r0.g0"]
-    assert digests["sw.b.r0.g0"] != digests["sw.a.r0.g0"]  # same texts, another question
+    a0, a1 = digests["sw.a.r0.g0"], digests["sw.a.r0.g1"]
+    assert a0 != a1
+    assert digests["sw.cp.r5.g0"] == digests["sw.rs.r5.g0"] == a0
+    assert digests["sw.cp.r5.g1"] == digests["sw.rs.r5.g1"] == a1
+    assert digests["sw.ed.r5.g1"] != a1 and digests["sw.ed.r5.g0"] == a0  # a text changed
+    assert digests["sw.an.r5.g0"] != a0  # the same texts, another answer
+    # Hex text, so that SQL, polars and the command line read the same value.
+    assert all(len(d) == 32 and set(d) <= set("0123456789abcdef") for d in digests.values())
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.kind)
@@ -86,6 +95,29 @@ def test_fresh_never_draws_again_a_content_drawn_before_under_another_id(site):
     led.publish(round_rows("b", 1, [[0, 1]]))
     later = led.sample_group_ids("me", 4, policy, seed=1, swarm_id="sw", for_round=1)
     assert later == ["sw.b.r1.g0"]
+
+
+def test_under_fresh_a_drawn_id_reused_for_anothers_content_hides_nothing(site):
+    """A peer whose group was drawn once publishes that id again, in another file, carrying
+    an honest peer's group, then deletes its first file. Had `fresh` read what the index
+    serves under a drawn id, the honest group would never be drawn: it remembers what the
+    receiver got."""
+    led = site.open()
+    led.publish(round_rows("p", 0, [[1, 0]]))
+    policy = FreshPolicy(max_peer_share=None)
+    first = led.sample("me", 1, policy, seed=0, swarm_id="sw", for_round=0)
+    led.write_sample("sw", "me", 0, first, policy="fresh", seed=0)
+    honest = round_rows("h", 1, [[1, 0], [0, 1]])
+    led.publish(honest)
+    squatted = [r | {"group_id": "sw.p.r0.g0", "rollout_id": f"sw.p.r0.g0.z{k}",
+                     "node_id": "p", "node_round": 0}
+                for k, r in enumerate(honest[:2])]  # fmt: skip
+    reused = led.publish(squatted)
+    listed = [o.key for o in led.store.list("swarm_id=sw/node_id=p/")]
+    [first_file] = [k for k in listed if k.endswith(".parquet") and k not in reused]
+    led.store.delete([first_file])
+    later = led.sample_group_ids("me", 4, policy, seed=1, swarm_id="sw", for_round=1)
+    assert sorted(later) == ["sw.h.r1.g0", "sw.h.r1.g1"]
 
 
 def test_a_copier_of_the_receivers_own_groups_earns_no_draw_and_no_record(site):

@@ -254,6 +254,7 @@ def test_a_draw_from_the_lowest_draws_is_the_draw_over_every_candidate(tmp_path,
         RewardFilteredPolicy(max_per_peer=2, min_mean_reward=0.3),
         VarianceWeightedPolicy(max_peer_share=0.25),
         PaperPolicy(max_peer_share=None, max_unknown_share=None),
+        FreshPolicy(max_per_peer=3),
     ]
     cases = [
         (policy, n, seed, known)
