@@ -226,18 +226,19 @@ JUDGED_COLUMNS: Final = """rollout_id, group_id, swarm_id, node_id, model_id, ta
 its ids and numbers in memory, not its completions."""
 
 
-GROUP_CONTENT_SQL: Final = """md5(concat_ws('|', to_hex(min(question_digest)),
+GROUP_CONTENT_SQL: Final = """md5(concat_ws('|', coalesce(min(task_seed)::VARCHAR, ''),
+    coalesce(min(task_index)::VARCHAR, ''), to_hex(min(question_digest)),
     to_hex(min(answer_digest)),
     array_to_string(list_sort(list(DISTINCT to_hex(completion_digest))), ',')))"""
 """An aggregate over one valid group's ``JUDGED_COLUMNS``: a digest of what a receiver trains
-on from it, its question, its answer and the set of its completions (hex), whoever
-published it under whatever ids. Two groups with one digest are copies (a peer may republish
-another's group, or the receiver's own, as its own): a draw takes each content once
-(ledger/policies/fair_draw.sql). The task's name, configuration, seed and index are left
-out (a receiver accepts a configuration in any JSON spelling and checks the question it
-rebuilds from them against the shipped one), and so are rewards, models and counts, which it
-derives itself; completions as a set, so reordering or repeating rows makes no new content
-(the receiver keeps G rows of a group). Each field in its place, and md5 over them, so a peer
+on from it, its question (seed, index and text), its answer and the set of its completions
+(hex), whoever published it under whatever ids. Two groups with one digest are copies (a peer
+may republish another's group, or the receiver's own, as its own): a draw takes each content
+once (ledger/policies/fair_draw.sql). The task's configuration is left out (a receiver
+accepts it in any JSON spelling), and so are rewards, models and counts, which it derives
+itself; the seed and index are numbers, and a copy that changes them fails the receiver's
+check of the question it rebuilds from them. Completions as a set, so reordering or
+repeating rows makes no new content (the receiver keeps G rows of a group). Each field in its place, and md5 over them, so a peer
 cannot choose texts of its own that collide with another's group. Hex, not md5_number: DuckDB
 turns a 128-bit number into text at ~0.2 ms each, and polars reads it as a decimal that wraps
 past 2^127."""

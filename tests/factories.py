@@ -51,7 +51,7 @@ def group_rows(
             "task": "basic_arithmetic",
             "task_config": '{"size": 100}',
             "task_seed": 1,
-            "task_index": slot,
+            "task_index": node_round * 100 + slot,  # each round draws new questions
             "question": f"q{slot} of {node_id}",
             "answer": "4",
             "metadata": "{}",

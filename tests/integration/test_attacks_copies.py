@@ -39,15 +39,14 @@ def test_copies_share_one_content_digest_and_a_changed_text_makes_another(site):
     led.publish(original)
     led.publish(copied(original, "cp", 5))  # rows reversed, other ids, rewards and stamps
     # What a receiver does not train on, or rebuilds itself: the configuration's spelling,
-    # the task index, a repeated row (it keeps G rows of a group).
-    respelled = [
-        r | {"task_config": '{ "size" : 100 }', "task_index": 9} for r in copied(original, "rs", 5)
-    ]
+    # a repeated row (it keeps G rows of a group).
+    respelled = [r | {"task_config": '{ "size" : 100 }'} for r in copied(original, "rs", 5)]
     led.publish([*respelled, respelled[0] | {"rollout_id": respelled[0]["rollout_id"] + "x"}])
     edited = copied(original, "ed", 5)
     edited[0] = edited[0] | {"completion": "<answer>edited</answer>"}
     led.publish(edited)
     led.publish([r | {"answer": "5"} for r in copied(original, "an", 5)])
+    led.publish([r | {"task_index": 9} for r in copied(original, "ix", 5)])
     digests = dict(led.query("SELECT group_id, content_digest FROM groups").iter_rows())
     a0, a1 = digests["sw.a.r0.g0"], digests["sw.a.r0.g1"]
     assert a0 != a1
@@ -55,6 +54,7 @@ def test_copies_share_one_content_digest_and_a_changed_text_makes_another(site):
     assert digests["sw.cp.r5.g1"] == digests["sw.rs.r5.g1"] == a1
     assert digests["sw.ed.r5.g1"] != a1 and digests["sw.ed.r5.g0"] == a0  # a text changed
     assert digests["sw.an.r5.g0"] != a0  # the same texts, another answer
+    assert digests["sw.ix.r5.g0"] != a0  # another question (its rebuild would not match)
     # Hex text, so that SQL, polars and the command line read the same value.
     assert all(len(d) == 32 and set(d) <= set("0123456789abcdef") for d in digests.values())
 
