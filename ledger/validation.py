@@ -238,10 +238,10 @@ once (ledger/policies/fair_draw.sql). The task's configuration is left out (a re
 accepts it in any JSON spelling), and so are rewards, models and counts, which it derives
 itself; the seed and index are numbers, and a copy that changes them fails the receiver's
 check of the question it rebuilds from them. Completions as a set, so reordering or
-repeating rows makes no new content (the receiver keeps G rows of a group). Each field in its place, and md5 over them, so a peer
-cannot choose texts of its own that collide with another's group. Hex, not md5_number: DuckDB
-turns a 128-bit number into text at ~0.2 ms each, and polars reads it as a decimal that wraps
-past 2^127."""
+repeating rows makes no new content (the receiver keeps G rows of a group). Each field in
+its place, and md5 over them, so a peer cannot choose texts of its own that collide with
+another's group. Hex, not md5_number: DuckDB turns a 128-bit number into text at ~0.2 ms
+each, and polars reads it as a decimal that wraps past 2^127."""
 
 
 def content_digests_sql(source: str) -> str:
