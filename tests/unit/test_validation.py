@@ -112,7 +112,7 @@ def test_the_longest_sample_log_a_node_writes_fits_the_readers_bound() -> None:
     from ledger import node_logs, samples
 
     picks = [("g" * 128, "n" * 128)] * node_logs.MAX_RECORDED_GROUPS
-    rows = samples.sample_rows(picks, policy="p" * 64, seed=-(2**62))
+    rows = samples.sample_rows(picks, {"g" * 128: "f" * 32}, policy="p" * 64, seed=-(2**62))
     lines = node_logs.SAMPLES.lines(
         [{**row, "node_round": 2**31 - 1} for row in rows], datetime.now(UTC)
     )
