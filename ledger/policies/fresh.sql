@@ -16,12 +16,12 @@
 --
 -- What the receiver drew before (by id, and by content: see fair_draw.sql) comes from its
 -- own sample log (the `samples` table, ledger/node_logs.py), rounds before $node_round
--- only: a retried round draws again what
--- its first attempt drew (and logged). With signatures on, nobody else can write that log;
--- with them off, a peer who writes a log in the receiver's name can hide groups from it
--- (the receiver still gets J from others, or fewer). Newest by the
--- earlier of the publisher's stamp and this reader's first sight, so a peer cannot jump
--- the queue with a stamp from the future; ties in a random order from the seed. Newest
+-- only: a retried round draws again what its first attempt drew (and logged). With
+-- signatures on, nobody else can write that log; with them off, a peer who writes a log
+-- in the receiver's name can hide groups from it (the receiver still gets J from others,
+-- or fewer). Newest by the earlier of the publisher's stamp and this reader's first
+-- sight, so a peer cannot jump the queue with a stamp from the future; ties in a random
+-- order from the seed. Newest
 -- within each peer only: across peers the draw takes turns (below), so neither newness
 -- nor a stamp buys a peer a larger share of J than the caps of fair_draw.sql allow.
 --
