@@ -194,7 +194,14 @@ def copiers(policy: str) -> Callable[[Any], dict[str, Any]]:
         from sapo_core.reputation import Reputation
         from sapo_core.tasks import TaskSource
         from tests.factories import copied
-        from tests.peer_rounds import HONEST, RECEIVER, TASKS, receiver_round, rollout_records
+        from tests.peer_rounds import (
+            HONEST,
+            RECEIVER,
+            TASKS,
+            _tagged,
+            receiver_round,
+            rollout_records,
+        )
 
         chosen = parse_policy(policy)
         led = site.open()
@@ -205,11 +212,11 @@ def copiers(policy: str) -> Callable[[Any], dict[str, Any]]:
         for round_ in range(12):
             mine, theirs = [], []
             for q in TaskSource(TASKS, seed=7).draw(round_, 2):
-                texts = [f"<answer>{a}</answer>" for a in (q.answer, "-1", q.answer, "0")]
+                texts = _tagged([q.answer, "-1", q.answer, "0"])
                 mine.append(rollout_records("me", round_, q, texts, [1, 0, 1, 0]))
             for k, node in enumerate(HONEST):
                 q = TaskSource(TASKS, seed=100 + k).draw(round_, 1)[0]
-                texts = [f"<answer>{a}</answer>" for a in (q.answer, "-1", q.answer, "-1")]
+                texts = _tagged([q.answer, "-1", q.answer, "-1"])
                 theirs.append(rollout_records(node, round_, q, texts, [1, 0, 1, 0]))
             for rows in mine + theirs:
                 led.publish(rows)

@@ -30,22 +30,18 @@
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
 WITH drawn_before AS (
-    SELECT DISTINCT group_id FROM samples
+    -- The ids drawn, and what they said as the receiver's log recorded it from the rows it
+    -- got (not what the index serves under that id now: a peer may reuse a drawn id for
+    -- another's content): a copy of a group drawn before, under other ids, is not fresh.
+    SELECT group_id, content_digest FROM samples
     WHERE node_id = $node_id AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND ($node_round IS NULL OR node_round < $node_round)
-),
-drawn_content AS (
-    -- And what they said, as the receiver's log recorded it from the rows it got (not
-    -- what the index serves under that id now: a peer may reuse a drawn id for another's
-    -- content): a copy of a group drawn before, under other ids, is not fresh.
-    SELECT DISTINCT content_digest FROM samples
-    WHERE node_id = $node_id AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
-      AND ($node_round IS NULL OR node_round < $node_round) AND content_digest IS NOT NULL
 ),
 unseen AS (
     SELECT group_id, node_id, content_digest, least(published_at, first_seen) AS seen_at
     FROM groups ANTI JOIN drawn_before USING (group_id)
-        ANTI JOIN drawn_content USING (content_digest)
+        ANTI JOIN (SELECT content_digest FROM drawn_before WHERE content_digest IS NOT NULL)
+            USING (content_digest)
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
