@@ -21,6 +21,10 @@ from ledger.schema import check_id
 MAX_GROUPS_PER_SAMPLE = 100_000
 DRAW_POOL_PER_GROUP = 16
 """A draw looks first among the lowest 16 draws per group asked for (see ``_draw``)."""
+MAX_CUT_PASSES = 16
+"""At most this many draws again without copies a hard cap cut (fair_draw.sql ``cut``):
+each pass drops at least one, and a chain longer than this needs as many peers, each
+full, copying one content."""
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -159,7 +163,7 @@ class LedgerReads(LedgerHandle):
             **chosen.parameters(when),
         }
         sql = chosen.sql
-        used = set(_PARAM.findall(sql)) - {"pool"}
+        used = set(_PARAM.findall(sql)) - {"pool", "cut"}
         params = {k: val for k, val in params.items() if k in used}
 
         def draw() -> list[str]:
@@ -168,14 +172,29 @@ class LedgerReads(LedgerHandle):
             # First among the lowest draws only. That answer is the answer over all
             # candidates when it is full and no cap put any of it late, and none of it is
             # an unknown peer's (the unknown cap counts across all candidates; a peer's
-            # rank among its own draws is the same in the pool as overall).
-            pooled = {**params, "pool": DRAW_POOL_PER_GROUP * int(n_groups)}
-            rows = self.con.execute(sql, pooled).fetchall()
-            if len(rows) < n_groups or any(late or unknown for _, late, unknown in rows):
-                rows = self.con.execute(sql, {**params, "pool": None}).fetchall()
+            # rank among its own draws is the same in the pool as overall). A copy cut in
+            # the pool is cut overall: the pool holds the lowest draws of its peer.
+            cut: list[str] = []
+            rows = self._without_cut_copies(sql, params, DRAW_POOL_PER_GROUP * int(n_groups), cut)
+            if len(rows) < n_groups or any(late or unknown for _, late, unknown, _ in rows):
+                rows = self._without_cut_copies(sql, params, None, cut)
             return [r[0] for r in rows]
 
         return draw
+
+    def _without_cut_copies(
+        self, sql: str, params: dict[str, Any], pool: int | None, cut: list[str]
+    ) -> list[tuple[Any, ...]]:
+        """The draw's rows once no copy is cut by a hard cap (fair_draw.sql ``cut``);
+        ``cut`` gathers the copies dropped."""
+        rows: list[tuple[Any, ...]] = []
+        for _ in range(MAX_CUT_PASSES):
+            rows = self.con.execute(sql, {**params, "pool": pool, "cut": cut or None}).fetchall()
+            more = rows[0][3] if rows else None
+            if not more:
+                break
+            cut.extend(more)
+        return rows
 
     @serialized
     def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:

@@ -13,10 +13,15 @@
 --             $unknown_cap    soft cap on the groups of peers not in $known, all together
 --                             (max_unknown_share)
 --             $pool           draw among the $pool lowest draws only (NULL: all)
+--             $cut            'node_id/content_digest' of copies a hard cap cut (below;
+--                             NULL: none yet)
 --
 -- Besides each group id it returns whether a cap put it late and whether its peer is
 -- unknown: with those, the sampler can tell when an answer drawn from a small pool is the
 -- answer over all candidates (Ledger._draw), and skip the per-peer pass over all of them.
+-- And, on every row, the copies the hard cap cut this time (NULL: none): the sampler
+-- draws again without them, until none is cut, so that a content goes to the lowest
+-- draw among the peers with room for it.
 uncopied AS (
     -- Copies (groups of one content, validation.GROUP_CONTENT_SQL, under other ids): a
     -- peer may republish the receiver's own groups, or another peer's, as its own. They
@@ -28,6 +33,8 @@ uncopied AS (
     SELECT * FROM candidates
     ANTI JOIN (SELECT content_digest FROM groups WHERE node_id = $node_id) own
         USING (content_digest)
+    WHERE $cut IS NULL
+        OR concat(node_id, '/', content_digest) NOT IN (SELECT unnest($cut::VARCHAR[]))
 ),
 pool AS (
     SELECT * FROM uncopied ORDER BY draw LIMIT $pool
@@ -45,6 +52,19 @@ per_peer AS (
     FROM first_copies
     GROUP BY node_id
 ),
+cut AS (
+    -- A peer's first copy of a content that its hard cap cuts (it has $max_per_peer lower
+    -- draws) would take the content from every other copy, and so from a peer with room:
+    -- a copier holding more contents than its cap would shorten the draw. Cut, it can
+    -- never be drawn, whatever else is, so the sampler drops it (and its peer's other
+    -- copies of that content) and draws again: the same answer as taking groups one by
+    -- one in draw order, each whose content is new and whose peer has room.
+    SELECT DISTINCT concat(f.node_id, '/', f.content_digest) AS copy
+    FROM first_copies f JOIN per_peer USING (node_id)
+    SEMI JOIN pool other
+        ON other.content_digest = f.content_digest AND other.node_id <> f.node_id
+    WHERE len(picks) = $max_per_peer AND f.draw > picks[-1].draw
+),
 ranked AS (
     SELECT node_id, unnest(picks) AS pick, generate_subscripts(picks, 1) AS peer_rank
     FROM per_peer
@@ -61,7 +81,8 @@ budgeted AS (
 )
 SELECT pick.group_id,
     peer_rank > $peer_share_cap OR coalesce(unknown_rank > $unknown_cap, false) AS late,
-    coalesce(NOT list_contains($known::VARCHAR[], node_id), false) AS unknown
+    coalesce(NOT list_contains($known::VARCHAR[], node_id), false) AS unknown,
+    (SELECT list(copy ORDER BY copy) FROM cut) AS cut
 FROM budgeted
 ORDER BY late, pick.draw
 LIMIT $n_groups

@@ -10,9 +10,17 @@ from a copier, the same group twice in one draw, and under `fresh` again in a la
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from ledger import FreshPolicy, PaperPolicy, RewardFilteredPolicy, VarianceWeightedPolicy
+from ledger import (
+    FreshPolicy,
+    PaperPolicy,
+    RewardFilteredPolicy,
+    VarianceWeightedPolicy,
+    parse_policy,
+)
 from sapo_core.reputation import Reputation
 from tests.factories import copied, round_rows
 from tests.peer_rounds import HONEST, RECEIVER, TASKS, _tagged, receiver_round, rollout_records
@@ -142,3 +150,70 @@ def test_a_copier_of_the_receivers_own_groups_earns_no_draw_and_no_record(site):
         groups, _ = receiver_round(led, reputation, policy, round_)
         assert [g.rollouts[0].node_id for g in groups] == [HONEST[0]]
     assert reputation.known() == [HONEST[0]]
+
+
+@pytest.mark.parametrize("kind", ["paper", "reward_filtered", "variance_weighted", "fresh"])
+def test_a_copier_over_its_hard_cap_does_not_shorten_the_draw(site, kind):
+    """With ``max_per_peer``, a copier whose copies drew lowest for more contents than its
+    cap took those contents from their originals and then lost them to its cap: on main at
+    72f5d83 (review, 2026-12-05) `paper` with cap 2 and J = 4 drew 3 or 2 groups in 9 of 40
+    seeds. Now a content goes to the lowest draw among the peers with room for it: the
+    draw is full, or every content left out is held only by peers already at their cap."""
+    led = site.open()
+    honest = {"o": round_rows("o", 0, [[1, 0]] * 3), "p": round_rows("p", 0, [[0, 1]] * 3)}
+    for rows in honest.values():
+        led.publish(rows)
+    led.publish(copied(honest["o"], "cp", 0))
+    led.publish(copied(honest["p"], "cp", 1))
+    holders: dict[str, set[str]] = {}
+    for node_id, digest in led.query("SELECT node_id, content_digest FROM groups").iter_rows():
+        holders.setdefault(digest, set()).add(node_id)
+    policy = parse_policy({"kind": kind, "max_per_peer": 2})
+    sizes = set()
+    for seed in range(40):
+        drawn = led.sample_group_ids("me", 4, policy, seed=seed, swarm_id="sw")
+        contents = _content(led, drawn)
+        per_peer = Counter(g.split(".")[1] for g in drawn)
+        assert len(set(contents)) == len(contents) and max(per_peer.values()) <= 2
+        left_out = set(holders) - set(contents)
+        assert len(drawn) == 4 or all(per_peer[n] == 2 for c in left_out for n in holders[c]), (
+            seed,
+            drawn,
+        )
+        sizes.add(len(drawn))
+    assert sizes == {4}  # here some peer with room always holds a fourth content
+
+
+def test_under_a_hard_cap_a_draw_is_taking_groups_one_by_one_in_draw_order(site):
+    """The answer `cut` reaches (fair_draw.sql, Ledger._draw): walk the candidates in draw
+    order and take each group whose content is new and whose peer has room. Computed here
+    from the paper policy's own `candidates` and compared, seed by seed."""
+    from importlib import resources
+
+    led = site.open()
+    honest = [round_rows(n, 0, [[1, 0]] * 4) for n in ("o", "p", "q")]
+    for rows in honest:
+        led.publish(rows)
+    for k, rows in enumerate(honest):  # a copier of all, and one of o's alone
+        led.publish(copied(rows, "cp", k))
+    led.publish(copied(honest[0], "cp2", 0))
+    policy = PaperPolicy(max_per_peer=2, max_peer_share=None, max_unknown_share=None)
+    candidates = (
+        resources.files("ledger.policies").joinpath("paper.sql").read_text()
+        + "\nSELECT group_id, node_id, content_digest FROM candidates ORDER BY draw"
+    )
+    for seed in range(30):
+        walk = led.query(
+            candidates,
+            {"node_id": "me", "seed": seed, "swarm_id": "sw", "excluded": [], "tasks": None},
+        ).iter_rows()
+        taken: list[str] = []
+        contents: set[str] = set()
+        per_peer: Counter[str] = Counter()
+        for group_id, node_id, digest in walk:
+            if digest not in contents and per_peer[node_id] < 2:
+                taken.append(group_id)
+                contents.add(digest)
+                per_peer[node_id] += 1
+        for j in (3, 6, 8):
+            assert led.sample_group_ids("me", j, policy, seed=seed, swarm_id="sw") == taken[:j]
