@@ -21,6 +21,9 @@ prints as a node or a user would, and reports one row:
   peers'; 12 rounds of the receiver's real draw, verifier and reputation. Target: none of the
   receiver's own groups drawn back, no group twice in one draw (nor, under fresh, in a later
   one); reported: the copies' share of J and who became known.
+- ``copiers-capped``: two honest peers publish 3 groups each and a copier all 6; the
+  receiver draws J = 4 with ``max_per_peer`` 2 under each policy, 40 seeds. Target: no
+  draw short while a peer with room holds a content left out.
 - ``terminal-escapes`` / ``csv-formula``: a completion and model id holding an OSC 52
   clipboard write, a clear-screen code and a red forged line, and a ``=HYPERLINK(...)``
   completion, printed by ``sapo ledger query`` as a table and as CSV. Target: no control
@@ -245,6 +248,47 @@ def copiers(policy: str) -> Callable[[Any], dict[str, Any]]:
     return attack
 
 
+def copiers_capped(site: Any) -> dict[str, Any]:
+    """Two honest peers publish 3 groups each, a copier all 6; the receiver draws J = 4 with
+    ``max_per_peer`` 2 under each policy, over 40 seeds."""
+    from collections import Counter
+
+    from ledger import parse_policy
+    from tests.factories import copied, round_rows
+
+    led = site.open()
+    honest = [round_rows("o", 0, [[1, 0]] * 3), round_rows("p", 0, [[0, 1]] * 3)]
+    for k, rows in enumerate(honest):
+        led.publish(rows)
+        led.publish(copied(rows, "cp", k))
+    holders: dict[str, set[str]] = {}
+    for node, digest in led.query("SELECT node_id, content_digest FROM groups").iter_rows():
+        holders.setdefault(digest, set()).add(node)
+    short: dict[str, int] = {}
+    for kind in ("paper", "reward_filtered", "variance_weighted", "fresh"):
+        policy = parse_policy({"kind": kind, "max_per_peer": 2})
+        short[kind] = 0
+        for seed in range(40):
+            drawn = led.sample_group_ids("me", 4, policy, seed=seed, swarm_id="sw")
+            got = dict(
+                led.query(
+                    "SELECT group_id, content_digest FROM groups WHERE list_contains($g, group_id)",
+                    {"g": drawn},
+                ).iter_rows()
+            )
+            per_peer = Counter(g.split(".")[1] for g in drawn)
+            left_out = set(holders) - set(got.values())
+            # Short although some peer with room holds a content left out.
+            short[kind] += len(drawn) < 4 and any(
+                per_peer[n] < 2 for c in left_out for n in holders[c]
+            )
+    return {
+        "wrong": sum(short.values()),
+        "extra": "draws of J = 4 left short of a content a peer with room holds, of 40 "
+        "seeds: " + ", ".join(f"{k} {n}" for k, n in short.items()),
+    }
+
+
 def _said(rows: list[dict[str, Any]]) -> tuple[str, ...]:
     """What a group says: its question and its completions, in no order."""
     return (rows[0]["question"], *sorted(r["completion"] for r in rows))
@@ -299,6 +343,7 @@ ATTACKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "sybil-warmup-paper": sybil_warmup("paper"),
     "copiers-fresh": copiers("fresh"),
     "copiers-paper": copiers("paper"),
+    "copiers-capped": copiers_capped,
     "terminal-escapes": terminal_escapes,
     "csv-formula": csv_formula,
 }
