@@ -251,37 +251,22 @@ def copiers(policy: str) -> Callable[[Any], dict[str, Any]]:
 def copiers_capped(site: Any) -> dict[str, Any]:
     """Two honest peers publish 3 groups each, a copier all 6; the receiver draws J = 4 with
     ``max_per_peer`` 2 under each policy, over 40 seeds."""
-    from collections import Counter
-
     from ledger import parse_policy
-    from tests.factories import copied, round_rows
+    from tests.peer_rounds import publish_copier_over_cap, short_with_room
 
     led = site.open()
-    honest = [round_rows("o", 0, [[1, 0]] * 3), round_rows("p", 0, [[0, 1]] * 3)]
-    for k, rows in enumerate(honest):
-        led.publish(rows)
-        led.publish(copied(rows, "cp", k))
-    holders: dict[str, set[str]] = {}
-    for node, digest in led.query("SELECT node_id, content_digest FROM groups").iter_rows():
-        holders.setdefault(digest, set()).add(node)
+    holders = publish_copier_over_cap(led)
     short: dict[str, int] = {}
     for kind in ("paper", "reward_filtered", "variance_weighted", "fresh"):
         policy = parse_policy({"kind": kind, "max_per_peer": 2})
         short[kind] = 0
         for seed in range(40):
             drawn = led.sample_group_ids("me", 4, policy, seed=seed, swarm_id="sw")
-            got = dict(
-                led.query(
-                    "SELECT group_id, content_digest FROM groups WHERE list_contains($g, group_id)",
-                    {"g": drawn},
-                ).iter_rows()
-            )
-            per_peer = Counter(g.split(".")[1] for g in drawn)
-            left_out = set(holders) - set(got.values())
-            # Short although some peer with room holds a content left out.
-            short[kind] += len(drawn) < 4 and any(
-                per_peer[n] < 2 for c in left_out for n in holders[c]
-            )
+            contents = led.query(
+                "SELECT content_digest FROM groups WHERE list_contains($g, group_id)",
+                {"g": drawn},
+            )["content_digest"].to_list()
+            short[kind] += short_with_room(drawn, contents, holders, 4, 2)
     return {
         "wrong": sum(short.values()),
         "extra": "draws of J = 4 left short of a content a peer with room holds, of 40 "

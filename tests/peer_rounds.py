@@ -6,6 +6,7 @@ round of the receiver's real draw, verifier and reputation (what flows/node/step
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from sapo_core.peers import JudgedPeers, judge_peers, judged_tasks
 from sapo_core.reputation import Reputation
 from sapo_core.rollouts import Group, Rollout, from_records, group_rollouts
 from sapo_core.tasks import Question, TaskSource
-from tests.factories import T0
+from tests.factories import T0, copied, round_rows
 
 TASKS = TaskConfig(specs=(TaskSpec(name="chain_sum", config={"min_terms": 2, "max_terms": 2}),))
 OTHER = TaskConfig(specs=(TaskSpec(name="products", config={"max_terms": 2}),))
@@ -85,6 +86,29 @@ def publish_sybil_round(led: Any, round_: int) -> None:
             bad = dataclasses.replace(q, answer="-1")
             texts = _tagged(["-1", "0", "-1", "0"])
             led.publish(rollout_records(node, round_, bad, texts, [1, 0, 1, 0], published_at=later))
+
+
+def publish_copier_over_cap(led: Any) -> dict[str, set[str]]:
+    """Honest peers ``o`` and ``p`` publish 3 groups each and copier ``cp`` all 6 (round 0
+    and 1): the peers holding each content, by its digest."""
+    for k, node in enumerate(("o", "p")):
+        rows = round_rows(node, 0, [[1, 0] if node == "o" else [0, 1]] * 3)
+        led.publish(rows)
+        led.publish(copied(rows, "cp", k))
+    holders: dict[str, set[str]] = {}
+    for node, digest in led.query("SELECT node_id, content_digest FROM groups").iter_rows():
+        holders.setdefault(digest, set()).add(node)
+    return holders
+
+
+def short_with_room(
+    drawn: list[str], contents: list[str], holders: dict[str, set[str]], j: int, cap: int
+) -> bool:
+    """Whether a draw of ``j`` groups (``contents`` their digests) came back short although
+    a peer with room under ``cap`` holds a content left out."""
+    per_peer = Counter(g.split(".")[1] for g in drawn)
+    left_out = set(holders) - set(contents)
+    return len(drawn) < j and any(per_peer[n] < cap for c in left_out for n in holders[c])
 
 
 def drawn_groups(frame: Any) -> list[Group]:
