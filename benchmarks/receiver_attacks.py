@@ -379,7 +379,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--backends", nargs="+", default=["local", "s3"], choices=["local", "s3"])
-    parser.add_argument("--only", nargs="*", default=None, help="attack names (default: all)")
+    parser.add_argument(
+        "--only", nargs="*", default=None, choices=list(ATTACKS), help="attack names (default: all)"
+    )
     parser.add_argument("--timeout", type=float, default=HANG_S)
     parser.add_argument("--receiver", help=argparse.SUPPRESS)
     args = parser.parse_args()
