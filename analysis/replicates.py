@@ -126,26 +126,51 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
     )
 
 
-# What a node did at round 0, before any update: the same in every configuration of a seed
-# (I + J is fixed across an experiment's configurations, and the held-out evaluation is
-# seeded apart from them) when the runs compute alike.
+# What a node did at round 0, before any update: its own groups' reward and tokens, and its
+# held-out answers. The held-out evaluation is seeded apart from the configuration, so its
+# answers match in every configuration of a seed when the runs compute alike; the own groups
+# match only between configurations that generate the same questions a round (a control that
+# makes 8 questions where the others make 4 draws other groups by design).
 ROUND_0_FINGERPRINT = ("claimed_reward", "tokens_generated", "accuracy")
+OWN_GROUP_FIGURES = ("claimed_reward", "tokens_generated")
 
 
-def unpaired_seeds(rows: pl.DataFrame, order: list[str] | None = None) -> list[str]:
+Round0 = dict[tuple[str, str], str]  # (node, figure) -> its value at round 0, as text
+
+
+def _alike(a: Round0, b: Round0, *, own: bool) -> bool:
+    """Two runs' round 0 agree on every figure both logged; on the own groups' figures only
+    when ``own`` (the runs generate alike)."""
+    return all(
+        value == b[key]
+        for key, value in a.items()
+        if key in b and (own or key[1] not in OWN_GROUP_FIGURES)
+    )
+
+
+def unpaired_seeds(
+    rows: pl.DataFrame,
+    order: list[str] | None = None,
+    generates: dict[str, object] | None = None,
+) -> list[str]:
     """Seeds whose configurations did not compute alike at round 0, as
     "seed <s>: <configurations> apart from <configurations>".
 
     At round 0 every node samples its own groups and answers the held-out set with the
-    untrained model, so within a seed each node's reward, tokens generated and held-out
-    accuracy are the same in every configuration, unless the runs computed differently:
-    another machine's kernels (a sweep moved mid-seed), kernels that are not deterministic
-    (GPU sampling may not be), another code or library version.
-    Such a seed is paired in name only; its gains mix the configurations' effect with the
-    machine's. Only what every run of the seed logged is compared (a node or a figure a run
-    lacks is left out, not counted as a difference); a seed with nothing to compare is not
-    named. ``order`` lists configurations in the experiment's order (else by name). For an
-    experiment's own runs: pairs of runs that differ in more than sharing differ anyway."""
+    untrained model, so within a seed each node's held-out accuracy is the same in every
+    configuration, and its reward and tokens generated are the same in every configuration
+    that generates alike, unless the runs computed differently: another machine's kernels
+    (a sweep moved mid-seed), kernels that are not deterministic (GPU sampling may not be),
+    another code or library version. Such a seed is paired in name only; its gains mix the
+    configurations' effect with the machine's.
+
+    ``generates`` maps a configuration to what decides its own round-0 groups (its questions
+    a round); configurations with different values are compared on held-out accuracy only.
+    Without it every configuration generates alike. Only what every run of the seed logged
+    is compared (a node or a figure a run lacks is left out, not counted as a difference).
+    ``order`` lists configurations in the experiment's order (else by name): each
+    configuration joins the first named group whose runs it agrees with on every figure
+    they share, so the groups shown are the configurations that computed alike."""
     fields = [f for f in ROUND_0_FINGERPRINT if f in rows.columns]
     first = rows.filter(pl.col("node_round") == 0).select(
         "configuration", "seed", "node_id", *[pl.col(f).cast(pl.String) for f in fields]
@@ -161,24 +186,26 @@ def unpaired_seeds(rows: pl.DataFrame, order: list[str] | None = None) -> list[s
         .filter(pl.col("logged") == pl.col("runs"))
         .drop("logged", "runs")
     )
-    draws = (
-        known.join(shared, on=["seed", "node_id", "field"])
-        .sort("node_id", "field")
-        .group_by("configuration", "seed")
-        .agg(pl.format("{}/{}={}", "node_id", "field", "value").str.join("|").alias("draw"))
-    )
+    figures = known.join(shared, on=["seed", "node_id", "field"])
     rank = {c: i for i, c in enumerate(order or [])}
-    for conf in sorted(set(draws["configuration"]) - set(rank)):  # not in order: by name
+    for conf in sorted(set(figures["configuration"]) - set(rank)):  # not in order: by name
         rank[conf] = len(rank)
+    kind = generates or {}
     named = []
-    for (seed,), runs in sorted(draws.group_by("seed"), key=lambda kv: kv[0][0]):
-        if runs["draw"].n_unique() < 2:
-            continue
-        in_order = sorted(runs.iter_rows(named=True), key=lambda r: rank[r["configuration"]])
-        apart: dict[str, list[str]] = {}  # draw -> the configurations that drew it
-        for run in in_order:
-            apart.setdefault(run["draw"], []).append(run["configuration"])
-        named.append(f"seed {seed}: " + " apart from ".join(", ".join(c) for c in apart.values()))
+    for (seed,), seed_figures in sorted(figures.group_by("seed"), key=lambda kv: kv[0][0]):
+        drawn: dict[str, Round0] = {}
+        for r in seed_figures.iter_rows(named=True):
+            drawn.setdefault(r["configuration"], {})[(r["node_id"], r["field"])] = r["value"]
+        groups: list[list[str]] = []  # configurations that computed alike
+        for conf in sorted(drawn, key=rank.__getitem__):
+            for g in groups:
+                if all(_alike(drawn[conf], drawn[c], own=kind.get(conf) == kind.get(c)) for c in g):
+                    g.append(conf)
+                    break
+            else:
+                groups.append([conf])
+        if len(groups) > 1:
+            named.append(f"seed {seed}: " + " apart from ".join(", ".join(g) for g in groups))
     return named
 
 
@@ -228,6 +255,7 @@ def tables_from_records(
     rounds: int,
     nodes: int | None = None,
     planned: dict[str, tuple[str, int]] | None = None,
+    generates: dict[str, object] | None = None,
 ) -> ReplicateTables:
     """The statistics of the runs in ``records`` (from a ledger, or read back from
     committed run records: analysis/records.py).
@@ -235,7 +263,8 @@ def tables_from_records(
     With ``planned`` (the experiment's runs: swarm_id -> (configuration, seed), in its
     order), the tables follow the experiment's order of configurations and name the
     planned runs that have no rounds at all, which would otherwise only show as a smaller
-    seed count."""
+    seed count. ``generates`` (configuration -> its own questions a round) tells the round-0
+    pairing check which configurations should draw the same own groups (`unpaired_seeds`)."""
     rows = records.node_rounds.sort(["configuration", "seed", "node_id", "node_round"])
     if rows.is_empty():
         raise ValueError("none of the experiment's runs has rounds in this ledger")
@@ -272,5 +301,5 @@ def tables_from_records(
         mechanism=how,
         discoveries=found.sort("configuration", "seed", "node_id", "task"),
         unrun=unrun,
-        unpaired=unpaired_seeds(rows, order),
+        unpaired=unpaired_seeds(rows, order, generates),
     )

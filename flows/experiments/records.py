@@ -137,7 +137,8 @@ def report_replicates(
             f"{' or '.join(read) or 'nothing read'}"
         )
     tables = tables_from_records(records, baseline=baseline, rounds=first.rounds,
-                                 nodes=len(first.nodes), planned=exp.replicates())  # fmt: skip
+                                 nodes=len(first.nodes), planned=exp.replicates(),
+                                 generates=dict(exp.own_questions()))  # fmt: skip
     total = len(heldout_keys(first))
     seen = records.heldout_seen.select("task", "question").unique().height
     tables.heldout_overlap = (seen, total)

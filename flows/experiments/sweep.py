@@ -219,6 +219,14 @@ class ExperimentConfig(Strict):
         """swarm_id -> (configuration label, seed): how the statistics pair the runs."""
         return {self.swarm_id(c, s): (self.label(c), 0 if s is None else s) for c, s in self.runs()}
 
+    def own_questions(self) -> dict[str, tuple[int, ...]]:
+        """Configuration label -> each node's own questions a round: configurations that
+        differ here draw other own groups at round 0 by design (the round-0 pairing check)."""
+        return {
+            self.label(c): tuple(spec.node.questions for spec in self.swarm_config(c).nodes)
+            for c in self.configurations
+        }
+
     def ledger_url(self) -> str:
         return self.swarm_config(self.configurations[0]).ledger.url
 

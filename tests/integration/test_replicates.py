@@ -385,6 +385,25 @@ def test_seeds_whose_configurations_computed_apart_at_round_0_are_named(ledger: 
     assert unpaired_seeds(lacking) == []
     assert unpaired_seeds(rows({("4/0", 0): [(None, None)], ("2/2", 0): [(None, None)]})) == []
 
+    # A control that makes 8 questions a round draws other own groups at round 0 by design:
+    # told so, only its held-out answers are compared, and a moved run is still found
+    control = [(0.25, 1900), (0.125, 1850)]  # same held-out answers, other own groups
+    moved = [(0.5, 1900), (0.125, 1850)]  # n0 answered otherwise: another machine
+    questions = {"4/0": 4, "2/2": 4, "q8": 8}
+    by_design = rows({("4/0", 0): same, ("2/2", 0): same, ("q8", 0): control})
+    assert unpaired_seeds(by_design, ["4/0", "2/2", "q8"], questions) == []
+    assert unpaired_seeds(by_design, ["4/0", "2/2", "q8"]) == ["seed 0: 4/0, 2/2 apart from q8"]
+    elsewhere = rows({("4/0", 0): same, ("2/2", 0): same, ("q8", 0): moved})
+    assert unpaired_seeds(elsewhere, ["4/0", "2/2", "q8"], questions) == [
+        "seed 0: 4/0, 2/2 apart from q8"
+    ]
+    # 2/2 moved, the control did not: 2/2 is apart from 4/0 on its own groups, and the
+    # control, compared with each on held-out answers alone, sides with the first it matches
+    split = rows({("4/0", 0): same, ("2/2", 0): moved, ("q8", 0): control})
+    assert unpaired_seeds(split, ["4/0", "2/2", "q8"], questions) == [
+        "seed 0: 4/0, q8 apart from 2/2"
+    ]
+
     # The hand-made sweep gives its 1/1 nodes other round-0 rewards than its 2/0 nodes at
     # seeds 0 and 1 (replicate_runs.own), as a moved sweep would; at seed 2 they agree
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}

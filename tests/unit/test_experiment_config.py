@@ -329,6 +329,10 @@ def test_the_compute_matched_control_is_a_node_alone_making_more_questions() -> 
     assert node.local_selection == "informative_first"
     plain = exp.swarm_config(exp.configurations[0], 3).nodes[0].node
     assert (plain.questions, plain.local_selection) == (4, "drawn")
+    # what the round-0 pairing check is told: the control draws other own groups by design
+    assert exp.own_questions() == {
+        "4/0": (4, 4, 4), "2/2": (4, 4, 4), "4/0-q8-informative-first": (8, 8, 8)
+    }  # fmt: skip
     # Only the configurations vary the selection: a node entry may not set it.
     data = copy.deepcopy(exp.model_dump())
     data["swarm"]["nodes"][0]["local_selection"] = "informative_first"
