@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_TABLE = "docs/paper-table-cpu"
+COMPUTE_MATCHED = "docs/compute-matched-cpu"
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,18 @@ PUBLISHED = {
         f"{PAPER_TABLE}/records",
         f"{PAPER_TABLE}/report-seed4-rerun",
         replaced_by=f"{PAPER_TABLE}/records-seed4-rerun",
+    ),
+    # issue 46: every configuration against nodes alone, and the question itself
+    "compute-matched": Published(
+        "examples/compute-matched-cpu.yaml",
+        f"{COMPUTE_MATCHED}/records",
+        f"{COMPUTE_MATCHED}/report",
+    ),
+    "compute-matched-vs-control": Published(
+        "examples/compute-matched-cpu.yaml",
+        f"{COMPUTE_MATCHED}/records",
+        f"{COMPUTE_MATCHED}/report-vs-control",
+        overrides=["baseline=4/0-q8-informative-first"],
     ),
 }
 
