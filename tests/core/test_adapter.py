@@ -327,7 +327,10 @@ def test_a_bf16_base_keeps_an_fp32_adapter_and_both_paths_agree(base_dir: Path) 
     with torch.no_grad():
         plain, _ = plain_logprobs(model.eval(), _segments(), 0.7, PAD)
     assert fast.dtype == plain.dtype == torch.float32
-    assert (fast - plain).abs()[mask == 1].max() < 1e-4  # measured ~2e-6
+    # Within bf16's precision, as the base's own rounding below: the two paths run matmuls of
+    # other shapes, which CPUs without native bf16 kernels round apart (~3e-3 measured on an
+    # AMD EPYC, ~2e-6 where they agree); a wrong position or mask would be off by ~1.
+    assert (fast - plain).abs()[mask == 1].max() < 2e-2
     # The base's bf16 rounding alone (~5e-3 measured), not nothing: the weights are halved.
     assert 1e-5 < (plain - exact).abs()[mask == 1].max() < 2e-2
     (fast * mask).sum().backward()
