@@ -26,6 +26,7 @@ statistics.md in analysis/replicate_report.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import polars as pl
@@ -131,27 +132,26 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
 # answers match in every configuration of a seed when the runs compute alike; the own groups
 # match only between configurations that generate the same questions a round (a control that
 # makes 8 questions where the others make 4 draws other groups by design).
-ROUND_0_FINGERPRINT = ("claimed_reward", "tokens_generated", "accuracy")
 OWN_GROUP_FIGURES = ("claimed_reward", "tokens_generated")
+ROUND_0_FINGERPRINT = (*OWN_GROUP_FIGURES, "accuracy")
 
 
 Round0 = dict[tuple[str, str], str]  # (node, figure) -> its value at round 0, as text
 
 
 def _alike(a: Round0, b: Round0, *, own: bool) -> bool:
-    """Two runs' round 0 agree on every figure both logged; on the own groups' figures only
-    when ``own`` (the runs generate alike)."""
+    """Two runs' round 0 (the same (node, figure) keys: those every run of the seed logged)
+    agree on every figure; on the own groups' figures only when ``own`` (the runs generate
+    alike)."""
     return all(
-        value == b[key]
-        for key, value in a.items()
-        if key in b and (own or key[1] not in OWN_GROUP_FIGURES)
+        value == b[key] for key, value in a.items() if own or key[1] not in OWN_GROUP_FIGURES
     )
 
 
 def unpaired_seeds(
     rows: pl.DataFrame,
     order: list[str] | None = None,
-    generates: dict[str, object] | None = None,
+    generates: Mapping[str, object] | None = None,
 ) -> list[str]:
     """Seeds whose configurations did not compute alike at round 0, as
     "seed <s>: <configurations> apart from <configurations>".
@@ -255,7 +255,7 @@ def tables_from_records(
     rounds: int,
     nodes: int | None = None,
     planned: dict[str, tuple[str, int]] | None = None,
-    generates: dict[str, object] | None = None,
+    generates: Mapping[str, object] | None = None,
 ) -> ReplicateTables:
     """The statistics of the runs in ``records`` (from a ledger, or read back from
     committed run records: analysis/records.py).
