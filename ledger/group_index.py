@@ -32,12 +32,16 @@ GROUP_COLUMNS = """
     group_id VARCHAR, swarm_id VARCHAR, node_id VARCHAR, model_id VARCHAR, task VARCHAR,
     node_round BIGINT, policy_version BIGINT, size INTEGER, reward_mean DOUBLE,
     reward_std DOUBLE, reward_min DOUBLE, reward_max DOUBLE, published_at TIMESTAMPTZ,
-    day DATE, source_file VARCHAR, content_digest VARCHAR, first_seen TIMESTAMPTZ
+    day DATE, source_file VARCHAR, content_digest VARCHAR, first_seen TIMESTAMPTZ,
+    completion_keys UBIGINT[], claims DOUBLE[]
 """
 """``content_digest``: what the group says (validation.GROUP_CONTENT_SQL), the same for
 every copy of it under any ids. ``first_seen``: when this reader first indexed the group, by
 its own clock. Recency windows use ``least(published_at, first_seen)``: a publisher's clock
-may make its group look older, never newer than the reader saw it."""
+may make its group look older, never newer than the reader saw it. ``completion_keys`` and
+``claims``: each row's completion key (validation.COMPLETION_KEY_SQL) and claimed reward, in
+one order (by rollout id): a draw judges copies, and cuts a group to the receiver's size, on
+these (ledger/policies/drawable.sql)."""
 
 
 class GroupIndex:
@@ -101,6 +105,8 @@ class GroupIndex:
                 max(reward) AS reward_max, max(published_at) AS published_at,
                 any_value(day) AS day, filename AS source_file,
                 {v.GROUP_CONTENT_SQL} AS content_digest, current_timestamp AS first_seen,
+                list({v.COMPLETION_KEY_SQL} ORDER BY rollout_id) AS completion_keys,
+                list(reward ORDER BY rollout_id) AS claims,
                 {self._group_problem_sql} AS problem
             FROM _judged WHERE reason IS NULL
             GROUP BY filename, group_id"""
@@ -109,8 +115,8 @@ class GroupIndex:
         # which every indexed copy of it carries, the served one too.
         con.execute(
             """CREATE OR REPLACE TEMP TABLE _accepted AS
-            SELECT g.* EXCLUDE (problem, first_seen),
-                coalesce(seen.first_seen, g.first_seen) AS first_seen
+            SELECT g.* EXCLUDE (problem) REPLACE (
+                coalesce(seen.first_seen, g.first_seen) AS first_seen)
             FROM _groups g LEFT JOIN (
                 SELECT group_id, first_seen FROM groups SEMI JOIN _groups USING (group_id)
             ) seen USING (group_id)

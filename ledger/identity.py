@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import os
 from collections.abc import Iterable
@@ -164,6 +165,17 @@ class NodeKey:
         with os.fdopen(fd, "wb") as handle:
             handle.write(pem)
         return key
+
+    def draw_secret(self) -> bytes:
+        """The secret that keys this node's draws of peers' groups (ledger/draws.py):
+        derived from its private key, so it is made at the node's first start, kept with
+        its checkpoints, and known to nobody who does not hold the key."""
+        raw = self.private.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        return hmac.new(raw, b"sapo/draw-secret/v1", hashlib.sha256).digest()
 
     @property
     def public_b64(self) -> str:

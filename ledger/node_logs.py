@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ from ledger.schema import MAX_COUNTER, MAX_GROUPS_PER_ROUND, MAX_SEED, check_id,
 from ledger.sqltext import sql_list, sql_str
 
 MAX_TEXT_CHARS: Final = 1024
+MAX_KEYS_PER_GROUP: Final = 256
+"""Most completion keys a sample log's line holds (a group's rows: RowLimits' largest group)."""
+COMPLETION_KEYS_PATTERN: Final = "[0-9a-f]{16}(,[0-9a-f]{16})*"
 """Longest string a reader keeps in a log's VARCHAR column (ids, task names, policy kinds)."""
 MAX_TIMESTAMP_CHARS: Final = 64
 
@@ -85,6 +89,11 @@ class LogColumn:
     """The values a string may take; empty: any."""
     node_id: bool = False
     """Writers check the value as a node id."""
+    max_chars: int = MAX_TEXT_CHARS
+    """Longest string a VARCHAR column holds."""
+    pattern: str | None = None
+    """A regular expression a string must match whole (readers skip the line, writers
+    refuse it)."""
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
@@ -304,8 +313,10 @@ def _checked(log: str, i: int, col: LogColumn, value: Any) -> Any:
     elif col.type == "VARCHAR":
         if not isinstance(value, str):
             raise ValueError(f"{where} must be a str, got {type(value).__name__}")
-        if not 0 < len(value) <= MAX_TEXT_CHARS:
-            raise ValueError(f"{where} must hold 1 to {MAX_TEXT_CHARS} characters")
+        if not 0 < len(value) <= col.max_chars:
+            raise ValueError(f"{where} must hold 1 to {col.max_chars} characters")
+        if col.pattern is not None and re.fullmatch(col.pattern, value) is None:
+            raise ValueError(f"{where} must match {col.pattern}")
         if col.choices and value not in col.choices:
             raise ValueError(f"{where} must be one of {list(col.choices)}, got {value!r}")
         if col.node_id:
@@ -331,7 +342,10 @@ def _typed_sql(col: LogColumn) -> tuple[str, str]:
         return f"json_type({c}) = 'BOOLEAN'", f"TRY_CAST({c} AS BOOLEAN)"
     text = f"({c} ->> '$')"
     if col.type == "VARCHAR":
-        return f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {MAX_TEXT_CHARS})", text
+        shape = (
+            "" if col.pattern is None else f" AND regexp_full_match({text}, {sql_str(col.pattern)})"
+        )
+        return f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {col.max_chars}{shape})", text
     value = f"TRY_CAST({text} AS TIMESTAMPTZ)"  # TIMESTAMPTZ
     return (
         f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {MAX_TIMESTAMP_CHARS} "
@@ -367,13 +381,22 @@ SAMPLES: Final = NodeLog(
         LogColumn("policy", "VARCHAR"),
         LogColumn("seed", "BIGINT"),
         LogColumn("sampled_at", "TIMESTAMPTZ"),
+        LogColumn(
+            "completion_keys",
+            "VARCHAR",
+            optional=True,
+            max_chars=MAX_KEYS_PER_GROUP * 17,
+            pattern=COMPLETION_KEYS_PATTERN,
+        ),
     ),
     stamp="sampled_at",
-    # Up to MAX_RECORDED_GROUPS lines of at most ~700 bytes (ids of 128 characters): a
-    # bigger file is no node's, and is skipped unread.
-    max_bytes=2**20,
+    # Up to MAX_RECORDED_GROUPS lines of at most ~5 KB (ids of 128 characters, 256
+    # completion keys): a bigger file is no node's, and is skipped unread.
+    max_bytes=8 * 2**20,
 )
-"""Which peer groups a node drew, one line per group (ledger/samples.py)."""
+"""Which peer groups a node drew, one line per group (ledger/samples.py): ``completion_keys``
+are the keys (validation.COMPLETION_KEY_SQL) of the rows it got, 16 hex digits each, comma
+separated; absent from logs written before them."""
 MAX_RECORDED_GROUPS: Final = MAX_GROUPS_PER_ROUND
 """Most groups one sample log records (a node's J is at most 1024)."""
 

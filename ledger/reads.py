@@ -5,6 +5,7 @@ only read: what a node drew is written by the write side (``LedgerWrites.write_s
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -12,9 +13,11 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from ledger import validation
 from ledger.catalog import FileChanged
+from ledger.draws import check_draw_key, public_draw_key
 from ledger.handle import LedgerHandle, serialized
-from ledger.policies import AnyPolicy, parse_policy
+from ledger.policies import AnyPolicy, drawable_sql, parse_policy
 from ledger.retrying import first_line
 from ledger.schema import check_id
 
@@ -25,6 +28,11 @@ MAX_CUT_PASSES = 16
 """At most this many draws again without copies a hard cap cut (fair_draw.sql ``cut``):
 each pass drops at least one, and a chain longer than this needs as many peers, each
 full, copying one content."""
+MAX_OVERLAP_PASSES = 16
+"""At most this many draws again without a group whose completions an earlier group of the
+same draw holds (``_draw``); what is left overlapping after them is left out of the sample."""
+Drawn = list[tuple[str, list[int]]]
+"""A draw's groups in draw order, each with the completion keys the receiver keeps of it."""
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -51,6 +59,18 @@ def whole_decimals_as_integers(frame: pl.DataFrame) -> pl.DataFrame:
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
+def _overlapping(drawn: Drawn) -> list[str]:
+    """The groups of a draw, in draw order, holding a completion an earlier one holds."""
+    seen: set[int] = set()
+    later = []
+    for group_id, keys in drawn:
+        if seen.isdisjoint(keys):
+            seen.update(keys)
+        else:
+            later.append(group_id)
+    return later
+
+
 class LedgerReads(LedgerHandle):
     @serialized
     def sample(
@@ -66,19 +86,25 @@ class LedgerReads(LedgerHandle):
         known_nodes: Sequence[str] | None = None,
         for_round: int | None = None,
         tasks: Sequence[str] | None = None,
+        draw_key: str | None = None,
+        rows_per_group: int | None = None,
     ) -> pl.DataFrame:
-        """All completions of up to ``n_groups`` peer groups chosen for ``node_id``.
+        """The completions ``node_id`` would train on of up to ``n_groups`` peer groups.
 
-        Never the node's own groups. The same seed over the same ledger gives the same
-        sample. Fewer groups come back when fewer qualify. Nothing is written: a node
-        records what it drew with ``write_sample``.
+        Never the node's own groups, nor a completion it published itself (however a peer
+        wraps it), nor one completion twice. The same key (or seed) over the same ledger
+        gives the same sample. Fewer groups come back when fewer qualify. Nothing is
+        written: a node records what it drew with ``write_sample``.
         ``exclude_nodes``: peers the receiver no longer samples (its reputation of them);
         ``known_nodes``: peers it has verified enough of: groups of all other peers together
         come after the known ones' beyond the policy's ``max_unknown_share`` (None: every
         peer counts as known); ``for_round``: the receiver's round this draw is for (policies
         that remember earlier draws, `fresh`, count only those of earlier rounds, so a
         retried round draws again what it drew the first time); ``tasks``: the tasks the
-        receiver can judge (None: any), so that groups it could not verify take no slot.
+        receiver can judge (None: any), so that groups it could not verify take no slot;
+        ``draw_key``: the receiver's secret key for this draw (ledger/draws.py; None: a
+        public key from ``seed``, which anyone can compute); ``rows_per_group``: the
+        receiver's group size G: of each group at most G rows, chosen by the key.
         """
         when = now or datetime.now(UTC)
         draw = self._draw(
@@ -92,11 +118,14 @@ class LedgerReads(LedgerHandle):
             known_nodes,
             for_round,
             tasks,
+            draw_key,
+            rows_per_group,
         )
 
         def attempt() -> pl.DataFrame:
-            frame = self.catalog.fetch_groups(draw())
-            return frame if frame is not None else self._empty()
+            drawn = draw()
+            frame = self.catalog.fetch_groups([g for g, _ in drawn])
+            return self._kept_rows(frame, drawn) if frame is not None else self._empty()
 
         frame: pl.DataFrame = self._with_refresh(attempt)
         return frame
@@ -115,6 +144,8 @@ class LedgerReads(LedgerHandle):
         known_nodes: Sequence[str] | None = None,
         for_round: int | None = None,
         tasks: Sequence[str] | None = None,
+        draw_key: str | None = None,
+        rows_per_group: int | None = None,
     ) -> list[str]:
         """The group ids ``sample`` would return, in draw order, without reading their rows."""
         when = now or datetime.now(UTC)
@@ -129,9 +160,11 @@ class LedgerReads(LedgerHandle):
             known_nodes,
             for_round,
             tasks,
+            draw_key,
+            rows_per_group,
         )
-        ids: list[str] = self._with_refresh(draw)
-        return ids
+        drawn: Drawn = self._with_refresh(draw)
+        return [g for g, _ in drawn]
 
     def _draw(
         self,
@@ -145,19 +178,35 @@ class LedgerReads(LedgerHandle):
         known_nodes: Sequence[str] | None = None,
         for_round: int | None = None,
         tasks: Sequence[str] | None = None,
-    ) -> Callable[[], list[str]]:
-        """A call that runs the policy's SQL: the drawn group ids in draw order."""
+        draw_key: str | None = None,
+        rows_per_group: int | None = None,
+    ) -> Callable[[], Drawn]:
+        """A call that builds ``drawable`` (the groups as the receiver would train on them,
+        keyed by its draw key) and runs the policy's SQL over it: the drawn groups in draw
+        order, with the completions kept of each."""
         chosen = parse_policy(policy)
         if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:
             raise ValueError(f"n_groups must be in [0, {MAX_GROUPS_PER_SAMPLE}], got {n_groups}")
+        if rows_per_group is not None and rows_per_group < 2:
+            raise ValueError(f"rows_per_group must be at least 2, got {rows_per_group}")
+        check_id("node_id", node_id)
+        key = check_draw_key(draw_key) if draw_key is not None else public_draw_key(node_id, seed)
+        node_round = None if for_round is None else int(for_round)
+        drawable_params = {
+            "node_id": node_id,
+            "swarm_id": swarm_id,
+            "draw_key": key,
+            "rows_per_group": None if rows_per_group is None else int(rows_per_group),
+            "remember": chosen.remembers,
+            "node_round": node_round,
+        }
         params = {
             "node_id": node_id,
             "swarm_id": swarm_id,
-            "seed": int(seed),
             "n_groups": int(n_groups),
             "excluded": [check_id("node_id", n) for n in exclude_nodes],
             "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
-            "node_round": None if for_round is None else int(for_round),
+            "node_round": node_round,
             "tasks": None if tasks is None else [str(t) for t in tasks],
             **chosen.caps(int(n_groups)),
             **chosen.parameters(when),
@@ -166,21 +215,69 @@ class LedgerReads(LedgerHandle):
         used = set(_PARAM.findall(sql)) - {"pool", "cut"}
         params = {k: val for k, val in params.items() if k in used}
 
-        def draw() -> list[str]:
+        def draw() -> Drawn:
             if n_groups == 0:
                 return []
-            # First among the lowest draws only. That answer is the answer over all
-            # candidates when it is full and no cap put any of it late, and none of it is
-            # an unknown peer's (the unknown cap counts across all candidates; a peer's
-            # rank among its own draws is the same in the pool as overall). A copy cut in
-            # the pool is cut overall: the pool holds the lowest draws of its peer.
-            cut: list[str] = []
-            rows = self._without_cut_copies(sql, params, DRAW_POOL_PER_GROUP * int(n_groups), cut)
-            if len(rows) < n_groups or any(late or unknown for _, late, unknown, _ in rows):
-                rows = self._without_cut_copies(sql, params, None, cut)
-            return [r[0] for r in rows]
+            self.con.execute(drawable_sql(), drawable_params)
+            for _ in range(MAX_OVERLAP_PASSES):
+                drawn = self._kept(self._settled(sql, params, n_groups))
+                overlapping = _overlapping(drawn)
+                if not overlapping:
+                    return drawn
+                # A group whose completions an earlier group of this draw holds would
+                # train the receiver on them twice: it leaves the draw, which is taken again.
+                self.con.execute(
+                    "DELETE FROM drawable WHERE list_contains($ids, group_id)",
+                    {"ids": overlapping},
+                )
+            return [g for g in drawn if g[0] not in set(overlapping)]
 
         return draw
+
+    def _settled(self, sql: str, params: dict[str, Any], n_groups: int) -> list[str]:
+        """The policy's draw over ``drawable``: its group ids, in draw order."""
+        # First among the lowest draws only. That answer is the answer over all
+        # candidates when it is full and no cap put any of it late, and none of it is
+        # an unknown peer's (the unknown cap counts across all candidates; a peer's
+        # rank among its own draws is the same in the pool as overall). A copy cut in
+        # the pool is cut overall: the pool holds the lowest draws of its peer.
+        cut: list[str] = []
+        rows = self._without_cut_copies(sql, params, DRAW_POOL_PER_GROUP * int(n_groups), cut)
+        if len(rows) < n_groups or any(late or unknown for _, late, unknown, _ in rows):
+            rows = self._without_cut_copies(sql, params, None, cut)
+        return [r[0] for r in rows]
+
+    def _kept(self, group_ids: list[str]) -> Drawn:
+        """Each drawn group with the completion keys the receiver keeps of it, in order."""
+        if not group_ids:
+            return []
+        found = dict(
+            self.con.execute(
+                "SELECT d.group_id, coalesce(d.kept_keys, g.completion_keys) FROM drawable d "
+                "JOIN groups g USING (group_id) WHERE list_contains($ids, d.group_id)",
+                {"ids": group_ids},
+            ).fetchall()
+        )
+        return [(g, list(found.get(g) or [])) for g in group_ids]
+
+    def _kept_rows(self, frame: pl.DataFrame, drawn: Drawn) -> pl.DataFrame:
+        """``frame`` (the drawn groups' rows) cut to the completions kept of each group (a
+        completion kept twice, as two of its rows: the first by rollout id)."""
+        if frame.is_empty():
+            return frame
+        kept = {g: Counter(keys) for g, keys in drawn}
+        self.con.register("_drawn_rows", frame.to_arrow())
+        try:
+            keys = self.con.execute(validation.completion_keys_sql("_drawn_rows")).fetchall()
+        finally:
+            self.con.unregister("_drawn_rows")
+        keep: set[str] = set()
+        for group_id, rollout_id, key in sorted(keys, key=lambda r: (r[0], r[1])):
+            left = kept.get(group_id)
+            if left is not None and left[key] > 0:
+                left[key] -= 1
+                keep.add(rollout_id)
+        return frame.filter(pl.col("rollout_id").is_in(sorted(keep)))
 
     def _without_cut_copies(
         self, sql: str, params: dict[str, Any], pool: int | None, cut: list[str]

@@ -13,12 +13,18 @@ from typing import Any
 
 
 def sample_rows(
-    picks: list[tuple[str, str]], contents: dict[str, str], *, policy: str, seed: int
+    picks: list[tuple[str, str]],
+    contents: dict[str, str],
+    *,
+    policy: str,
+    seed: int,
+    keys: dict[str, list[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per drawn group: (group_id, publishing node), what it said (``contents``: its
-    content digest by group id, ledger/validation.py), the policy's kind and the seed. The
-    digest is what `fresh` remembers, so that a copy under other ids is not fresh; logs
-    written before it had none."""
+    content digest by group id, ledger/validation.py; ``keys``: its rows' completion keys as
+    hex), the policy's kind and the seed. The digest and the keys are what `fresh`
+    remembers, so that neither a copy under other ids nor a completion wrapped in another
+    group is fresh; logs written before them had none."""
     return [
         {
             "group_id": group_id,
@@ -26,6 +32,7 @@ def sample_rows(
             "content_digest": contents[group_id],
             "policy": policy,
             "seed": seed,
+            "completion_keys": ",".join(sorted((keys or {}).get(group_id, []))) or None,
         }
         for group_id, peer in picks
     ]

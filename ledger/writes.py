@@ -280,21 +280,35 @@ class LedgerWrites(LedgerHandle):
                 f"a sample log records at most {node_logs.MAX_RECORDED_GROUPS} groups, "
                 f"not {len(picks)}"
             )
-        rows = samples.sample_rows(picks, self._contents(drawn), policy=policy, seed=seed)
+        contents, keys = self._contents(drawn)
+        rows = samples.sample_rows(picks, contents, policy=policy, seed=seed, keys=keys)
         return self._write_node_log(node_logs.SAMPLES, swarm_id, node_id, node_round, rows, now)
 
     @serialized
-    def _contents(self, drawn: pl.DataFrame) -> dict[str, str]:
-        """The content digest of each group in ``drawn`` (rows ``sample`` returned), from the
-        rows the node got: what it trains on, whichever copy the index serves later."""
+    def _contents(self, drawn: pl.DataFrame) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """The content digest of each group in ``drawn`` (rows ``sample`` returned) and its
+        rows' completion keys (hex), from the rows the node got: what it trains on,
+        whichever copy the index serves later."""
         if drawn.is_empty():
-            return {}
+            return {}, {}
         self.con.register("_drawn", drawn.to_arrow())
         try:
             found = self.con.execute(validation.content_digests_sql("_drawn")).fetchall()
+            rows = self.con.execute(
+                "SELECT group_id, list(DISTINCT "
+                f"{validation.completion_key_text_sql('completion_key')}) "
+                f"FROM ({validation.completion_keys_sql('_drawn')}) GROUP BY group_id"
+            ).fetchall()
         finally:
             self.con.unregister("_drawn")
-        return dict(found)
+        keys = {group_id: list(k) for group_id, k in rows}
+        too_many = [g for g, k in keys.items() if len(k) > node_logs.MAX_KEYS_PER_GROUP]
+        if too_many:
+            raise ValueError(
+                f"a sample log records at most {node_logs.MAX_KEYS_PER_GROUP} completions of a "
+                f"group; {too_many[0]} holds {len(keys[too_many[0]])} (draw with rows_per_group)"
+            )
+        return dict(found), keys
 
     @serialized
     def _write_node_log(

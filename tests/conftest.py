@@ -103,6 +103,10 @@ class LedgerSite:
 
         return open_ledger(self.url, self.storage_options or None, **kwargs)
 
+    def sibling(self, name: str) -> LedgerSite:
+        """Another ledger on the same store (a folder or prefix beside this one)."""
+        return LedgerSite(f"{self.url}-{name}", self.storage_options, self.kind)
+
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=[pytest.mark.s3])])
 def site(request: pytest.FixtureRequest, tmp_path: Any) -> LedgerSite:

@@ -10,6 +10,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
+from ledger.draws import round_draw_key
 from sapo_core.config import GenerationConfig, NodeConfig, TaskConfig, TaskSpec
 from sapo_core.peers import JudgedPeers, judge_peers, judged_tasks
 from sapo_core.reputation import Reputation
@@ -118,12 +119,23 @@ def drawn_groups(frame: Any) -> list[Group]:
     return group_rollouts(rows, "external")
 
 
+RECEIVER_SECRET = b"the receiver's draw secret, known to no peer"
+"""What keys the receiver's draws, as a node's key does (NodeKey.draw_secret)."""
+
+
 def receiver_round(
-    led: Any, reputation: Reputation, policy: Any, round_: int, receiver: NodeConfig = RECEIVER
+    led: Any,
+    reputation: Reputation,
+    policy: Any,
+    round_: int,
+    receiver: NodeConfig = RECEIVER,
+    secret: bytes = RECEIVER_SECRET,
 ) -> tuple[list[Group], JudgedPeers]:
-    """One round of the receiver's draw (excluded and known peers from ``reputation``, only
-    tasks it judges), its sample log, and its verdicts, added to ``reputation``: the groups
-    drawn and what judging them showed."""
+    """One round of the receiver's draw as a node makes it (flows/node/steps.py
+    ``draw_arguments``: keyed by its ``secret``, excluded and known peers from
+    ``reputation``, only tasks it judges, at most its group size of each group), its sample
+    log, and its verdicts, added to ``reputation``: the groups drawn and what judging them
+    showed."""
     known = reputation.known()
     frame = led.sample(
         receiver.node_id,
@@ -135,6 +147,8 @@ def receiver_round(
         known_nodes=known or None,
         for_round=round_,
         tasks=judged_tasks(receiver),
+        draw_key=round_draw_key(secret, "sw", receiver.node_id, round_),
+        rows_per_group=receiver.generation.completions_per_question,
     )
     led.write_sample("sw", receiver.node_id, round_, frame, policy=policy.kind, seed=round_)
     groups = drawn_groups(frame)

@@ -103,13 +103,33 @@ def sample(
             "-p min_std=0.1; checked by the policy's model.",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the draw (replayable).")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed of a public draw (replayable by anyone); see --key.")
+    ] = 0,
     swarm_id: Annotated[str | None, typer.Option(help="Only this swarm's groups.")] = None,
+    key: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PEM",
+            help="The node's key (<workdir>/keys/SWARM/NODE.pem, with --swarm-id and --round): "
+            "replay the draw the node made that round, keyed by its secret.",
+        ),
+    ] = None,
+    node_round: Annotated[
+        int | None,
+        typer.Option("--round", min=0, help="The node's round the draw is for (with --key)."),
+    ] = None,
+    rows_per_group: Annotated[
+        int | None,
+        typer.Option(min=2, metavar="G", help="At most G rows of each group, as the node keeps."),
+    ] = None,
     show_sql: Annotated[bool, typer.Option(help="Print the policy's SQL and stop.")] = False,
     fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
 ) -> None:
-    """Draw whole peer groups for a node. Each sampling policy is written in SQL."""
+    """Draw peer groups for a node, as it would train on them (none of its own completions).
+    Each sampling policy is written in SQL. A node's own draws are keyed by a secret only it
+    holds: --key replays one."""
     from pydantic import ValidationError
 
     from ledger import parse_policy
@@ -122,10 +142,33 @@ def sample(
         where = ".".join(str(p) for p in error["loc"][1:]) or "kind"
         raise fail(f"bad sampling policy {policy!r}: {where}: {error['msg']}") from exc
     if show_sql:
-        print(chosen.sql)
+        print(chosen.full_sql)
         return
+    draw_key = None
+    if key is not None:
+        if swarm_id is None or node_round is None:
+            raise fail("--key replays a node's draw: give --swarm-id and --round too")
+        from ledger import IdentityError, NodeKey
+        from ledger.draws import round_draw_key
+
+        try:
+            secret = NodeKey.load(key, swarm_id, node_id).draw_secret()
+        except (IdentityError, ValueError) as exc:
+            raise fail(str(exc)) from exc
+        draw_key = round_draw_key(secret, swarm_id, node_id, node_round)
     with open_ledger(url, storage_option) as led:
-        frame = guarded(lambda: led.sample(node_id, groups, chosen, seed, swarm_id=swarm_id))
+        frame = guarded(
+            lambda: led.sample(
+                node_id,
+                groups,
+                chosen,
+                seed,
+                swarm_id=swarm_id,
+                for_round=node_round,
+                draw_key=draw_key,
+                rows_per_group=rows_per_group,
+            )
+        )
         print_frame(frame, fmt)
 
 

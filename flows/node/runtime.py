@@ -51,6 +51,10 @@ class NodeRuntime:
     next_round: int = 0  # the first round not yet in a checkpoint
     totals: checkpoint.RewardTotals = field(default_factory=checkpoint.RewardTotals)
     writer: checkpoint.Writer = field(default_factory=checkpoint.Writer)
+    draw_secret: bytes = b""
+    """What keys the node's draws of peers' groups (ledger/draws.py): from its signing key,
+    so kept with its checkpoints and known to no peer. Empty: draws keyed by the public
+    round seed (a runtime built by hand)."""
 
     @property
     def node_id(self) -> str:
@@ -194,6 +198,7 @@ def open_node(
             learner=learner,
             ledger=ledger,
             progress=progress or NodeProgress(node_id, None),
+            draw_secret=key.draw_secret(),
         )
         if saved is not None:
             runtime.next_round = saved.next_round

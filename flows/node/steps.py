@@ -28,6 +28,7 @@ from flows.node.metrics import round_metrics, sample_completions
 from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
 from ledger import StorageError
+from ledger.draws import round_draw_key
 from sapo_core.evaluation import overall_accuracy
 from sapo_core.learner import round_seed
 from sapo_core.rollouts import RECORD_FIELDS, Group, from_records, group_rollouts
@@ -216,12 +217,21 @@ def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
     set of arguments its warm-up wait and its draw both use."""
     config = node.spec.node
     reputation = node.reputation()
+    swarm_id = node.swarm.swarm_id
     return {
         "node_id": node.node_id,
         "n_groups": config.external_groups,
         "policy": node.spec.sampling,
         "seed": round_seed(config.seed, round_),
-        "swarm_id": node.swarm.swarm_id,
+        # Where a peer's group falls is keyed by the node's secret: no peer can compute it
+        # (ledger/draws.py). The seed stays in the sample log, as before.
+        "draw_key": round_draw_key(node.draw_secret, swarm_id, node.node_id, round_)
+        if node.draw_secret
+        else None,
+        # Of each group the rows the node trains on: at most its own group size, chosen by
+        # that key, none it published itself.
+        "rows_per_group": config.generation.completions_per_question,
+        "swarm_id": swarm_id,
         "exclude_nodes": reputation.excluded(),
         # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
         "known_nodes": reputation.known() or None,

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from functools import cache
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from ledger.draws import keyed_uniform_sql
 
 MaxAge = Annotated[
     float | None,
@@ -24,8 +27,24 @@ MaxAge = Annotated[
 """A policy's recency window (NULL in SQL: no window)."""
 
 
+@cache
+def drawable_sql() -> str:
+    """The SQL that builds ``drawable`` (drawable.sql), the one relation every policy draws
+    from: its keyed numbers filled in (ledger/draws.py), the only randomness a draw has."""
+    text = resources.files(__package__).joinpath("drawable.sql").read_text()
+    return text.format(
+        row_u=keyed_uniform_sql("$draw_key", "concat('row/', content_digest, '/', k, '/', copy)"),
+        group_u=keyed_uniform_sql("$draw_key", "concat('group/', g.content_digest)"),
+        peer_u=keyed_uniform_sql("$draw_key", "concat('peer/', node_id)"),
+    )
+
+
 class _Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    remembers: ClassVar[bool] = False
+    """Whether the policy takes a completion at most once: ``drawable`` then leaves out
+    every completion the receiver's sample log says it drew in an earlier round."""
 
     max_per_peer: int | None = Field(
         None, ge=1, description="Most groups from any one peer, always (a hard cap)."
@@ -73,6 +92,12 @@ class _Policy(BaseModel):
         files = resources.files(__package__)
         own = files.joinpath(f"{kind}.sql").read_text().rstrip()
         return f"{own},\n{files.joinpath('fair_draw.sql').read_text()}"
+
+    @property
+    def full_sql(self) -> str:
+        """What a draw runs, as a person can paste it into DuckDB over a ledger's views:
+        ``drawable`` built, then the policy's query."""
+        return f"{drawable_sql().rstrip()};\n\n{self.sql}"
 
     def parameters(self, now: datetime) -> dict[str, Any]:
         """Policy-specific SQL parameters (the common ones are added by the sampler)."""
@@ -141,6 +166,7 @@ class FreshPolicy(_Policy):
     at most once, and no more than the peers' fresh supply."""
 
     kind: Literal["fresh"] = "fresh"
+    remembers: ClassVar[bool] = True
     max_age_s: MaxAge = None
 
     def parameters(self, now: datetime) -> dict[str, Any]:
@@ -170,5 +196,6 @@ __all__ = [
     "RewardFilteredPolicy",
     "SamplingPolicy",
     "VarianceWeightedPolicy",
+    "drawable_sql",
     "parse_policy",
 ]

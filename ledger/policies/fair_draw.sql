@@ -27,22 +27,24 @@ uncopied AS (
     -- peer may republish the receiver's own groups, or another peer's, as its own. They
     -- verify, so they would fill J with texts the receiver trained on when it made them,
     -- or take a second slot for one group, and earn a copier a record without generating.
-    -- Never the receiver's own content; of a content several peers published, the copy
+    -- Never the receiver's own content (`drawable` has already left out every completion
+    -- of its own, however wrapped); of a content several peers published, the copy
     -- with the lowest draw only (below): which copy is the original no reader can tell,
     -- since publishers stamp their own times.
-    SELECT * FROM candidates
-    ANTI JOIN (SELECT content_digest FROM groups WHERE node_id = $node_id) own
-        USING (content_digest)
-    WHERE $cut IS NULL
-        OR concat(node_id, '/', content_digest) NOT IN (SELECT unnest($cut::VARCHAR[]))
+    -- Copies of one content share their key (drawable's `u`): ties go by the keyed order
+    -- of their publishers (`tie`), never by a name a copier could choose to sort first.
+    SELECT c.*, d.peer_u AS tie FROM candidates c JOIN drawable d USING (group_id)
+    WHERE c.content_digest NOT IN (SELECT content_digest FROM groups WHERE node_id = $node_id)
+      AND ($cut IS NULL
+        OR concat(c.node_id, '/', c.content_digest) NOT IN (SELECT unnest($cut::VARCHAR[])))
 ),
 pool AS (
-    SELECT * FROM uncopied ORDER BY draw LIMIT $pool
+    SELECT * FROM uncopied ORDER BY draw, tie, group_id LIMIT $pool
 ),
 first_copies AS (
     -- Every copy of a content within the pool has its lowest draw there too (the pool is
     -- the lowest draws), so the pool's answer is still the answer over all candidates.
-    SELECT DISTINCT ON (content_digest) * FROM pool ORDER BY content_digest, draw, group_id
+    SELECT DISTINCT ON (content_digest) * FROM pool ORDER BY content_digest, draw, tie, group_id
 ),
 per_peer AS (
     -- Each peer's lowest draws, in order, as many as the hard cap allows: a top-k per

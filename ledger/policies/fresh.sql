@@ -14,18 +14,19 @@
 -- once and on the most recent first (closest to the swarm's current policies), and takes
 -- no more than the peers' fresh supply.
 --
--- What the receiver drew before (by id, and by content: see fair_draw.sql) comes from its
--- own sample log (the `samples` table, ledger/node_logs.py), rounds before $node_round
--- only: a retried round draws again what its first attempt drew (and logged). With
--- signatures on, nobody else can write that log; with them off, a peer who writes a log
--- in the receiver's name can hide groups from it (the receiver still gets J from others,
--- or fewer). Newest by the earlier of the publisher's stamp and this reader's first
--- sight, so a peer cannot jump the queue with a stamp from the future; ties in a random
--- order from the seed. Newest
--- within each peer only: across peers the draw takes turns (below), so neither newness
--- nor a stamp buys a peer a larger share of J than the caps of fair_draw.sql allow.
+-- What the receiver drew before (by id, by content, and by completion: `drawable` leaves
+-- out every completion its log says it drew, from anyone, however many other rows a group
+-- wraps it in) comes from its own sample log (the `samples` table, ledger/node_logs.py),
+-- rounds before $node_round only: a retried round draws again what its first attempt drew
+-- (and logged). With signatures on, nobody else can write that log; with them off, a peer
+-- who writes a log in the receiver's name can hide groups from it (the receiver still
+-- gets J from others, or fewer). Newest by the earlier of the publisher's stamp and this
+-- reader's first sight, so a peer cannot jump the queue with a stamp from the future;
+-- ties in a random order keyed by the receiver's secret (`drawable`'s `u`). Newest within
+-- each peer only: across peers the draw takes turns (below), so neither newness nor a
+-- stamp buys a peer a larger share of J than the caps of fair_draw.sql allow.
 --
--- Parameters: $node_id, $swarm_id, $seed, $excluded, $tasks as in paper.sql, and
+-- Parameters: $node_id, $swarm_id, $excluded, $tasks as in paper.sql, and
 --             $node_round    the receiver's round this draw is for (NULL: every draw counts)
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
@@ -38,8 +39,9 @@ WITH drawn_before AS (
       AND ($node_round IS NULL OR node_round < $node_round)
 ),
 unseen AS (
-    SELECT group_id, node_id, content_digest, least(published_at, first_seen) AS seen_at
-    FROM groups ANTI JOIN drawn_before USING (group_id)
+    SELECT group_id, node_id, content_digest, least(published_at, first_seen) AS seen_at, u,
+        peer_u
+    FROM drawable ANTI JOIN drawn_before USING (group_id)
         ANTI JOIN (SELECT content_digest FROM drawn_before WHERE content_digest IS NOT NULL)
             USING (content_digest)
     WHERE node_id <> $node_id
@@ -50,8 +52,8 @@ unseen AS (
       AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
 ),
 candidates AS (
-    -- Peers take turns: every peer's newest group, the peers in a random order from the
-    -- seed, then every peer's second newest, and so on. Newness picks which of a peer's
+    -- Peers take turns: every peer's newest group, the peers in a random order keyed by
+    -- the receiver's secret (`peer_u`: no id can be ground to come first), then every peer's second newest, and so on. Newness picks which of a peer's
     -- groups come first, never which peer: a peer stamping its groups last gets no more
     -- of J than one that published a second earlier. The price: a quiet peer's oldest unseen
     -- group takes its turn before another peer's second newest (max_age_s keeps stale ones
@@ -59,7 +61,7 @@ candidates AS (
     SELECT group_id, node_id, content_digest,
            {'turn': row_number() OVER (
                 PARTITION BY node_id
-                ORDER BY seen_at DESC, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed))))),
-            'peer': hash(xor(hash(node_id), hash(concat_ws('/', $node_id, $seed))))} AS draw
+                ORDER BY seen_at DESC, u),
+            'peer': peer_u} AS draw
     FROM unseen
 )

@@ -6,21 +6,19 @@
 -- so that no peer and no crowd of new ids takes a receiver's whole J (max_peer_share and
 -- max_unknown_share at 1.0: the paper's draw exactly).
 --
+-- Groups come from `drawable` (drawable.sql): each as the receiver would train on it (its
+-- own completions, repeats and rows beyond its group size left out, the claims over what
+-- is left), in a uniform random order `u` keyed by the receiver's secret draw key: no
+-- publisher can compute where its groups fall, so none can grind ids to come first.
+--
 -- Parameters: $node_id  receiving node
 --             $swarm_id restrict to one swarm (NULL: any)
---             $seed     replayable draw: the group's hash, xor'ed with a hash of
---                       "receiver/seed", hashed again (DuckDB's integer hash is a
---                       bijective mixer): a uniform random permutation of the candidates,
---                       independent between receivers that share a seed, without
---                       building a text per group. (DuckDB's multi-argument hash(a, b, c)
---                       combines its inputs too weakly for this: over seeds it reached 8
---                       of 20 possible 3-of-6 draws.)
 --             $excluded peers the receiver no longer samples (its reputation of them)
 --             $tasks    tasks the receiver's verifier judges (NULL: any): a group it
 --                       cannot judge would take a slot of J and teach it nothing
 WITH candidates AS (
-    SELECT group_id, node_id, content_digest, hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) AS draw
-    FROM groups
+    SELECT group_id, node_id, content_digest, u AS draw
+    FROM drawable
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)

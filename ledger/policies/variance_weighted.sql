@@ -10,20 +10,20 @@
 -- keeps one peer from flooding the batch.
 --
 -- The draw is a weighted sample without replacement (Efraimidis & Spirakis 2006): each
--- candidate gets key ln(u) / w with u uniform in (0, 1) from hash(group, receiver, seed),
--- and the largest keys win: its draw is -ln(u) / w, lowest first, as fair_draw.sql takes
--- them. Replayable and independent between receivers, like paper.sql.
+-- candidate gets key ln(u) / w with u uniform in (0, 1) (`drawable`'s, keyed by the
+-- receiver's secret), and the largest keys win: its draw is -ln(u) / w, lowest first, as
+-- fair_draw.sql takes them. The variance is of the claims on the rows the receiver would
+-- keep, so claims on rows it drops widen nothing.
 --
--- Parameters: $node_id, $swarm_id, $seed, $excluded, $tasks as in paper.sql, and
+-- Parameters: $node_id, $swarm_id, $excluded, $tasks as in paper.sql, and
 --             $min_std       smallest reward standard deviation kept (0: drop only groups
 --                            whose rewards all agree)
 --             $max_age_s, $now   recency window (NULL: no window), by the
 --                 earlier of the publisher's stamp and this reader's first sight
 WITH candidates AS (
     SELECT group_id, node_id, content_digest,
-           -ln((hash(xor(hash(group_id), hash(concat_ws('/', $node_id, $seed)))) % 4294967296 + 0.5) / 4294967296)
-               / (reward_std * reward_std) AS draw
-    FROM groups
+           -ln(u) / (reward_std * reward_std) AS draw
+    FROM drawable
     WHERE node_id <> $node_id
       AND NOT list_contains($excluded::VARCHAR[], node_id)
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)

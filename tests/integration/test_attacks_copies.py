@@ -21,6 +21,8 @@ from ledger import (
     VarianceWeightedPolicy,
     parse_policy,
 )
+from ledger.draws import public_draw_key
+from ledger.policies import drawable_sql
 from sapo_core.reputation import Reputation
 from tests.factories import copied, round_rows
 from tests.peer_rounds import (
@@ -198,12 +200,19 @@ def test_under_a_hard_cap_a_draw_is_taking_groups_one_by_one_in_draw_order(site)
     policy = PaperPolicy(max_per_peer=2, max_peer_share=None, max_unknown_share=None)
     candidates = (
         resources.files("ledger.policies").joinpath("paper.sql").read_text()
-        + "\nSELECT group_id, node_id, content_digest FROM candidates ORDER BY draw"
+        # Copies of one content share a draw: the tie goes by their publishers' keyed order.
+        + "\nSELECT c.group_id, c.node_id, c.content_digest FROM candidates c"
+        + " JOIN drawable d USING (group_id) ORDER BY c.draw, d.peer_u, c.group_id"
     )
     for seed in range(30):
+        led.query("SELECT 1")  # the views, as a draw finds them
+        led.con.execute(
+            drawable_sql(),
+            {"node_id": "me", "swarm_id": "sw", "draw_key": public_draw_key("me", seed),
+             "rows_per_group": None, "remember": False, "node_round": None},
+        )  # fmt: skip
         walk = led.query(
-            candidates,
-            {"node_id": "me", "seed": seed, "swarm_id": "sw", "excluded": [], "tasks": None},
+            candidates, {"node_id": "me", "swarm_id": "sw", "excluded": [], "tasks": None}
         ).iter_rows()
         taken: list[str] = []
         contents: set[str] = set()
