@@ -35,6 +35,10 @@ class Site:
     def open(self, **kwargs: Any) -> Ledger:
         return open_ledger(self.url, self.options or None, **kwargs)
 
+    def sibling(self, name: str) -> Site:
+        """Another ledger on the same store (a folder or prefix beside this one)."""
+        return Site(f"{self.url}-{name}", self.options, self.kind)
+
     def put_raw(self, key: str, data: bytes) -> None:
         """Write past the store's key checks, as a peer with bucket access could."""
         hostile.put_raw(self.open(), key, data)

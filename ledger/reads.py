@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -88,6 +88,7 @@ class LedgerReads(LedgerHandle):
         tasks: Sequence[str] | None = None,
         draw_key: str | None = None,
         rows_per_group: int | None = None,
+        standing: Mapping[str, int] | None = None,
     ) -> pl.DataFrame:
         """The completions ``node_id`` would train on of up to ``n_groups`` peer groups.
 
@@ -104,7 +105,9 @@ class LedgerReads(LedgerHandle):
         receiver can judge (None: any), so that groups it could not verify take no slot;
         ``draw_key``: the receiver's secret key for this draw (ledger/draws.py; None: a
         public key from ``seed``, which anyone can compute); ``rows_per_group``: the
-        receiver's group size G: of each group at most G rows, chosen by the key.
+        receiver's group size G: of each group at most G rows, chosen by the key;
+        ``standing``: peers not known yet but judged well so far, with the rows judged of
+        each: within the unknown-peer budget, more rows first.
         """
         when = now or datetime.now(UTC)
         draw = self._draw(
@@ -120,6 +123,7 @@ class LedgerReads(LedgerHandle):
             tasks,
             draw_key,
             rows_per_group,
+            standing,
         )
 
         def attempt() -> pl.DataFrame:
@@ -146,6 +150,7 @@ class LedgerReads(LedgerHandle):
         tasks: Sequence[str] | None = None,
         draw_key: str | None = None,
         rows_per_group: int | None = None,
+        standing: Mapping[str, int] | None = None,
     ) -> list[str]:
         """The group ids ``sample`` would return, in draw order, without reading their rows."""
         when = now or datetime.now(UTC)
@@ -162,6 +167,7 @@ class LedgerReads(LedgerHandle):
             tasks,
             draw_key,
             rows_per_group,
+            standing,
         )
         drawn: Drawn = self._with_refresh(draw)
         return [g for g, _ in drawn]
@@ -180,6 +186,7 @@ class LedgerReads(LedgerHandle):
         tasks: Sequence[str] | None = None,
         draw_key: str | None = None,
         rows_per_group: int | None = None,
+        standing: Mapping[str, int] | None = None,
     ) -> Callable[[], Drawn]:
         """A call that builds ``drawable`` (the groups as the receiver would train on them,
         keyed by its draw key) and runs the policy's SQL over it: the drawn groups in draw
@@ -208,6 +215,8 @@ class LedgerReads(LedgerHandle):
             "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
             "node_round": node_round,
             "tasks": None if tasks is None else [str(t) for t in tasks],
+            "standing": [check_id("node_id", n) for n in (standing or {})] or None,
+            "standing_rows": [int(v) for v in (standing or {}).values()] or None,
             **chosen.caps(int(n_groups)),
             **chosen.parameters(when),
         }

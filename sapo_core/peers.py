@@ -24,7 +24,10 @@ def within_group_size(group: Group, size: int, seed: str) -> Group:
     """A peer's group as at most ``size`` rows, chosen by the receiver's ``seed``.
 
     Rows are drawn from the group sorted by id, so the peer's order of its rows has no say
-    in which are kept; a group within ``size`` is returned as it is.
+    in which are kept; a group within ``size`` is returned as it is. A node's draw from the
+    ledger already comes cut to its size by a key only it holds (ledger/policies/
+    drawable.sql), so this cut acts on groups a caller hands in without a ledger, whose
+    seed is the node's public one.
     """
     if len(group.rollouts) <= size:
         return group

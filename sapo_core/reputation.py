@@ -165,6 +165,21 @@ class Reputation:
             if r.judged >= self.config.min_rows and r.bad_share <= self.config.known_max_bad_share
         )
 
+    def standing(self) -> dict[str, int]:
+        """Peers not known yet, not excluded, and judged well so far (a bad share within the
+        bound for known ones), with the rows judged of each: within the unknown-peer budget
+        the draw takes them first, most rows first, so a crowd of new ids cannot hold back
+        a peer the node is coming to know, and each newcomer becomes known in turn."""
+        known, excluded = set(self.known()), set(self.excluded())
+        return {
+            p: r.judged
+            for p, r in sorted(self.peers.items())
+            if p not in known
+            and p not in excluded
+            and r.judged > 0
+            and r.bad_share <= self.config.known_max_bad_share
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {"version": 2, "peers": {p: asdict(r) for p, r in sorted(self.peers.items())}}
 

@@ -145,6 +145,7 @@ def receiver_round(
         swarm_id="sw",
         exclude_nodes=reputation.excluded(),
         known_nodes=known or None,
+        standing=reputation.standing(),
         for_round=round_,
         tasks=judged_tasks(receiver),
         draw_key=round_draw_key(secret, "sw", receiver.node_id, round_),

@@ -235,6 +235,8 @@ def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
         "exclude_nodes": reputation.excluded(),
         # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
         "known_nodes": reputation.known() or None,
+        # Within the unknown-peer budget, peers it is coming to know first.
+        "standing": reputation.standing(),
         "for_round": round_,
         # Groups this node's verifier cannot judge would take a slot and teach nothing.
         "tasks": node.learner.judged_tasks,

@@ -12,6 +12,8 @@
 --             $known          peers the receiver has verified enough of (NULL: all known)
 --             $unknown_cap    soft cap on the groups of peers not in $known, all together
 --                             (max_unknown_share)
+--             $standing, $standing_rows  peers not in $known judged well so far, and
+--                             the rows judged of each (NULL: none): first in that budget
 --             $pool           draw among the $pool lowest draws only (NULL: all)
 --             $cut            'node_id/content_digest' of copies a hard cap cut (below;
 --                             NULL: none yet)
@@ -75,9 +77,16 @@ budgeted AS (
     -- Groups of peers not yet known beyond $unknown_cap, counted across all of them in
     -- draw order, come after everything else: many new ids cannot take J.
     -- Ranked by each peer's own order first, so that one flooding newcomer cannot spend
-    -- the whole budget before other newcomers get their first group.
+    -- the whole budget before other newcomers get their first group; then by standing
+    -- (rows judged of a peer so far, all well: $standing_rows), so that a crowd of new ids
+    -- cannot displace a peer the receiver is already coming to know: each newcomer is
+    -- judged in turn, and many ids become known no faster than one.
     SELECT *, CASE WHEN NOT list_contains($known::VARCHAR[], node_id) THEN row_number() OVER (
-        PARTITION BY list_contains($known::VARCHAR[], node_id) ORDER BY peer_rank, pick.draw)
+        PARTITION BY list_contains($known::VARCHAR[], node_id)
+        ORDER BY peer_rank,
+            coalesce(($standing_rows::BIGINT[])[list_position($standing::VARCHAR[], node_id)], 0)
+                DESC,
+            pick.draw)
         END AS unknown_rank
     FROM ranked
 )
@@ -86,5 +95,7 @@ SELECT pick.group_id,
     coalesce(NOT list_contains($known::VARCHAR[], node_id), false) AS unknown,
     (SELECT list(copy ORDER BY copy) FROM cut) AS cut
 FROM budgeted
-ORDER BY late, pick.draw
+-- Unknown peers' groups beyond the budget after everything else, known peers' beyond
+-- their share included: while known peers have candidates, new ids take no more.
+ORDER BY coalesce(unknown_rank > $unknown_cap, false), late, pick.draw
 LIMIT $n_groups

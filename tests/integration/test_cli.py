@@ -99,6 +99,34 @@ def test_query_runs_the_shipped_dashboards(filled):
     ]
 
 
+def test_sample_replays_a_nodes_keyed_draw(filled, tmp_path):
+    """A node's draws are keyed by its secret: with its key, `sapo ledger sample` replays
+    the draw it made in a round; without --round (or --swarm-id) it says what is missing."""
+    from ledger import NodeKey
+    from ledger.draws import round_draw_key
+
+    pem = tmp_path / "me.pem"
+    key = NodeKey.load_or_create(pem, "sw", "me")
+    led = filled.open()
+    for n in range(2, 8):
+        led.publish(round_rows(f"p{n}", 1, [[1, 0], [0, 1]]))
+    draws = set()
+    for r in range(4):
+        secret_key = round_draw_key(key.draw_secret(), "sw", "me", r)
+        expected = led.sample_group_ids("me", 3, swarm_id="sw", for_round=r, draw_key=secret_key)
+        out = runner.invoke(app, args_for(filled, "ledger", "sample", "--node-id", "me",
+                                          "--groups", "3", "--swarm-id", "sw", "--round", str(r),
+                                          "--key", str(pem), "-f", "json"))  # fmt: skip
+        assert out.exit_code == 0, out.output
+        got = list(dict.fromkeys(row["group_id"] for row in json.loads(out.output)))
+        assert got == expected
+        draws.add(tuple(got))
+    assert len(draws) > 1  # a new key each round
+    out = runner.invoke(app, args_for(filled, "ledger", "sample", "--node-id", "me", "--groups",
+                                      "3", "--key", str(pem)))  # fmt: skip
+    assert out.exit_code == 2 and "--swarm-id and --round" in out.output
+
+
 def test_sample_command(filled):
     out = runner.invoke(
         app,

@@ -188,3 +188,40 @@ def test_a_resumed_node_reads_its_checkpoint_and_resolves_its_model_once(
     assert len(ran["rounds"]) == 1
     assert reads == ["n", "n"]  # the start, then the finish
     assert resolved == [str(model)]
+
+
+def test_a_resumed_node_draws_what_it_would_have_drawn(tmp_path: Path) -> None:
+    """Issue 57: a node's draw is keyed by a secret from its key, kept in its workdir, so a
+    node stopped and opened again draws, over the same ledger, the groups it would have
+    drawn; the draw is neither the public one of its seed nor another node's."""
+    from ledger import NodeKey
+    from ledger.draws import public_draw_key
+    from sapo_core.learner import round_seed
+    from tests.factories import open_ledger, round_rows
+
+    model = build_tiny_model(tmp_path / "model")
+    text = one_node_swarm(tmp_path, model, "drawn")
+    swarm = load_swarm(text=text, overrides=["defaults.external_groups=2"])
+    peer = NodeKey.generate("drawn", "p")
+    led = open_ledger(str(swarm.ledger.url), signer=peer)
+    led.register_key(peer)
+    for r in range(3):
+        led.publish(round_rows("p", r, [[1, 0]] * 6, swarm_id="drawn", task="chain_sum"))
+
+    def draw(swarm: object, round_: int) -> tuple[str, list[str]]:
+        node = open_node(swarm, "n")  # type: ignore[arg-type]
+        try:
+            args = steps.draw_arguments(node, round_)
+            return args["draw_key"], node.ledger.sample_group_ids(**args)
+        finally:
+            node.close()
+
+    key, drawn = draw(swarm, 3)
+    assert len(drawn) == 2 and key != public_draw_key("n", round_seed(0, 3))
+    assert draw(swarm, 3) == (key, drawn)  # opened again: the same key, the same groups
+    assert draw(swarm, 4)[0] != key  # a new key every round
+    # A node of the same name in another workdir has another key.
+    elsewhere = load_swarm(
+        text=text, overrides=["defaults.external_groups=2"], workdir=tmp_path / "elsewhere"
+    )
+    assert draw(elsewhere, 3)[0] != key
