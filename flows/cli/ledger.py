@@ -117,7 +117,9 @@ def sample(
     ] = None,
     node_round: Annotated[
         int | None,
-        typer.Option("--round", min=0, help="The node's round the draw is for (with --key)."),
+        typer.Option(
+            "--round", min=0, metavar="R", help="The node's round the draw is for (with --key)."
+        ),
     ] = None,
     rows_per_group: Annotated[
         int | None,
@@ -127,7 +129,9 @@ def sample(
     fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
 ) -> None:
-    """Draw peer groups for a node, as it would train on them (none of its own completions).
+    """Draw peer groups for a node.
+
+    As the node would train on them: none of its own completions, at most G rows a group.
     Each sampling policy is written in SQL. A node's own draws are keyed by a secret only it
     holds: --key replays one."""
     from pydantic import ValidationError

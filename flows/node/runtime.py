@@ -13,7 +13,7 @@ import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from flows.config import NodeSpec, SwarmConfig
 from flows.node import checkpoint
@@ -68,16 +68,41 @@ class NodeRuntime:
     def reputation_path(self) -> Path:
         return checkpoint.node_dir(self.workdir, self.node_id) / "reputation.json"
 
-    def reputation(self) -> Reputation:
-        """What this node's verifier has seen of its peers (sapo_core/reputation.py)."""
-        path = self.reputation_path
+    def reputation(self, for_round: int | None = None) -> Reputation:
+        """What this node's verifier has seen of its peers (sapo_core/reputation.py) before
+        ``for_round`` (None: everything recorded). A round retried after its verdicts were
+        recorded (a stop between its `reward` and its checkpoint) sees the reputation its
+        first attempt saw, so it draws the same peers' groups."""
+        saved = self._saved_reputation()
         config = self.spec.node.reputation
-        if not path.exists():
+        if saved is None:
             return Reputation.empty(config)
-        return Reputation.from_json(json.loads(path.read_text()), config)
+        through = saved.get("through_round")
+        if for_round is not None and isinstance(through, int) and through >= for_round:
+            saved = saved.get("before") or {}
+        return Reputation.from_json(saved, config)
 
-    def save_reputation(self, reputation: Reputation) -> None:
-        write_atomically(self.reputation_path, json.dumps(reputation.to_json(), indent=1))
+    def reputation_covers(self, round_: int) -> bool:
+        """Whether the verdicts of ``round_`` are in the saved reputation already."""
+        saved = self._saved_reputation()
+        through = None if saved is None else saved.get("through_round")
+        return isinstance(through, int) and through >= round_
+
+    def _saved_reputation(self) -> dict[str, Any] | None:
+        path = self.reputation_path
+        if not path.exists():
+            return None
+        loaded = json.loads(path.read_text())
+        return loaded if isinstance(loaded, dict) else None
+
+    def save_reputation(self, reputation: Reputation, round_: int | None = None) -> None:
+        """Record ``reputation``, with ``round_``'s verdicts in it: the state before them is
+        kept beside it, for a retry of that round."""
+        data: dict[str, Any] = reputation.to_json()
+        if round_ is not None:
+            data["through_round"] = int(round_)
+            data["before"] = self.reputation(for_round=round_).to_json()
+        write_atomically(self.reputation_path, json.dumps(data, indent=1))
 
     @property
     def backlog(self) -> Backlog:

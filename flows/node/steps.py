@@ -216,7 +216,7 @@ def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
     """What the node's draw of peers' groups for ``round_`` asks of the ledger: the one
     set of arguments its warm-up wait and its draw both use."""
     config = node.spec.node
-    reputation = node.reputation()
+    reputation = node.reputation(for_round=round_)  # as its first attempt saw it
     swarm_id = node.swarm.swarm_id
     return {
         "node_id": node.node_id,
@@ -275,9 +275,12 @@ def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     """Score own and peers' groups with this node's verifier; assemble I + J."""
     generated = require(state.generated, state, "reward", "generate")
     state.chosen, state.flagged = node.learner.select(state.round, generated.groups, state.external)
-    reputation = node.reputation()
-    reputation.update(state.chosen.peer_evidence)
-    node.save_reputation(reputation)
+    if node.reputation_covers(state.round):  # a retry: its verdicts count once
+        reputation = node.reputation()
+    else:
+        reputation = node.reputation(for_round=state.round)
+        reputation.update(state.chosen.peer_evidence)
+        node.save_reputation(reputation, state.round)
     state.notes.peers_excluded = len(reputation.excluded())
     return {"groups": float(len(state.chosen.selected)), "flagged_rows": float(state.flagged)}
 

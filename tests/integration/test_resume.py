@@ -197,6 +197,7 @@ def test_a_resumed_node_draws_what_it_would_have_drawn(tmp_path: Path) -> None:
     from ledger import NodeKey
     from ledger.draws import public_draw_key
     from sapo_core.learner import round_seed
+    from sapo_core.reputation import PeerEvidence
     from tests.factories import open_ledger, round_rows
 
     model = build_tiny_model(tmp_path / "model")
@@ -220,6 +221,20 @@ def test_a_resumed_node_draws_what_it_would_have_drawn(tmp_path: Path) -> None:
     assert len(drawn) == 2 and key != public_draw_key("n", round_seed(0, 3))
     assert draw(swarm, 3) == (key, drawn)  # opened again: the same key, the same groups
     assert draw(swarm, 4)[0] != key  # a new key every round
+    # Stopped after round 3's verdicts were recorded, before its checkpoint: the retried
+    # round sees the reputation its first attempt saw (and counts its verdicts once).
+    node = open_node(swarm, "n")
+    try:
+        before = steps.draw_arguments(node, 3)
+        judged = node.reputation(for_round=3)
+        judged.update({"p": PeerEvidence(rows=16)})
+        node.save_reputation(judged, 3)
+        assert steps.draw_arguments(node, 3) == before
+        assert steps.draw_arguments(node, 4)["known_nodes"] == ["p"]
+        assert node.reputation_covers(3) and not node.reputation_covers(4)
+    finally:
+        node.close()
+    assert draw(swarm, 3) == (key, drawn)
     # A node of the same name in another workdir has another key.
     elsewhere = load_swarm(
         text=text, overrides=["defaults.external_groups=2"], workdir=tmp_path / "elsewhere"
