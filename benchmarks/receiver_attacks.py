@@ -24,15 +24,8 @@ prints as a node or a user would, and reports one row:
 - ``copiers-capped``: two honest peers publish 3 groups each and a copier all 6; the
   receiver draws J = 4 with ``max_per_peer`` 2 under each policy, 40 seeds. Target: no
   draw short while a peer with room holds a content left out.
-- ``sybils-ground-ids-paper`` / ``-fresh`` (issue 57): two Sybils publish one verifiable
-  group a round each, its group id ground offline (32k nonces) against c073e2c's public
-  `paper` draw; or, under `fresh`, publish like the two honest peers with node ids ground
-  so that c073e2c's peer order put them first for 8 rounds. Against the same Sybils with
-  ordinary ids, over 8 receiver secrets. Target: the ground Sybils' share of J within 0.15
-  of the ordinary ones', honest peers' judged rows not fewer.
-- ``padded-copies-paper`` / ``-fresh`` (issue 57): a copier republishes the receiver's own
-  group plus one padding row, named for the row c073e2c's public seed dropped. Target:
-  trained on in no round.
+- ``sybils-ground-ids-*``, ``padded-copies-*`` (issue 57): peers that compute offline where
+  their rows land; in ``benchmarks/steering_attacks.py``, which says what each does.
 - ``terminal-escapes`` / ``csv-formula``: a completion and model id holding an OSC 52
   clipboard write, a clear-screen code and a red forged line, and a ``=HYPERLINK(...)``
   completion, printed by ``sapo ledger query`` as a table and as CSV. Target: no control
@@ -60,13 +53,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from steering_attacks import STEERING
+
 from flows.env import apply_offline_defaults
 
 apply_offline_defaults()
 
 HANG_S = 900.0
-GROUND_SECRETS = 8
-"""Receiver secrets each ground-id attack runs under (its outcome varies with the key)."""
 BOMB = "<answer> " * 3640
 INJECTED = " visit evil.example"
 OSC52 = "\x1b]52;c;c3VkbyBybSAtcmYgfg==\x07"
@@ -285,60 +278,6 @@ def copiers_capped(site: Any) -> dict[str, Any]:
     }
 
 
-def ground_ids(policy: str) -> Callable[[Any], dict[str, Any]]:
-    """Issue 57: two Sybils whose ids were ground offline against c073e2c's public draw
-    (group ids under `paper`, node ids under `fresh`), against the same Sybils with ordinary
-    ids, over several receiver secrets."""
-
-    def attack(site: Any) -> dict[str, Any]:
-        from ledger import parse_policy
-        from tests.grinding import Outcome, ground_group_ids_attack, ground_node_ids_attack
-
-        run, rounds = (
-            (ground_group_ids_attack, 10) if policy == "paper" else (ground_node_ids_attack, 8)
-        )
-        totals = {True: Outcome(), False: Outcome()}
-        for k in range(GROUND_SECRETS):
-            for ground in (True, False):
-                led = site.sibling(f"{'ground' if ground else 'plain'}-{k}").open()
-                out = run(led, parse_policy(policy), rounds, ground=ground,
-                          secret=f"receiver secret {k}".encode())  # fmt: skip
-                total = totals[ground]
-                total.drawn += out.drawn
-                total.by_attackers += out.by_attackers
-                total.honest_rows += out.honest_rows
-        ground, plain = totals[True], totals[False]
-        wrong = int(ground.share > plain.share + 0.15) + int(ground.honest_rows < plain.honest_rows)
-        return {
-            "wrong": wrong,
-            "extra": f"Sybils' share of J: ground ids {ground.share:.0%}, ordinary "
-            f"{plain.share:.0%}; honest peers' judged rows: {ground.honest_rows} vs "
-            f"{plain.honest_rows} "
-            f"({GROUND_SECRETS} receiver secrets x {rounds} rounds, J = 2)",
-        }
-
-    return attack
-
-
-def padded_copies(policy: str) -> Callable[[Any], dict[str, Any]]:
-    """Issue 57: a copier republishes the receiver's own group with one padding row, named
-    for the row c073e2c's public seed dropped (under `fresh`: its round-0 group padded
-    anew each round); 6 rounds of the receiver's real draw, verifier and reputation."""
-
-    def attack(site: Any) -> dict[str, Any]:
-        from ledger import parse_policy
-        from tests.grinding import padded_copies_attack
-
-        out = padded_copies_attack(site.open(), parse_policy(policy), 6, fresh=policy == "fresh")
-        return {
-            "wrong": out.trained_rounds,
-            "extra": f"padded copies drawn {out.by_attackers} of {out.drawn} groups; rounds "
-            f"trained on them: {out.trained_rounds} of 6",
-        }
-
-    return attack
-
-
 def _said(rows: list[dict[str, Any]]) -> tuple[str, ...]:
     """What a group says: its question and its completions, in no order."""
     return (rows[0]["question"], *sorted(r["completion"] for r in rows))
@@ -394,10 +333,7 @@ ATTACKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "copiers-fresh": copiers("fresh"),
     "copiers-paper": copiers("paper"),
     "copiers-capped": copiers_capped,
-    "sybils-ground-ids-paper": ground_ids("paper"),
-    "sybils-ground-ids-fresh": ground_ids("fresh"),
-    "padded-copies-paper": padded_copies("paper"),
-    "padded-copies-fresh": padded_copies("fresh"),
+    **STEERING,
     "terminal-escapes": terminal_escapes,
     "csv-formula": csv_formula,
 }

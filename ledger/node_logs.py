@@ -55,8 +55,7 @@ from ledger.schema import MAX_COUNTER, MAX_GROUPS_PER_ROUND, MAX_SEED, check_id,
 from ledger.sqltext import sql_list, sql_str
 
 MAX_TEXT_CHARS: Final = 1024
-MAX_KEYS_PER_GROUP: Final = 256
-"""Most completion keys a sample log's line holds (a group's rows: RowLimits' largest group)."""
+MAX_KEYS_PER_GROUP: Final = 256  # most completion keys a sample log's line holds
 COMPLETION_KEYS_PATTERN: Final = "[0-9a-f]{16}(,[0-9a-f]{16})*"
 """Longest string a reader keeps in a log's VARCHAR column (ids, task names, policy kinds)."""
 MAX_TIMESTAMP_CHARS: Final = 64
@@ -90,10 +89,8 @@ class LogColumn:
     node_id: bool = False
     """Writers check the value as a node id."""
     max_chars: int = MAX_TEXT_CHARS
-    """Longest string a VARCHAR column holds."""
     pattern: str | None = None
-    """A regular expression a string must match whole (readers skip the line, writers
-    refuse it)."""
+    """Longest string a VARCHAR holds; a regular expression it must match whole."""
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
@@ -390,13 +387,11 @@ SAMPLES: Final = NodeLog(
         ),
     ),
     stamp="sampled_at",
-    # Up to MAX_RECORDED_GROUPS lines of at most ~5 KB (ids of 128 characters, 256
-    # completion keys): a bigger file is no node's, and is skipped unread.
+    # Up to MAX_RECORDED_GROUPS lines of ~5 KB at most: a bigger file is skipped unread.
     max_bytes=8 * 2**20,
 )
-"""Which peer groups a node drew, one line per group (ledger/samples.py): ``completion_keys``
-are the keys (validation.COMPLETION_KEY_SQL) of the rows it got, 16 hex digits each, comma
-separated; absent from logs written before them."""
+"""Which peer groups a node drew, one line per group (ledger/samples.py); ``completion_keys``:
+of the rows it got (validation.COMPLETION_KEY_SQL), 16 hex digits each, comma separated."""
 MAX_RECORDED_GROUPS: Final = MAX_GROUPS_PER_ROUND
 """Most groups one sample log records (a node's J is at most 1024)."""
 

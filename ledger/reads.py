@@ -17,7 +17,7 @@ from ledger import validation
 from ledger.catalog import FileChanged
 from ledger.draws import check_draw_key, public_draw_key
 from ledger.handle import LedgerHandle, serialized
-from ledger.policies import AnyPolicy, drawable_sql, parse_policy
+from ledger.policies import AnyPolicy, build_drawable, parse_policy
 from ledger.retrying import first_line
 from ledger.schema import check_id
 
@@ -227,7 +227,7 @@ class LedgerReads(LedgerHandle):
         def draw() -> Drawn:
             if n_groups == 0:
                 return []
-            self.con.execute(drawable_sql(), drawable_params)
+            build_drawable(self.con, drawable_params)
             for _ in range(MAX_OVERLAP_PASSES):
                 drawn = self._kept(self._settled(sql, params, n_groups))
                 overlapping = _overlapping(drawn)

@@ -7,11 +7,13 @@ node samples is something a user can read, paste into DuckDB and change.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from functools import cache
 from importlib import resources
 from typing import Annotated, Any, ClassVar, Literal
 
+import duckdb
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from ledger.draws import keyed_uniform_sql
@@ -30,13 +32,36 @@ MaxAge = Annotated[
 @cache
 def drawable_sql() -> str:
     """The SQL that builds ``drawable`` (drawable.sql), the one relation every policy draws
-    from: its keyed numbers filled in (ledger/draws.py), the only randomness a draw has."""
+    from: its keyed numbers filled in (ledger/draws.py), the only randomness a draw has.
+    Its statements: the table; the completions the receiver must not get, whether any group
+    holds one (or more than G rows), the recut of those groups and the removal of those
+    left too small."""
     text = resources.files(__package__).joinpath("drawable.sql").read_text()
     return text.format(
         row_u=keyed_uniform_sql("$draw_key", "concat('row/', content_digest, '/', k, '/', copy)"),
         group_u=keyed_uniform_sql("$draw_key", "concat('group/', g.content_digest)"),
         peer_u=keyed_uniform_sql("$draw_key", "concat('peer/', node_id)"),
     )
+
+
+def drawable_statements() -> list[str]:
+    """``drawable_sql``'s statements, one by one."""
+    return [part.strip() for part in drawable_sql().split(";\n\n") if part.strip()]
+
+
+def build_drawable(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> None:
+    """Build ``drawable`` on ``con`` for one draw (drawable.sql's parameters in ``params``,
+    others ignored): the recut only where its check says it can change anything (most draws
+    of honest swarms: nothing to recut; a third of a small draw's time)."""
+
+    for statement in drawable_statements():
+        code = re.sub(r"--[^\n]*", "", statement).strip()  # what comments name is unused
+        named = set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", code))
+        found = con.execute(statement, {k: v for k, v in params.items() if k in named})
+        if code.upper().startswith("SELECT"):  # the recut's check
+            answer = found.fetchone()
+            if not (answer and answer[0]):
+                return
 
 
 class _Policy(BaseModel):
@@ -196,6 +221,8 @@ __all__ = [
     "RewardFilteredPolicy",
     "SamplingPolicy",
     "VarianceWeightedPolicy",
+    "build_drawable",
     "drawable_sql",
+    "drawable_statements",
     "parse_policy",
 ]

@@ -22,7 +22,7 @@ from ledger import (
     parse_policy,
 )
 from ledger.draws import public_draw_key
-from ledger.policies import drawable_sql
+from ledger.policies import build_drawable
 from sapo_core.reputation import Reputation
 from tests.factories import copied, round_rows
 from tests.peer_rounds import (
@@ -206,8 +206,8 @@ def test_under_a_hard_cap_a_draw_is_taking_groups_one_by_one_in_draw_order(site)
     )
     for seed in range(30):
         led.query("SELECT 1")  # the views, as a draw finds them
-        led.con.execute(
-            drawable_sql(),
+        build_drawable(
+            led.con,
             {"node_id": "me", "swarm_id": "sw", "draw_key": public_draw_key("me", seed),
              "rows_per_group": None, "remember": False, "node_round": None},
         )  # fmt: skip

@@ -228,6 +228,9 @@ class _Excluding:
     def known(self) -> list[str]:
         return []
 
+    def standing(self) -> dict[str, int]:
+        return {}
+
 
 def test_the_warm_up_does_not_count_the_groups_of_peers_the_node_excluded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -239,7 +242,7 @@ def test_the_warm_up_does_not_count_the_groups_of_peers_the_node_excluded(
     b = open_node(swarm, "b")
     try:
         run_round(a, 0)  # a's groups are in the ledger
-        monkeypatch.setattr(b, "reputation", lambda: _Excluding("a"))
+        monkeypatch.setattr(b, "reputation", lambda for_round=None: _Excluding("a"))
         polls = []
         asked = b.ledger.sample_group_ids
 
