@@ -33,7 +33,7 @@ GROUP_COLUMNS = """
     node_round BIGINT, policy_version BIGINT, size INTEGER, reward_mean DOUBLE,
     reward_std DOUBLE, reward_min DOUBLE, reward_max DOUBLE, published_at TIMESTAMPTZ,
     day DATE, source_file VARCHAR, content_digest VARCHAR, first_seen TIMESTAMPTZ,
-    completion_keys UBIGINT[], claims DOUBLE[]
+    completion_keys UUID[], claims DOUBLE[]
 """
 """``content_digest``: what the group says (validation.GROUP_CONTENT_SQL), the same for
 every copy of it under any ids. ``first_seen``: when this reader first indexed the group, by

@@ -55,9 +55,9 @@ from ledger.schema import MAX_COUNTER, MAX_GROUPS_PER_ROUND, MAX_SEED, check_id,
 from ledger.sqltext import sql_list, sql_str
 
 MAX_TEXT_CHARS: Final = 1024
-MAX_KEYS_PER_GROUP: Final = 256  # most completion keys a sample log's line holds
-COMPLETION_KEYS_PATTERN: Final = "[0-9a-f]{16}(,[0-9a-f]{16})*"
 """Longest string a reader keeps in a log's VARCHAR column (ids, task names, policy kinds)."""
+MAX_KEYS_PER_GROUP: Final = 256  # most completion keys a sample log's line holds
+COMPLETION_KEYS_PATTERN: Final = "[0-9a-f]{32}(,[0-9a-f]{32})*"
 MAX_TIMESTAMP_CHARS: Final = 64
 
 # Why a reader skipped part of a log (ValidationReport reasons).
@@ -382,7 +382,7 @@ SAMPLES: Final = NodeLog(
             "completion_keys",
             "VARCHAR",
             optional=True,
-            max_chars=MAX_KEYS_PER_GROUP * 17,
+            max_chars=MAX_KEYS_PER_GROUP * 33,
             pattern=COMPLETION_KEYS_PATTERN,
         ),
     ),
@@ -391,7 +391,7 @@ SAMPLES: Final = NodeLog(
     max_bytes=8 * 2**20,
 )
 """Which peer groups a node drew, one line per group (ledger/samples.py); ``completion_keys``:
-of the rows it got (validation.COMPLETION_KEY_SQL), 16 hex digits each, comma separated."""
+of the rows it got (validation.COMPLETION_KEY_SQL), 32 hex digits each, comma separated."""
 MAX_RECORDED_GROUPS: Final = MAX_GROUPS_PER_ROUND
 """Most groups one sample log records (a node's J is at most 1024)."""
 

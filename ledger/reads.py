@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import duckdb
 import polars as pl
@@ -31,7 +32,7 @@ full, copying one content."""
 MAX_OVERLAP_PASSES = 16
 """At most this many draws again without a group whose completions an earlier group of the
 same draw holds (``_draw``); what is left overlapping after them is left out of the sample."""
-Drawn = list[tuple[str, list[int]]]
+Drawn = list[tuple[str, list[UUID]]]
 """A draw's groups in draw order, each with the completion keys the receiver keeps of it."""
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -61,7 +62,7 @@ _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 def _overlapping(drawn: Drawn) -> list[str]:
     """The groups of a draw, in draw order, holding a completion an earlier one holds."""
-    seen: set[int] = set()
+    seen: set[UUID] = set()
     later = []
     for group_id, keys in drawn:
         if seen.isdisjoint(keys):
@@ -172,6 +173,31 @@ class LedgerReads(LedgerHandle):
         drawn: Drawn = self._with_refresh(draw)
         return [g for g, _ in drawn]
 
+    @serialized
+    def logged_draw(self, swarm_id: str, node_id: str, node_round: int) -> pl.DataFrame | None:
+        """What ``node_id`` drew for ``node_round``, as its sample log says (the groups and,
+        where logged, the completions it got), read again; None when it logged no draw for
+        that round. A round retried after its draw was logged trains on this, not on a new
+        draw: the log stays the record of what the round trained on."""
+
+        def attempt() -> pl.DataFrame | None:
+            logged = self.con.execute(
+                "SELECT group_id, any_value(completion_keys) FROM samples WHERE swarm_id = $s "
+                "AND node_id = $n AND node_round = $r GROUP BY group_id ORDER BY min(rowid)",
+                {"s": swarm_id, "n": check_id("node_id", node_id), "r": int(node_round)},
+            ).fetchall()
+            if not logged:
+                return None
+            frame = self.catalog.fetch_groups([g for g, _ in logged])
+            if frame is None:
+                return self._empty()
+            # A log written before keys were keeps the group whole.
+            keys = [(g, [UUID(k) for k in ks.split(",")] if ks else None) for g, ks in logged]
+            return self._kept_rows(frame, keys)
+
+        found: pl.DataFrame | None = self._with_refresh(attempt)
+        return found
+
     def _draw(
         self,
         node_id: str,
@@ -233,12 +259,17 @@ class LedgerReads(LedgerHandle):
                 overlapping = _overlapping(drawn)
                 if not overlapping:
                     return drawn
-                # A group whose completions an earlier group of this draw holds would
-                # train the receiver on them twice: it leaves the draw, which is taken again.
+                # A group holding a completion an earlier group of this draw holds would
+                # train the receiver on it twice: every such group leaves the draw at once
+                # (however many a peer made), which is taken again.
+                accepted = [g for g, _ in drawn if g not in set(overlapping)]
                 self.con.execute(
-                    "DELETE FROM drawable WHERE list_contains($ids, group_id)",
-                    {"ids": overlapping},
-                )
+                    "DELETE FROM drawable WHERE group_id IN (SELECT d.group_id FROM drawable d "
+                    "JOIN groups g USING (group_id) WHERE NOT list_contains($accepted, d.group_id) "
+                    "AND list_has_any(coalesce(d.kept_keys, g.completion_keys), $keys::UUID[]))",
+                    {"accepted": accepted,
+                     "keys": sorted({k for g, keys in drawn if g in accepted for k in keys})},
+                )  # fmt: skip
             return [g for g in drawn if g[0] not in set(overlapping)]
 
         return draw
@@ -269,24 +300,32 @@ class LedgerReads(LedgerHandle):
         )
         return [(g, list(found.get(g) or [])) for g in group_ids]
 
-    def _kept_rows(self, frame: pl.DataFrame, drawn: Drawn) -> pl.DataFrame:
+    def _kept_rows(
+        self, frame: pl.DataFrame, drawn: Sequence[tuple[str, list[UUID] | None]]
+    ) -> pl.DataFrame:
         """``frame`` (the drawn groups' rows) cut to the completions kept of each group (a
-        completion kept twice, as two of its rows: the first by rollout id)."""
+        completion kept twice, as two of its rows: the first by rollout id; None: all)."""
         if frame.is_empty():
             return frame
-        kept = {g: Counter(keys) for g, keys in drawn}
+        kept = {g: Counter(keys) for g, keys in drawn if keys is not None}
+        whole = {g for g, keys in drawn if keys is None}
         self.con.register("_drawn_rows", frame.to_arrow())
         try:
             keys = self.con.execute(validation.completion_keys_sql("_drawn_rows")).fetchall()
         finally:
             self.con.unregister("_drawn_rows")
-        keep: set[str] = set()
+        keep: dict[str, list[str]] = {}
         for group_id, rollout_id, key in sorted(keys, key=lambda r: (r[0], r[1])):
             left = kept.get(group_id)
-            if left is not None and left[key] > 0:
+            if group_id in whole:
+                keep.setdefault(group_id, []).append(rollout_id)
+            elif left is not None and left[key] > 0:
                 left[key] -= 1
-                keep.add(rollout_id)
-        return frame.filter(pl.col("rollout_id").is_in(sorted(keep)))
+                keep.setdefault(group_id, []).append(rollout_id)
+        # A group whose rows no longer match its keys (a file changed under the read) and
+        # that is left with fewer than two is no group to train on.
+        rows = sorted(r for ids in keep.values() if len(ids) >= 2 for r in ids)
+        return frame.filter(pl.col("rollout_id").is_in(rows))
 
     def _without_cut_copies(
         self, sql: str, params: dict[str, Any], pool: int | None, cut: list[str]

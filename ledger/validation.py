@@ -244,20 +244,22 @@ another's group. Hex, not md5_number: DuckDB turns a 128-bit number into text at
 each, and polars reads it as a decimal that wraps past 2^127."""
 
 
-COMPLETION_KEY_SQL: Final = """md5_number_upper(concat_ws('|',
+COMPLETION_KEY_SQL: Final = """md5(concat_ws('|',
     coalesce(task_seed::VARCHAR, ''), coalesce(task_index::VARCHAR, ''),
-    to_hex(question_digest), to_hex(answer_digest), to_hex(completion_digest)))"""
-"""Over one row's ``JUDGED_COLUMNS``: the *completion key*, 64 bits of an md5 of what a
-receiver trains on from the row, its question (seed, index, text), answer and completion,
-whoever published it in whatever group. Copies are judged on these (issue 57): a draw never
-hands a receiver a completion it published itself, a completion twice, or under `fresh` one
-it drew before, however many other rows the group around it holds. md5 and each field in its
-place, so that a peer cannot choose a completion whose key is another's."""
+    to_hex(question_digest), to_hex(answer_digest), to_hex(completion_digest)))::UUID"""
+"""Over one row's ``JUDGED_COLUMNS``: the *completion key*, an md5 (as a 128-bit UUID) of
+what a receiver trains on from the row, its question (seed, index, text), answer and
+completion, whoever published it in whatever group. Copies are judged on these (issue 57):
+a draw never hands a receiver a completion it published itself, nor two groups sharing one,
+nor under `fresh` one it drew before, however many other rows the group around it holds.
+md5 and each field in its place, so that a peer cannot choose a completion whose key is
+another's; 128 bits, since every completion is public and a second preimage of one of a
+million 64-bit keys would cost ~2^44 hashes."""
 
 
 def completion_key_text_sql(key: str) -> str:
-    """SQL: a completion key as the sample log writes it, 16 lowercase hex digits."""
-    return f"lpad(lower(to_hex({key})), 16, '0')"
+    """SQL: a completion key as the sample log writes it, 32 lowercase hex digits."""
+    return f"replace(({key})::VARCHAR, '-', '')"
 
 
 def content_digests_sql(source: str) -> str:

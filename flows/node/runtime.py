@@ -71,15 +71,16 @@ class NodeRuntime:
     def reputation(self, for_round: int | None = None) -> Reputation:
         """What this node's verifier has seen of its peers (sapo_core/reputation.py) before
         ``for_round`` (None: everything recorded). A round retried after its verdicts were
-        recorded (a stop between its `reward` and its checkpoint) sees the reputation its
-        first attempt saw, so it draws the same peers' groups."""
+        recorded (a stop after its `reward`, before the checkpoint that covers it) sees the
+        reputation its first attempt saw, so it draws the same peers' groups."""
         saved = self._saved_reputation()
         config = self.spec.node.reputation
         if saved is None:
             return Reputation.empty(config)
         through = saved.get("through_round")
         if for_round is not None and isinstance(through, int) and through >= for_round:
-            saved = saved.get("before") or {}
+            before = saved.get("before", {})
+            saved = before.get(str(for_round), saved) if isinstance(before, dict) else saved
         return Reputation.from_json(saved, config)
 
     def reputation_covers(self, round_: int) -> bool:
@@ -96,12 +97,15 @@ class NodeRuntime:
         return loaded if isinstance(loaded, dict) else None
 
     def save_reputation(self, reputation: Reputation, round_: int | None = None) -> None:
-        """Record ``reputation``, with ``round_``'s verdicts in it: the state before them is
-        kept beside it, for a retry of that round."""
+        """Record ``reputation``, with ``round_``'s verdicts in it. The state before each
+        round not yet in a checkpoint is kept beside it, for a retry of that round."""
         data: dict[str, Any] = reputation.to_json()
         if round_ is not None:
-            data["through_round"] = int(round_)
-            data["before"] = self.reputation(for_round=round_).to_json()
+            saved = self._saved_reputation() or {}
+            kept = saved.get("before", {}) if isinstance(saved.get("before"), dict) else {}
+            before = {r: s for r, s in kept.items() if self.next_round <= int(r) < round_}
+            before[str(round_)] = self.reputation(for_round=round_).to_json()
+            data |= {"through_round": int(round_), "before": before}
         write_atomically(self.reputation_path, json.dumps(data, indent=1))
 
     @property

@@ -196,16 +196,19 @@ def draw_peers(node: NodeRuntime, round_: int) -> pl.DataFrame | None:
     seed); None when the ledger did not answer."""
     draw = draw_arguments(node, round_)
     with riding_out() as down:
-        wait_for_peers(node, draw)
-        frame = node.ledger.sample(**draw)
-        node.ledger.write_sample(
-            node.swarm.swarm_id,
-            node.node_id,
-            round_,
-            frame,
-            policy=node.spec.sampling.kind,
-            seed=draw["seed"],
-        )
+        # A retry of a round whose draw is logged trains on what it drew (and logged).
+        frame = node.ledger.logged_draw(node.swarm.swarm_id, node.node_id, round_)
+        if frame is None:
+            wait_for_peers(node, draw)
+            frame = node.ledger.sample(**draw)
+            node.ledger.write_sample(
+                node.swarm.swarm_id,
+                node.node_id,
+                round_,
+                frame,
+                policy=node.spec.sampling.kind,
+                seed=draw["seed"],
+            )
     if down:
         log.warning("ledger unreachable (%s): round %d trains with J = 0", down.error, round_)
         return None

@@ -35,7 +35,7 @@ WITH peer_order AS (
 )
 SELECT g.group_id, g.swarm_id, g.node_id, g.model_id, g.task, g.node_round,
     g.policy_version, g.published_at, g.first_seen, g.content_digest, g.size, g.reward_mean,
-    g.reward_std, g.reward_min, g.reward_max, NULL::UBIGINT[] AS kept_keys,
+    g.reward_std, g.reward_min, g.reward_max, NULL::UUID[] AS kept_keys,
     {group_u} AS u, p.peer_u
 FROM groups g JOIN peer_order p USING (node_id)
 WHERE g.node_id <> $node_id;
@@ -46,7 +46,7 @@ CREATE OR REPLACE TEMP TABLE drawable_known AS
 SELECT unnest(completion_keys) AS k FROM groups
 WHERE node_id = $node_id AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
 UNION
-SELECT TRY_CAST('0x' || unnest(string_split(completion_keys, ',')) AS UBIGINT) AS k
+SELECT TRY_CAST(unnest(string_split(completion_keys, ',')) AS UUID) AS k
 FROM samples
 WHERE $remember AND node_id = $node_id AND completion_keys IS NOT NULL
   AND ($swarm_id IS NULL OR swarm_id = $swarm_id)

@@ -169,3 +169,44 @@ def test_a_receiver_reopened_draws_what_it_would_have_drawn(site):
     assert len({g for d in first for g in d}) == sum(len(d) for d in first)  # each once
     led.close()
     assert rounds(site.open(), logging=False) == first
+
+
+def test_many_near_copies_of_one_completion_neither_shorten_a_draw_nor_take_more_of_it(site):
+    """Review of issue 57: a peer publishes 200 groups sharing one completion, each padded
+    with other rows. A draw takes one of them at most (they share a completion), and is
+    still full: every variant leaves the draw at once, not one per pass."""
+    led = site.open()
+    for node in ("o", "q", "r"):
+        led.publish(round_rows(node, 0, [[1, 0, 1, 0]] * 4))
+    base = round_rows("p", 0, [[1, 0, 1, 0]])
+    variants = []
+    for v in range(200):
+        gid = f"sw.p.r0.v{v}"
+        variants += [r | {"group_id": gid, "rollout_id": f"{gid}.c{k}",
+                          "completion": r["completion"] if k == 0 else f"<answer>{v}-{k}</answer>"}
+                     for k, r in enumerate(base)]  # fmt: skip
+    led.publish(variants)
+    for seed in range(6):
+        for j in (4, 8):
+            frame = led.sample("me", j, "paper", seed=seed, swarm_id="sw", rows_per_group=4)
+            assert frame["group_id"].n_unique() == j, (seed, j)
+            from_p = frame.filter(frame["node_id"] == "p")["group_id"].n_unique()
+            assert from_p <= 1
+
+
+def test_a_retried_round_trains_on_what_its_log_says_it_drew(site):
+    """Review of issue 57: under `fresh` (newest first) a retry after new groups arrived
+    would draw anew and train on completions its log never recorded. The log is read
+    back instead: the same groups, the same completions."""
+    led = site.open()
+    led.publish(round_rows("a", 0, [[1, 0, 1, 0, 1, 0]] * 2))
+    key = round_draw_key(RECEIVER_SECRET, "sw", "me", 0)
+    first = led.sample("me", 2, FreshPolicy(), swarm_id="sw", for_round=0, draw_key=key,
+                       rows_per_group=4)  # fmt: skip
+    assert led.logged_draw("sw", "me", 0) is None
+    led.write_sample("sw", "me", 0, first, policy="fresh", seed=0)
+    led.publish(round_rows("b", 1, [[0, 1, 0, 1]] * 2))  # newer groups, after the draw
+    again = site.open().logged_draw("sw", "me", 0)
+    assert again is not None
+    assert sorted(again["rollout_id"].to_list()) == sorted(first["rollout_id"].to_list())
+    assert again.height == 8  # 4 kept of each group of 6

@@ -232,6 +232,14 @@ def test_a_resumed_node_draws_what_it_would_have_drawn(tmp_path: Path) -> None:
         assert steps.draw_arguments(node, 3) == before
         assert steps.draw_arguments(node, 4)["known_nodes"] == ["p"]
         assert node.reputation_covers(3) and not node.reputation_covers(4)
+        # Two rounds past the checkpoint (checkpoint_every > 1): each retry sees its own.
+        node.next_round = 3
+        later = node.reputation(for_round=4)
+        later.update({"q": PeerEvidence(rows=16)})
+        node.save_reputation(later, 4)
+        assert steps.draw_arguments(node, 3) == before
+        assert steps.draw_arguments(node, 4)["known_nodes"] == ["p"]
+        assert steps.draw_arguments(node, 5)["known_nodes"] == ["p", "q"]
     finally:
         node.close()
     assert draw(swarm, 3) == (key, drawn)
