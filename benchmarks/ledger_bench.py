@@ -125,12 +125,28 @@ def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     return out
 
 
-def sample_once(reader: Ledger, policy: object, nodes: int, rng: random.Random) -> None:
+def sample_once(
+    reader: Ledger, policy: object, nodes: int, rng: random.Random, **node_draw: object
+) -> None:
     node = f"n{rng.randrange(nodes):04d}"
     got = reader.sample(
-        node, J, policy, seed=rng.randrange(1 << 30), swarm_id="bench", now=T0 + timedelta(days=1)
+        node,
+        J,
+        policy,
+        seed=rng.randrange(1 << 30),
+        swarm_id="bench",
+        now=T0 + timedelta(days=1),
+        **node_draw,  # type: ignore[arg-type]
     )
     assert got.get_column("group_id").n_unique() == J, got.height
+
+
+NODE_DRAWS = {
+    # As a node draws: keyed by its secret, of each group its own group size (the synthetic
+    # groups' 8: nothing to recut), and at G = 4 (every group longer than G: all recut).
+    "as a node, G=8": {"draw_key": "0123456789abcdef" * 2, "rows_per_group": 8},
+    "as a node, G=4 (every group recut)": {"draw_key": "0123456789abcdef" * 2, "rows_per_group": 4},
+}
 
 
 def measure(open_ledger: Callable[..., Ledger], nodes: int, label: str, repeat: int) -> list[dict]:
@@ -164,8 +180,13 @@ def measure(open_ledger: Callable[..., Ledger], nodes: int, label: str, repeat: 
             rows.append(
                 {"phase": label, "op": "index (first refresh)", "p50": index_ms, "p95": index_ms}
             )
-        for name, policy in (("paper", "paper"), ("reward_filtered", filtered)):
-            ms = timed(lambda r=reader, p=policy: sample_once(r, p, nodes, rng), repeat)
+        draws: list[tuple[str, object, dict[str, object]]] = [
+            ("paper", "paper", {}),
+            ("reward_filtered", filtered, {}),
+            *(("paper " + name, "paper", kw) for name, kw in NODE_DRAWS.items()),
+        ]
+        for name, policy, kw in draws:
+            ms = timed(lambda r=reader, p=policy, k=kw: sample_once(r, p, nodes, rng, **k), repeat)
             rows.append(
                 {
                     "phase": label,

@@ -94,7 +94,7 @@ class LedgerReads(LedgerHandle):
         """The completions ``node_id`` would train on of up to ``n_groups`` peer groups.
 
         Never the node's own groups, nor a completion it published itself (however a peer
-        wraps it), nor one completion twice. The same key (or seed) over the same ledger
+        wraps it), nor two groups that share a completion. The same key (or seed) over the same ledger
         gives the same sample. Fewer groups come back when fewer qualify. Nothing is
         written: a node records what it drew with ``write_sample``.
         ``exclude_nodes``: peers the receiver no longer samples (its reputation of them);
@@ -232,6 +232,8 @@ class LedgerReads(LedgerHandle):
             "rows_per_group": None if rows_per_group is None else int(rows_per_group),
             "remember": chosen.remembers,
             "node_round": node_round,
+            "tasks": None if tasks is None else [str(t) for t in tasks],
+            "excluded": [check_id("node_id", n) for n in exclude_nodes],
         }
         params = {
             "node_id": node_id,

@@ -20,6 +20,7 @@
 --
 -- Parameters: $node_id         the receiver
 --             $swarm_id        its swarm (NULL: any); its own groups are those of its id
+--             $tasks, $excluded  tasks it judges (NULL: any), peers it no longer samples
 --             $draw_key        the draw's key (32 hex digits)
 --             $rows_per_group  G (NULL: no cut)
 --             $remember        whether completions drawn in earlier rounds are left out
@@ -29,16 +30,23 @@
 -- completion the receiver must not get and none is longer than G: the sampler stops at
 -- its check then.
 CREATE OR REPLACE TEMP TABLE drawable AS
-WITH peer_order AS (
-    SELECT node_id, {peer_u} AS peer_u
-    FROM (SELECT DISTINCT node_id FROM groups WHERE node_id <> $node_id)
+WITH candidates AS (
+    -- What any policy may draw: peers' groups of this swarm, of tasks the receiver judges,
+    -- of peers it has not excluded.
+    SELECT * FROM groups
+    WHERE node_id <> $node_id
+      AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
+      AND ($tasks IS NULL OR list_contains($tasks::VARCHAR[], task))
+      AND NOT list_contains($excluded::VARCHAR[], node_id)
+),
+peer_order AS (
+    SELECT node_id, {peer_u} AS peer_u FROM (SELECT DISTINCT node_id FROM candidates)
 )
 SELECT g.group_id, g.swarm_id, g.node_id, g.model_id, g.task, g.node_round,
     g.policy_version, g.published_at, g.first_seen, g.content_digest, g.size, g.reward_mean,
     g.reward_std, g.reward_min, g.reward_max, NULL::UUID[] AS kept_keys,
     {group_u} AS u, p.peer_u
-FROM groups g JOIN peer_order p USING (node_id)
-WHERE g.node_id <> $node_id;
+FROM candidates g JOIN peer_order p USING (node_id);
 
 -- The completions this receiver must not be handed: its own, and (remembering) those its
 -- sample log says it drew in an earlier round.
@@ -54,8 +62,9 @@ WHERE $remember AND node_id = $node_id AND completion_keys IS NOT NULL
 
 -- Whether any group is not wholly its publisher's to give (the sampler stops here if not).
 SELECT EXISTS (
-    SELECT 1 FROM (SELECT unnest(completion_keys) AS k FROM groups WHERE node_id <> $node_id)
-    SEMI JOIN drawable_known USING (k)
+    SELECT 1 FROM (
+        SELECT unnest(completion_keys) AS k FROM groups SEMI JOIN drawable USING (group_id)
+    ) SEMI JOIN drawable_known USING (k)
 ) OR EXISTS (SELECT 1 FROM drawable WHERE size > coalesce($rows_per_group, size));
 
 UPDATE drawable SET size = coalesce(r.size, 0), reward_mean = r.reward_mean,
@@ -64,7 +73,7 @@ UPDATE drawable SET size = coalesce(r.size, 0), reward_mean = r.reward_mean,
 FROM (
     WITH peers AS (
         SELECT group_id, content_digest, completion_keys, claims, size FROM groups
-        WHERE node_id <> $node_id
+        SEMI JOIN drawable USING (group_id)
     ),
     touched AS (
         -- Groups whose rows are not all theirs to give: some known, or more than G.

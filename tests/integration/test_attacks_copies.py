@@ -209,7 +209,8 @@ def test_under_a_hard_cap_a_draw_is_taking_groups_one_by_one_in_draw_order(site)
         build_drawable(
             led.con,
             {"node_id": "me", "swarm_id": "sw", "draw_key": public_draw_key("me", seed),
-             "rows_per_group": None, "remember": False, "node_round": None},
+             "rows_per_group": None, "remember": False, "node_round": None,
+             "tasks": None, "excluded": []},
         )  # fmt: skip
         walk = led.query(
             candidates, {"node_id": "me", "swarm_id": "sw", "excluded": [], "tasks": None}
