@@ -32,8 +32,9 @@ full, copying one content."""
 MAX_OVERLAP_PASSES = 16
 """At most this many draws again without a group whose completions an earlier group of the
 same draw holds (``_draw``); what is left overlapping after them is left out of the sample."""
-Drawn = list[tuple[str, list[UUID]]]
-"""A draw's groups in draw order, each with the completion keys the receiver keeps of it."""
+Drawn = list[tuple[str, list[UUID], bool]]
+"""A draw's groups in draw order, each with the completion keys the receiver keeps of it and
+whether that is not every row (the group was recut)."""
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -64,7 +65,7 @@ def _overlapping(drawn: Drawn) -> list[str]:
     """The groups of a draw, in draw order, holding a completion an earlier one holds."""
     seen: set[UUID] = set()
     later = []
-    for group_id, keys in drawn:
+    for group_id, keys, _ in drawn:
         if seen.isdisjoint(keys):
             seen.update(keys)
         else:
@@ -94,9 +95,9 @@ class LedgerReads(LedgerHandle):
         """The completions ``node_id`` would train on of up to ``n_groups`` peer groups.
 
         Never the node's own groups, nor a completion it published itself (however a peer
-        wraps it), nor two groups that share a completion. The same key (or seed) over the same ledger
-        gives the same sample. Fewer groups come back when fewer qualify. Nothing is
-        written: a node records what it drew with ``write_sample``.
+        wraps it), nor two groups that share a completion. The same key (or seed) over the
+        same ledger gives the same sample. Fewer groups come back when fewer qualify.
+        Nothing is written: a node records what it drew with ``write_sample``.
         ``exclude_nodes``: peers the receiver no longer samples (its reputation of them);
         ``known_nodes``: peers it has verified enough of: groups of all other peers together
         come after the known ones' beyond the policy's ``max_unknown_share`` (None: every
@@ -129,8 +130,10 @@ class LedgerReads(LedgerHandle):
 
         def attempt() -> pl.DataFrame:
             drawn = draw()
-            frame = self.catalog.fetch_groups([g for g, _ in drawn])
-            return self._kept_rows(frame, drawn) if frame is not None else self._empty()
+            frame = self.catalog.fetch_groups([g for g, _, _ in drawn])
+            if frame is None:
+                return self._empty()
+            return self._kept_rows(frame, [(g, keys if cut else None) for g, keys, cut in drawn])
 
         frame: pl.DataFrame = self._with_refresh(attempt)
         return frame
@@ -171,7 +174,7 @@ class LedgerReads(LedgerHandle):
             standing,
         )
         drawn: Drawn = self._with_refresh(draw)
-        return [g for g, _ in drawn]
+        return [g for g, _, _ in drawn]
 
     @serialized
     def logged_draw(self, swarm_id: str, node_id: str, node_round: int) -> pl.DataFrame | None:
@@ -264,13 +267,13 @@ class LedgerReads(LedgerHandle):
                 # A group holding a completion an earlier group of this draw holds would
                 # train the receiver on it twice: every such group leaves the draw at once
                 # (however many a peer made), which is taken again.
-                accepted = [g for g, _ in drawn if g not in set(overlapping)]
+                accepted = [g for g, _, _ in drawn if g not in set(overlapping)]
                 self.con.execute(
                     "DELETE FROM drawable WHERE group_id IN (SELECT d.group_id FROM drawable d "
                     "JOIN groups g USING (group_id) WHERE NOT list_contains($accepted, d.group_id) "
                     "AND list_has_any(coalesce(d.kept_keys, g.completion_keys), $keys::UUID[]))",
                     {"accepted": accepted,
-                     "keys": sorted({k for g, keys in drawn if g in accepted for k in keys})},
+                     "keys": sorted({k for g, keys, _ in drawn if g in accepted for k in keys})},
                 )  # fmt: skip
             return [g for g in drawn if g[0] not in set(overlapping)]
 
@@ -293,22 +296,24 @@ class LedgerReads(LedgerHandle):
         """Each drawn group with the completion keys the receiver keeps of it, in order."""
         if not group_ids:
             return []
-        found = dict(
-            self.con.execute(
-                "SELECT d.group_id, coalesce(d.kept_keys, g.completion_keys) FROM drawable d "
+        found = {
+            g: (list(keys or []), cut)
+            for g, keys, cut in self.con.execute(
+                "SELECT d.group_id, coalesce(d.kept_keys, g.completion_keys), "
+                "d.kept_keys IS NOT NULL FROM drawable d "
                 "JOIN groups g USING (group_id) WHERE list_contains($ids, d.group_id)",
                 {"ids": group_ids},
             ).fetchall()
-        )
-        return [(g, list(found.get(g) or [])) for g in group_ids]
+        }
+        return [(g, *found.get(g, ([], False))) for g in group_ids]
 
     def _kept_rows(
         self, frame: pl.DataFrame, drawn: Sequence[tuple[str, list[UUID] | None]]
     ) -> pl.DataFrame:
         """``frame`` (the drawn groups' rows) cut to the completions kept of each group (a
         completion kept twice, as two of its rows: the first by rollout id; None: all)."""
-        if frame.is_empty():
-            return frame
+        if frame.is_empty() or all(keys is None for _, keys in drawn):
+            return frame  # no group recut: every row is kept
         kept = {g: Counter(keys) for g, keys in drawn if keys is not None}
         whole = {g for g, keys in drawn if keys is None}
         self.con.register("_drawn_rows", frame.to_arrow())

@@ -3,7 +3,7 @@
 -- it instead of `groups`, so that whatever a policy filters and orders by, it sees:
 --
 -- * An order no publisher can compute (ledger/draws.py): `u`, a number in (0, 1) from
---   SHA-256 of the draw key and what the group says (its content digest: a group's place
+--   MD5 of the draw key and what the group says (its content digest: a group's place
 --   never depends on the name it is given, so grinding ids buys nothing, exactly), and
 --   `peer_u`, the same of its publisher's id. The draw key is a secret of the receiver's,
 --   new each round ($draw_key). Policies order by these and hash nothing themselves.
@@ -32,8 +32,10 @@
 CREATE OR REPLACE TEMP TABLE drawable AS
 WITH candidates AS (
     -- What any policy may draw: peers' groups of this swarm, of tasks the receiver judges,
-    -- of peers it has not excluded.
-    SELECT * FROM groups
+    -- of peers it has not excluded. (Named columns: the lists stay where they are.)
+    SELECT group_id, swarm_id, node_id, task, published_at, first_seen, content_digest, size,
+        reward_mean, reward_std, reward_min, reward_max
+    FROM groups
     WHERE node_id <> $node_id
       AND ($swarm_id IS NULL OR swarm_id = $swarm_id)
       AND ($tasks IS NULL OR list_contains($tasks::VARCHAR[], task))
@@ -42,10 +44,7 @@ WITH candidates AS (
 peer_order AS (
     SELECT node_id, {peer_u} AS peer_u FROM (SELECT DISTINCT node_id FROM candidates)
 )
-SELECT g.group_id, g.swarm_id, g.node_id, g.model_id, g.task, g.node_round,
-    g.policy_version, g.published_at, g.first_seen, g.content_digest, g.size, g.reward_mean,
-    g.reward_std, g.reward_min, g.reward_max, NULL::UUID[] AS kept_keys,
-    {group_u} AS u, p.peer_u
+SELECT g.*, NULL::UUID[] AS kept_keys, {group_u} AS u, p.peer_u
 FROM candidates g JOIN peer_order p USING (node_id);
 
 -- The completions this receiver must not be handed: its own, and (remembering) those its
