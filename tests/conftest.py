@@ -148,7 +148,9 @@ def make_round() -> MakeRound:
 SLOW_ON_S3 = frozenset(
     {
         "test_attacks.py",
+        "test_attacks_copies.py",
         "test_attacks_grinding.py",
+        "test_attacks_sybils.py",
         "test_attacks_costs.py",
         "test_attacks_floods.py",
         "test_attacks_identity.py",
