@@ -39,8 +39,7 @@ WITH drawn_before AS (
       AND ($node_round IS NULL OR node_round < $node_round)
 ),
 unseen AS (
-    SELECT group_id, node_id, content_digest, least(published_at, first_seen) AS seen_at, u,
-        peer_u
+    SELECT group_id, node_id, content_digest, least(published_at, first_seen) AS seen_at, u
     FROM drawable ANTI JOIN drawn_before USING (group_id)
         ANTI JOIN (SELECT content_digest FROM drawn_before WHERE content_digest IS NOT NULL)
             USING (content_digest)
@@ -52,16 +51,17 @@ unseen AS (
       AND ($max_age_s IS NULL OR least(published_at, first_seen) >= $now - to_microseconds(CAST($max_age_s * 1e6 AS BIGINT)))
 ),
 candidates AS (
-    -- Peers take turns: every peer's newest group, the peers in a random order keyed by
-    -- the receiver's secret (`peer_u`: no id can be ground to come first), then every peer's second newest, and so on. Newness picks which of a peer's
-    -- groups come first, never which peer: a peer stamping its groups last gets no more
-    -- of J than one that published a second earlier. The price: a quiet peer's oldest unseen
+    -- Peers take turns: every peer's newest group, then every peer's second newest, and so
+    -- on. Newness picks which of a peer's groups come first, never which peer: a peer
+    -- stamping its groups last gets no more of J than one that published a second earlier.
+    -- The peers' order in each turn is keyed by the receiver's secret over what each
+    -- offers (the `u` of its newest group, keyed by its content), never over its name: a
+    -- node id ground offline buys nothing, exactly. The price: a quiet peer's oldest unseen
     -- group takes its turn before another peer's second newest (max_age_s keeps stale ones
     -- out).
     SELECT group_id, node_id, content_digest,
-           {'turn': row_number() OVER (
-                PARTITION BY node_id
-                ORDER BY seen_at DESC, u),
-            'peer': peer_u} AS draw
+           {'turn': row_number() OVER newest,
+            'peer': first_value(u) OVER newest} AS draw
     FROM unseen
+    WINDOW newest AS (PARTITION BY node_id ORDER BY seen_at DESC, u)
 )
