@@ -4,7 +4,6 @@ only read: what a node drew is written by the write side (``LedgerWrites.write_s
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from ledger.handle import LedgerHandle, serialized
 from ledger.policies import AnyPolicy, build_drawable, parse_policy
 from ledger.retrying import first_line
 from ledger.schema import check_id
+from ledger.sqltext import parameters_for
 
 MAX_GROUPS_PER_SAMPLE = 100_000
 DRAW_POOL_PER_GROUP = 16
@@ -56,9 +56,6 @@ def whole_decimals_as_integers(frame: pl.DataFrame) -> pl.DataFrame:
         and fits(frame[name])
     ]
     return frame.with_columns(pl.col(whole).cast(pl.Int64)) if whole else frame
-
-
-_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _overlapping(drawn: Drawn) -> list[str]:
@@ -227,24 +224,18 @@ class LedgerReads(LedgerHandle):
             raise ValueError(f"rows_per_group must be at least 2, got {rows_per_group}")
         check_id("node_id", node_id)
         key = check_draw_key(draw_key) if draw_key is not None else public_draw_key(node_id, seed)
-        node_round = None if for_round is None else int(for_round)
-        drawable_params = {
+        # One set of parameters: building `drawable` and the policy's query each take the
+        # ones they name.
+        params = {
             "node_id": node_id,
             "swarm_id": swarm_id,
             "draw_key": key,
             "rows_per_group": None if rows_per_group is None else int(rows_per_group),
             "remember": chosen.remembers,
-            "node_round": node_round,
-            "tasks": None if tasks is None else [str(t) for t in tasks],
-            "excluded": [check_id("node_id", n) for n in exclude_nodes],
-        }
-        params = {
-            "node_id": node_id,
-            "swarm_id": swarm_id,
             "n_groups": int(n_groups),
             "excluded": [check_id("node_id", n) for n in exclude_nodes],
             "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
-            "node_round": node_round,
+            "node_round": None if for_round is None else int(for_round),
             "tasks": None if tasks is None else [str(t) for t in tasks],
             "standing": [check_id("node_id", n) for n in (standing or {})] or None,
             "standing_rows": [int(v) for v in (standing or {}).values()] or None,
@@ -252,15 +243,14 @@ class LedgerReads(LedgerHandle):
             **chosen.parameters(when),
         }
         sql = chosen.sql
-        used = set(_PARAM.findall(sql)) - {"pool", "cut"}
-        params = {k: val for k, val in params.items() if k in used}
+        policy_params = parameters_for(sql, params)  # $pool and $cut: each pass's own
 
         def draw() -> Drawn:
             if n_groups == 0:
                 return []
-            build_drawable(self.con, drawable_params)
+            build_drawable(self.con, params)
             for _ in range(MAX_OVERLAP_PASSES):
-                drawn = self._kept(self._settled(sql, params, n_groups))
+                drawn = self._kept(self._settled(sql, policy_params, n_groups))
                 overlapping = _overlapping(drawn)
                 if not overlapping:
                     return drawn

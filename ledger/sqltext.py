@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from ledger.schema import COLUMN_NAMES, COLUMNS
 
 _DUCK_TYPES = {
@@ -62,3 +65,23 @@ def sql_in(values: list[str]) -> str:
     """``values`` as the parenthesised list of an ``IN``; never empty (an empty IN is a
     syntax error), matching nothing when there are none."""
     return "(" + (", ".join(sql_str(x) for x in values) or "NULL") + ")"
+
+
+_PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_COMMENT = re.compile(r"--[^\n]*")
+
+
+def sql_code(sql: str) -> str:
+    """``sql`` without its ``--`` comments."""
+    return _COMMENT.sub("", sql)
+
+
+def named_parameters(sql: str) -> set[str]:
+    """The ``$name`` parameters ``sql`` uses (not those its comments mention)."""
+    return set(_PARAMETER.findall(sql_code(sql)))
+
+
+def parameters_for(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Of ``params``, those ``sql`` uses: DuckDB refuses a statement any others."""
+    named = named_parameters(sql)
+    return {k: v for k, v in params.items() if k in named}

@@ -7,7 +7,6 @@ node samples is something a user can read, paste into DuckDB and change.
 from __future__ import annotations
 
 import math
-import re
 from datetime import datetime
 from functools import cache
 from importlib import resources
@@ -17,6 +16,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from ledger.draws import keyed_uniform_sql
+from ledger.sqltext import parameters_for, sql_code
 
 MaxAge = Annotated[
     float | None,
@@ -55,10 +55,8 @@ def build_drawable(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> No
     of honest swarms: nothing to recut; a third of a small draw's time)."""
 
     for statement in drawable_statements():
-        code = re.sub(r"--[^\n]*", "", statement).strip()  # what comments name is unused
-        named = set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", code))
-        found = con.execute(statement, {k: v for k, v in params.items() if k in named})
-        if code.upper().startswith("SELECT"):  # the recut's check
+        found = con.execute(statement, parameters_for(statement, params))
+        if sql_code(statement).lstrip().upper().startswith("SELECT"):  # the recut's check
             answer = found.fetchone()
             if not (answer and answer[0]):
                 return

@@ -10,8 +10,9 @@
 -- * Rows, not what a publisher wrapped them in (issue 57; the statements after the
 --   first). A group's completions this receiver published itself, and under a policy
 --   that takes a group once ($remember, `fresh`) those its sample log says it drew in an
---   earlier round, are not its rows here. Of what is left, at most $rows_per_group rows (the receiver's own
---   group size, G), the lowest by a keyed hash of each: the publisher cannot choose which.
+--   earlier round, are not its rows here. Of what is left, at most $rows_per_group rows
+--   (the receiver's own group size, G), the lowest by a keyed hash of each: the
+--   publisher cannot choose which.
 --   `size` and the claimed-reward columns (`reward_mean`, `_std`, `_min`, `_max`) are over
 --   those rows, so claims on rows the receiver drops buy no place in a draw, and a group
 --   left with fewer than two rows is not drawable at all. A padded copy of the receiver's
