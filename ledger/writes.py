@@ -294,8 +294,10 @@ class LedgerWrites(LedgerHandle):
         self.con.register("_drawn", drawn.to_arrow())
         try:
             found = self.con.execute(validation.content_digests_sql("_drawn")).fetchall()
+            # One key per row got: a completion its publisher sampled twice is logged
+            # twice, so that a retry reading the log back gets both rows again.
             rows = self.con.execute(
-                "SELECT group_id, list(DISTINCT "
+                "SELECT group_id, list("
                 f"{validation.completion_key_text_sql('completion_key')}) "
                 f"FROM ({validation.completion_keys_sql('_drawn')}) GROUP BY group_id"
             ).fetchall()

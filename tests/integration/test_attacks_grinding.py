@@ -210,3 +210,20 @@ def test_a_retried_round_trains_on_what_its_log_says_it_drew(site):
     assert again is not None
     assert sorted(again["rollout_id"].to_list()) == sorted(first["rollout_id"].to_list())
     assert again.height == 8  # 4 kept of each group of 6
+
+
+def test_a_retried_round_gets_back_a_completion_drawn_twice_twice(site):
+    """A publisher's group may hold one completion twice (it sampled it twice); the draw
+    keeps both rows, and so does the logged draw a retry reads back."""
+    led = site.open()
+    rows = round_rows("a", 0, [[1, 0, 1, 0]])
+    rows[1] = rows[1] | {"completion": rows[0]["completion"]}  # c0's text again
+    led.publish(rows)
+    key = round_draw_key(RECEIVER_SECRET, "sw", "me", 0)
+    first = led.sample("me", 1, FreshPolicy(), swarm_id="sw", for_round=0, draw_key=key,
+                       rows_per_group=4)  # fmt: skip
+    assert first.height == 4
+    led.write_sample("sw", "me", 0, first, policy="fresh", seed=0)
+    again = site.open().logged_draw("sw", "me", 0)
+    assert again is not None
+    assert sorted(again["rollout_id"].to_list()) == sorted(first["rollout_id"].to_list())
