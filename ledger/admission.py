@@ -48,6 +48,9 @@ CONTENT_SQL = (
     "coalesce(sum(row_group_num_rows) FILTER (column_id = 0), 0), "
     "coalesce(sum(total_uncompressed_size) FILTER (path_in_schema IN ("
     + ", ".join(sql_str(c) for c in COLUMN_NAMES)
+    # A list column's leaf is named by its path (DuckDB: 'token_ids, list, element').
+    + ", "
+    + ", ".join(sql_str(f"{c.name}, list, element") for c in COLUMNS if pa.types.is_list(c.type))
     + ")), 0) FROM parquet_metadata({files}) GROUP BY file_name"
 )
 """Per file, from its footer: row groups, rows, and bytes its public columns unpack to."""

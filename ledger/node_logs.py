@@ -39,8 +39,6 @@ nested 100,000 deep in a field no one asked for crashes the process::
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -50,15 +48,24 @@ from typing import Any, Final
 import duckdb
 
 from ledger.keys import digest, parse_key, partition_prefix
+from ledger.node_log_columns import (
+    MAX_TEXT_CHARS as MAX_TEXT_CHARS,
+)
+from ledger.node_log_columns import (
+    MAX_TIMESTAMP_CHARS as MAX_TIMESTAMP_CHARS,
+)
+from ledger.node_log_columns import (
+    LogColumn,
+    bounds_sql,
+    checked_value,
+    typed_sql,
+)
 from ledger.retrying import first_line
-from ledger.schema import MAX_COUNTER, MAX_GROUPS_PER_ROUND, MAX_SEED, check_id, time_window_sql
+from ledger.schema import MAX_COUNTER, MAX_GROUPS_PER_ROUND, check_id
 from ledger.sqltext import sql_list, sql_str
 
-MAX_TEXT_CHARS: Final = 1024
-"""Longest string a reader keeps in a log's VARCHAR column (ids, task names, policy kinds)."""
 MAX_KEYS_PER_GROUP: Final = 256  # most completion keys a sample log's line holds
 COMPLETION_KEYS_PATTERN: Final = "[0-9a-f]{32}(,[0-9a-f]{32})*"
-MAX_TIMESTAMP_CHARS: Final = 64
 
 # Why a reader skipped part of a log (ValidationReport reasons).
 UNREADABLE: Final = "unreadable_node_log"
@@ -66,46 +73,6 @@ OVERSIZED: Final = "oversized_node_log"
 INVALID_LINE: Final = "invalid_node_log_line"
 
 _HIVE_TYPES = "{'swarm_id': 'VARCHAR', 'node_id': 'VARCHAR', 'day': 'DATE'}"
-_TYPES = ("BIGINT", "DOUBLE", "VARCHAR", "BOOLEAN", "TIMESTAMPTZ")
-
-
-@dataclass(frozen=True)
-class LogColumn:
-    """One field of a log line and the column it fills."""
-
-    name: str
-    type: str
-    """DuckDB type: one of BIGINT, DOUBLE, VARCHAR, BOOLEAN, TIMESTAMPTZ."""
-    required: bool = False
-    """A line without it (or with it null) is skipped by readers."""
-    optional: bool = False
-    """A writer may leave it out (written as null): a column added after logs without it
-    were written, so a caller of the older form still writes."""
-    low: float | None = None
-    high: float | None = None
-    """Inclusive bounds of a number; readers skip lines outside, writers refuse them."""
-    choices: tuple[str, ...] = ()
-    """The values a string may take; empty: any."""
-    node_id: bool = False
-    """Writers check the value as a node id."""
-    max_chars: int = MAX_TEXT_CHARS
-    pattern: str | None = None
-    """Longest string a VARCHAR holds; a regular expression it must match whole."""
-
-    def __post_init__(self) -> None:
-        if self.type not in _TYPES:
-            raise ValueError(f"{self.name}: unsupported log column type {self.type}")
-
-    @property
-    def bounds(self) -> tuple[float | None, float | None]:
-        """(low, high), inclusive. An integer is never unbounded: one that fits in 64 bits
-        can still overflow the first sum a report takes (schema.MAX_SEED)."""
-        if self.type == "BIGINT":
-            return (
-                -MAX_SEED if self.low is None else self.low,
-                MAX_SEED if self.high is None else self.high,
-            )
-        return self.low, self.high
 
 
 @dataclass(frozen=True)
@@ -207,7 +174,7 @@ class NodeLog:
                 raise ValueError(f"{self.name} row {i}: {self.stamp} is stamped by the writer")
             for col in self.columns:
                 if col.name != self.stamp:
-                    row[col.name] = _checked(self.name, i, col, row.get(col.name))
+                    row[col.name] = checked_value(self.name, i, col, row.get(col.name))
             if row["node_round"] != node_round:
                 raise ValueError(
                     f"{self.name} row {i}: node_round {row['node_round']} is not {node_round}"
@@ -233,13 +200,13 @@ class NodeLog:
         raw_columns = "{" + ", ".join(f"{sql_str(c.name)}: 'JSON'" for c in self.columns) + "}"
         typed = []
         for i, col in enumerate(self.columns):
-            ok, value = _typed_sql(col)
+            ok, value = typed_sql(col)
             absent = f"({col.name} IS NULL OR json_type({col.name}) = 'NULL')"
             typed.append(f"({absent} OR coalesce({ok}, false)) AS _ok{i}")
             typed.append(f"CASE WHEN NOT {absent} AND {ok} THEN {value} END AS {col.name}")
         keep = [f"_ok{i}" for i in range(len(self.columns))]
         keep += [f"{c.name} IS NOT NULL" for c in self.columns if c.required]
-        keep += [_bounds_sql(c) for c in self.columns if _bounds_sql(c)]
+        keep += [bounds_sql(c) for c in self.columns if bounds_sql(c)]
         if self.check:
             keep.append(f"coalesce({self.check}, true)")
         return f"""WITH raw AS (
@@ -286,82 +253,6 @@ class NodeLog:
             str(path): Problem(INVALID_LINE, f"{int(n)} malformed lines skipped", int(n))
             for path, n in skipped
         }
-
-
-def _checked(log: str, i: int, col: LogColumn, value: Any) -> Any:
-    """``value`` as a writer may write it in ``col``; ValueError otherwise."""
-    where = f"{log} row {i}: {col.name}"
-    if value is None:
-        if col.optional:
-            return None
-        raise ValueError(f"{where} is missing")
-    if col.type == "BIGINT":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where} must be an int, got {type(value).__name__}")
-    elif col.type == "DOUBLE":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{where} must be a number, got {type(value).__name__}")
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError(f"{where} must be finite, got {value}")
-    elif col.type == "BOOLEAN":
-        if not isinstance(value, bool):
-            raise ValueError(f"{where} must be a bool, got {type(value).__name__}")
-    elif col.type == "VARCHAR":
-        if not isinstance(value, str):
-            raise ValueError(f"{where} must be a str, got {type(value).__name__}")
-        if not 0 < len(value) <= col.max_chars:
-            raise ValueError(f"{where} must hold 1 to {col.max_chars} characters")
-        if col.pattern is not None and re.fullmatch(col.pattern, value) is None:
-            raise ValueError(f"{where} must match {col.pattern}")
-        if col.choices and value not in col.choices:
-            raise ValueError(f"{where} must be one of {list(col.choices)}, got {value!r}")
-        if col.node_id:
-            check_id(col.name, value)
-    low, high = col.bounds
-    if low is not None and value < low:
-        raise ValueError(f"{where} must be >= {low}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{where} must be <= {high}, got {value}")
-    return value
-
-
-def _typed_sql(col: LogColumn) -> tuple[str, str]:
-    """(whether the JSON field ``col.name`` has the column's type, its typed value)."""
-    c = col.name
-    if col.type == "BIGINT":
-        value = f"TRY_CAST({c} AS BIGINT)"
-        return f"(json_type({c}) IN ('BIGINT', 'UBIGINT') AND {value} IS NOT NULL)", value
-    if col.type == "DOUBLE":
-        value = f"TRY_CAST({c} AS DOUBLE)"
-        return f"(json_type({c}) IN ('DOUBLE', 'BIGINT', 'UBIGINT') AND isfinite({value}))", value
-    if col.type == "BOOLEAN":
-        return f"json_type({c}) = 'BOOLEAN'", f"TRY_CAST({c} AS BOOLEAN)"
-    text = f"({c} ->> '$')"
-    if col.type == "VARCHAR":
-        shape = (
-            "" if col.pattern is None else f" AND regexp_full_match({text}, {sql_str(col.pattern)})"
-        )
-        return f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {col.max_chars}{shape})", text
-    value = f"TRY_CAST({text} AS TIMESTAMPTZ)"  # TIMESTAMPTZ
-    return (
-        f"(json_type({c}) = 'VARCHAR' AND strlen({text}) <= {MAX_TIMESTAMP_CHARS} "
-        f"AND {time_window_sql(value)})",
-        value,
-    )
-
-
-def _bounds_sql(col: LogColumn) -> str:
-    """A predicate over the typed column (true when NULL): its bounds and choices."""
-    rules = []
-    low, high = col.bounds
-    if low is not None:
-        rules.append(f"{col.name} >= {low!r}")
-    if high is not None:
-        rules.append(f"{col.name} <= {high!r}")
-    if col.choices:
-        rules.append(f"{col.name} IN ({', '.join(sql_str(v) for v in col.choices)})")
-    return f"coalesce({' AND '.join(rules)}, true)" if rules else ""
 
 
 # -- the logs ----------------------------------------------------------------------------
@@ -418,6 +309,12 @@ EVALUATIONS: Final = NodeLog(
 evaluated is the one at the start of that round (after ``node_round`` updates); ``correct``
 is the sum of rewards, ``accuracy`` = correct / completions."""
 
+DRIFT_LOG_LIMIT: Final = 20.0
+"""sapo_core/grpo/offpolicy.py clamps log-ratios to +-20 (the two packages never import each
+other; tests/unit/test_layering.py holds them equal)."""
+DRIFT_WEIGHT_LIMIT: Final = 5e8
+"""e^20 rounded up: the largest token ratio after that clamp."""
+
 TRAININGS: Final = NodeLog(
     name="trainings",
     prefix="_trainings/",
@@ -433,6 +330,13 @@ TRAININGS: Final = NodeLog(
         LogColumn("informative", "BOOLEAN"),
         LogColumn("trained", "BOOLEAN"),
         LogColumn("loss_share", "DOUBLE", low=0, high=1, optional=True),
+        LogColumn("drift_tokens", "BIGINT", low=0, high=MAX_COUNTER, optional=True),
+        LogColumn("drift_kl", "DOUBLE", low=-DRIFT_LOG_LIMIT, high=DRIFT_LOG_LIMIT, optional=True),
+        LogColumn("drift_weight_mean", "DOUBLE", low=0, high=DRIFT_WEIGHT_LIMIT, optional=True),
+        LogColumn(
+            "drift_weight_sq_mean", "DOUBLE", low=0, high=DRIFT_WEIGHT_LIMIT**2, optional=True
+        ),
+        LogColumn("drift_capped", "DOUBLE", low=0, high=1, optional=True),
         LogColumn("recorded_at", "TIMESTAMPTZ"),
     ),
     stamp="recorded_at",
@@ -443,7 +347,13 @@ TRAININGS: Final = NodeLog(
 ``origin`` 'local' or 'external', ``peer_node_id`` the publisher (the node itself for local
 groups), ``reward_mean`` under this node's verifier, ``informative`` whether its rewards
 differ, ``trained`` false when it was dropped as zero-variance, ``loss_share`` its share of
-the update's loss weight (0 when not trained; absent from logs written before it)."""
+the update's loss weight (0 when not trained; absent from logs written before it).
+``drift_*``: how far the group's generator was from this node's policy before the step,
+over its ``drift_tokens`` tokens whose generator's log-probs were known
+(sapo_core/grpo/offpolicy.py): the mean (generator - self) log-prob (a KL estimate), the
+mean and mean square of the token ratios (self / generator: a peer's effective sample size
+is (sum n*mean)^2 / (sum n * sum n*sq_mean)), and the fraction of tokens the correction cut
+(or would have, at its cap, under none). NULL where no row carried a usable claim."""
 
 ALL: Final = (SAMPLES, EVALUATIONS, TRAININGS)
 PREFIXES: Final = tuple(log.prefix for log in ALL)

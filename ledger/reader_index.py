@@ -35,12 +35,13 @@ from ledger.sqltext import sql_str
 
 log = logging.getLogger(__name__)
 
-FORMAT = 8
+FORMAT = 9
 """2: valid_rows holds one row per file, with its accepted row numbers as a list. 3: node
 logs and manifests judged by their signatures and swarms' members (older indexes hold
 reports a reader now refuses: they are read afresh). 4: each object index saves its own
 state (``state()``, ``restore()``). 5: manifests carry ``prompt_format``. 6: and ``adapter``.
-7: groups carry ``content_digest``. 8: and ``completion_keys`` and ``claims``."""
+7: groups carry ``content_digest``. 8: and ``completion_keys`` and ``claims``. 9: rows with a
+malformed generator's claim (schema 2) are rejected as ``invalid_claim``."""
 TABLES = (*group_index.TABLES, *(n.name for n in node_logs.ALL))
 """The catalog's own relations, copied as they are."""
 

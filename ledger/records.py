@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
 
-from ledger.schema import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
+from ledger.schema import CLAIM_COLUMNS, COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
 
 if TYPE_CHECKING:
     import polars as pl
@@ -17,6 +17,8 @@ Rows: TypeAlias = "pa.Table | pl.DataFrame | Sequence[Mapping[str, Any]]"
 
 FILLED_BY_PUBLISH = ("published_at", "schema_version")
 """Columns a publisher may leave out: publish stamps the time and the writer's version."""
+OPTIONAL = (*FILLED_BY_PUBLISH, *CLAIM_COLUMNS)
+"""...and the generator's claim, NULL when left out (rows as schema 1 wrote them)."""
 
 
 class RecordError(ValueError):
@@ -50,7 +52,7 @@ def to_table(rows: Any, now: datetime | None = None) -> pa.Table:
     unknown = sorted(names - set(COLUMN_NAMES))
     if unknown:
         raise RecordError(f"unknown columns {unknown}; the public columns are {list(COLUMN_NAMES)}")
-    missing = [c for c in COLUMN_NAMES if c not in names and c not in FILLED_BY_PUBLISH]
+    missing = [c for c in COLUMN_NAMES if c not in names and c not in OPTIONAL]
     if missing:
         raise RecordError(f"missing columns {missing}")
 
@@ -62,6 +64,9 @@ def to_table(rows: Any, now: datetime | None = None) -> pa.Table:
         )
     table = table.drop_columns(["schema_version"]) if "schema_version" in names else table
     table = table.append_column("schema_version", pa.array([SCHEMA_VERSION] * n, pa.int32()))
+    for name in CLAIM_COLUMNS:
+        if name not in names:
+            table = table.append_column(name, pa.nulls(n))
 
     schema = arrow_schema()
     columns = []

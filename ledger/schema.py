@@ -14,8 +14,9 @@ from typing import Final
 
 import pyarrow as pa
 
-SCHEMA_VERSION: Final = 1
-"""The version this code writes."""
+SCHEMA_VERSION: Final = 2
+"""The version this code writes. 2 added the generator's claim: ``token_ids``,
+``token_logprobs``, ``tokenizer`` (issue 58)."""
 
 MIN_READABLE_VERSION: Final = 1
 """The oldest version this code reads."""
@@ -50,7 +51,33 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("reward", pa.float64(), True, 1, "The publisher's claimed reward; never trusted."),
     Column("published_at", pa.timestamp("us", tz="UTC"), False, 1, "Publish time, UTC."),
     Column("schema_version", pa.int32(), False, 1, "Schema version of the writer."),
+    Column(
+        "token_ids",
+        pa.list_(pa.int32()),
+        True,
+        2,
+        "The completion as the generator's token ids (its tokenizer's; the stop token kept).",
+    ),
+    Column(
+        "token_logprobs",
+        pa.list_(pa.float32()),
+        True,
+        2,
+        "Per token, its log-prob under the distribution the generator sampled it from "
+        "(temperature and top-p applied). A claim, judged by each receiver.",
+    ),
+    Column(
+        "tokenizer",
+        pa.string(),
+        True,
+        2,
+        "Fingerprint of the generator's tokenizer (16 hex digits): a receiver uses "
+        "token_ids only where it is its own.",
+    ),
 )
+
+CLAIM_COLUMNS: Final = ("token_ids", "token_logprobs", "tokenizer")
+"""The generator's claim (schema 2): NULL together, or all set and consistent."""
 
 COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
 

@@ -13,6 +13,8 @@ _DUCK_TYPES = {
     "int32": "INTEGER",
     "double": "DOUBLE",
     "timestamp[us, tz=UTC]": "TIMESTAMPTZ",
+    "list<item: int32>": "INTEGER[]",
+    "list<item: float>": "FLOAT[]",
 }
 TYPED_EMPTY = (
     "SELECT "

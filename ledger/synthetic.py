@@ -33,6 +33,17 @@ def group_id_for(swarm_id: str, node_id: str, node_round: int, slot: int) -> str
     return f"{swarm_id}.{node_id}.r{node_round}.g{slot}"
 
 
+_NO_CLAIM = {"token_ids": None, "token_logprobs": None, "tokenizer": None}
+
+
+def _claim(rng: random.Random, tokens: int) -> dict[str, object]:
+    return {
+        "token_ids": [rng.randrange(150_000) for _ in range(tokens)],
+        "token_logprobs": [-rng.expovariate(2.0) for _ in range(tokens)],
+        "tokenizer": "0123456789abcdef",
+    }
+
+
 def synthetic_round(
     swarm_id: str,
     node_id: str,
@@ -44,8 +55,11 @@ def synthetic_round(
     completion_chars: int = 200,
     published_at: datetime | None = None,
     seed: int = 0,
+    claims: bool = True,
 ) -> pa.Table:
-    """One node's published round: ``n_groups`` questions x ``group_size`` completions."""
+    """One node's published round: ``n_groups`` questions x ``group_size`` completions;
+    with ``claims``, each row carries a generator's claim of its ``completion_tokens``
+    tokens (random ids and log-probs: the bytes of a real one)."""
     rng = random.Random(f"{seed}/{swarm_id}/{node_id}/{node_round}")
     stamp = published_at or datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=node_round)
     cols: dict[str, list] = {name: [] for name in COLUMN_NAMES}
@@ -78,6 +92,7 @@ def synthetic_round(
                 "reward": 1.0 if right else 0.0,
                 "published_at": stamp,
                 "schema_version": SCHEMA_VERSION,
+                **(_claim(rng, completion_chars // 4) if claims else _NO_CLAIM),
             }
             for name in COLUMN_NAMES:
                 cols[name].append(values[name])

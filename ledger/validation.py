@@ -43,6 +43,11 @@ FOREIGN_ID: Final = "foreign_id"
 OVERSIZED_TEXT: Final = "oversized_text"
 INVALID_VALUE: Final = "invalid_value"
 INVALID_REWARD: Final = "invalid_reward"
+INVALID_CLAIM: Final = "invalid_claim"
+"""A generator's claim (token_ids, token_logprobs, tokenizer) no honest writer makes: one
+part without the others, lengths unlike completion_tokens, a negative id or NULL inside, a
+log-prob that is not finite and <= 0, a fingerprint not 16 hex digits. (Claims that are
+well formed but false are for the receiver to judge: sapo_core/claims.py.)"""
 INVALID_TIME: Final = "invalid_time"
 """A timestamp outside ``schema.EARLIEST_TIME`` .. ``LATEST_TIME`` (infinities included)."""
 DUPLICATE_ID: Final = "duplicate_id"
@@ -62,6 +67,8 @@ ID_CHARS: Final = "^[A-Za-z0-9._:-]+$"
 
 
 def _kind_of_arrow(t: pa.DataType) -> str:
+    if pa.types.is_list(t):
+        return f"list<{_kind_of_arrow(t.value_type)}>"
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "string"
     if pa.types.is_integer(t):
@@ -79,6 +86,8 @@ _ACCEPTED: Final = {
     "integer": {"integer"},
     "float": {"float", "integer"},
     "timestamp": {"timestamp"},
+    "list<integer>": {"list<integer>"},
+    "list<float>": {"list<float>"},
 }
 
 
@@ -126,13 +135,29 @@ def top_level_kinds(rows: Sequence[SchemaRow]) -> dict[str, str]:
         if index >= len(rows):
             break
         name, physical, converted, logical, children = rows[index]
-        kinds[name] = "nested" if children else parquet_kind(physical, converted, logical)
+        kinds[name] = _list_kind(rows, index) or (
+            "nested" if children else parquet_kind(physical, converted, logical)
+        )
         index += 1
         pending = children or 0  # descendants of this field still to skip
         while pending and index < len(rows):
             pending += (rows[index][4] or 0) - 1
             index += 1
     return kinds
+
+
+def _list_kind(rows: Sequence[SchemaRow], index: int) -> str | None:
+    """``list<kind>`` when the field at ``index`` is a standard three-level Parquet list of
+    one flat leaf (LIST, a repeated group of one child, the element), else None."""
+    _, _, converted, logical, children = rows[index]
+    if children != 1 or not (
+        (converted or "").upper() == "LIST" or (logical or "").startswith("List")
+    ):
+        return None
+    if index + 2 >= len(rows) or rows[index + 1][4] != 1 or rows[index + 2][4]:
+        return None
+    leaf = rows[index + 2]
+    return f"list<{parquet_kind(leaf[1], leaf[2], leaf[3])}>"
 
 
 def footer_problem(rows: Sequence[SchemaRow]) -> str | None:
@@ -154,7 +179,9 @@ def schema_problem(kinds: dict[str, str], columns: tuple[Column, ...] = COLUMNS)
     if reserved:
         return f"reserved column names {reserved}"
     public = {c.name for c in columns}
-    nested = sorted(n for n, k in kinds.items() if k == "nested" and n not in public)
+    nested = sorted(
+        n for n, k in kinds.items() if (k == "nested" or k.startswith("list")) and n not in public
+    )
     if nested:
         return f"nested extra columns {nested[:5]}"
     missing = [
@@ -211,10 +238,31 @@ def reject_reason_sql(limits: RowLimits, columns: tuple[Column, ...] = COLUMNS) 
             OR greatest(node_round, policy_version, task_index) > {MAX_COUNTER}
             OR abs(task_seed::HUGEINT) > {MAX_SEED} THEN '{INVALID_VALUE}'
         WHEN NOT {time_window_sql("published_at")} THEN '{INVALID_TIME}'
+        WHEN {_claim_problem_sql(limits)} THEN '{INVALID_CLAIM}'
         WHEN reward IS NOT NULL AND (isnan(reward) OR reward < 0 OR reward > 1)
             THEN '{INVALID_REWARD}'
         ELSE NULL
     END"""
+
+
+def _claim_problem_sql(limits: RowLimits) -> str:
+    """A predicate: the row's claim is malformed (NULL when all parts are NULL: no claim).
+
+    ``list_max`` of the log-probs is above 0 for NaN as for +inf (DuckDB orders NaN
+    last); ``list_min`` catches -inf; ``list_count`` counts the non-NULL elements."""
+    return f"""(token_ids IS NULL) <> (token_logprobs IS NULL)
+            OR (token_ids IS NULL) <> (tokenizer IS NULL)
+            OR coalesce(
+                len(token_ids) <> completion_tokens
+                OR len(token_logprobs) <> completion_tokens
+                OR len(token_ids) > {limits.max_completion_tokens}
+                OR list_count(token_ids) <> len(token_ids)
+                OR list_count(token_logprobs) <> len(token_logprobs)
+                OR list_min(token_ids) < 0
+                OR list_max(token_logprobs) > 0
+                OR NOT isfinite(list_min(token_logprobs))
+                OR NOT regexp_full_match(tokenizer, '[0-9a-f]{{16}}'),
+                false)"""
 
 
 JUDGED_COLUMNS: Final = """rollout_id, group_id, swarm_id, node_id, model_id, task,

@@ -10,6 +10,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sapo_core.grpo.offpolicy import Drift
 from sapo_core.reputation import PeerEvidence
 from sapo_core.rewards import ScoredGroup
 from sapo_core.rollouts import Group
@@ -40,11 +41,17 @@ class TrainingSet:
     def external_used(self) -> int:
         return sum(g.group.source == "external" for g in self.selected)
 
-    def records(self, loss_shares: Mapping[str, float] | None = None) -> list[dict[str, object]]:
+    def records(
+        self,
+        loss_shares: Mapping[str, float] | None = None,
+        drift: Mapping[str, Drift] | None = None,
+    ) -> list[dict[str, object]]:
         """One row per selected group, for the ledger's training log: where it came from,
-        whether it carried a gradient, whether it was trained on, and its share of the
-        update's loss weight (``loss_shares``, by group id: RoundReport's)."""
+        whether it carried a gradient, whether it was trained on, its share of the
+        update's loss weight (``loss_shares``, by group id: RoundReport's) and how far its
+        generator was from this policy (``drift``, by group id)."""
         shares = loss_shares or {}
+        drifts = drift or {}
         return [
             {
                 "group_id": g.group.group_id,
@@ -56,9 +63,23 @@ class TrainingSet:
                 "informative": not g.zero_variance,
                 "trained": self.is_trained(g),
                 "loss_share": min(shares.get(g.group.group_id, 0.0), 1.0),  # float sums
+                **drift_record(drifts.get(g.group.group_id)),
             }
             for g in self.selected
         ]
+
+
+def drift_record(drift: Drift | None) -> dict[str, object]:
+    """A group's drift as the training log's columns (none when no row had a claim)."""
+    if drift is None or not drift.tokens:
+        return {}
+    return {
+        "drift_tokens": drift.tokens,
+        "drift_kl": drift.kl,
+        "drift_weight_mean": drift.weight_sum / drift.tokens,
+        "drift_weight_sq_mean": drift.weight_sq_sum / drift.tokens,
+        "drift_capped": drift.capped_fraction,
+    }
 
 
 def choose_local(

@@ -12,22 +12,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sapo_core.assembly import TrainingSet, assemble, choose_local
+from sapo_core.claims import ACCEPTED, TokenizerFacts, judge_claim
 from sapo_core.config import GenerationConfig, NodeConfig
 from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
 from sapo_core.grpo.advantages import dense_group_ids, group_advantages
-from sapo_core.grpo.loss import LossType, row_loss_shares
 from sapo_core.grpo.optimizer import make_optimizer
 from sapo_core.grpo.plan import UpdatePlan, plan_for
 from sapo_core.grpo.segments import Segment
@@ -45,6 +46,7 @@ from sapo_core.policy.loading import (
 from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
 from sapo_core.rewards import ScoredGroup, own_verdicts, scored_own
 from sapo_core.rollouts import Group, Rollout
+from sapo_core.round_report import RoundReport, by_publisher, loss_shares, peer_shares
 from sapo_core.tasks import Question, TaskSource
 
 log = logging.getLogger(__name__)
@@ -80,29 +82,6 @@ class Generated:
         return _mean(rewards) or 0.0
 
 
-@dataclass
-class RoundReport:
-    """What one round of training did; the names flows log as metrics."""
-
-    round: int
-    training_reward: float
-    training_reward_local: float | None
-    training_reward_external: float | None
-    zero_variance_fraction: float
-    external_groups_used: int
-    groups_trained: int
-    flagged_rows: int
-    update_s: float
-    update: dict[str, float] = field(default_factory=dict)
-    rows_skipped: dict[str, int] = field(default_factory=dict)  # reason -> completions
-    loss_shares: dict[str, float] = field(default_factory=dict)
-    """Per trained group id, its share of the update's loss weight (sums to 1)."""
-    peer_loss_shares: dict[str, float] = field(default_factory=dict)
-    """Per peer whose groups were trained on, its share of the loss weight: at most its
-    groups' rows (a peer group holds no more than the node's own group size) over all rows
-    trained, under the default loss (sapo_core.grpo.loss.row_loss_shares)."""
-
-
 TOO_LONG = "too_long"
 """A completion longer, in this node's tokens, than its own max_new_tokens."""
 EMPTY = "empty"
@@ -113,27 +92,6 @@ def _unusable(completion: Sequence[int], limit: int) -> str | None:
     if not completion:
         return EMPTY
     return TOO_LONG if len(completion) > limit else None
-
-
-def _loss_shares(
-    pairs: Sequence[tuple[ScoredGroup, Segment]], loss_type: LossType
-) -> dict[str, float]:
-    """Per group id, its rows' share of the update's loss weight."""
-    tokens = [len(ids) for _, seg in pairs for ids in seg.completion_ids]
-    rows = iter(row_loss_shares(tokens, loss_type))
-    return {g.group.group_id: sum(next(rows) for _ in seg.completion_ids) for g, seg in pairs}
-
-
-def _peer_shares(
-    pairs: Sequence[tuple[ScoredGroup, Segment]], shares: dict[str, float]
-) -> dict[str, float]:
-    """Per peer, the loss weight its groups hold (own groups are not a peer's)."""
-    found: dict[str, float] = {}
-    for g, _ in pairs:
-        if g.group.source == "external":
-            peer = g.rollouts[0].node_id
-            found[peer] = found.get(peer, 0.0) + shares[g.group.group_id]
-    return found
 
 
 def round_seed(node_seed: int, round_: int) -> int:
@@ -254,6 +212,8 @@ class Learner:
                     completion_tokens=len(c.token_ids),
                     token_ids=c.token_ids,
                     logprobs=c.logprobs,
+                    claimed_logprobs=c.sampler_logprobs,
+                    tokenizer=self.token_facts.fingerprint,
                 )
                 for j, c in enumerate(completions)
             ]
@@ -267,6 +227,14 @@ class Learner:
             groups.append(Group(group_id, "local", tuple(scored)))
         tokens = sum(len(c.token_ids) for cs in sampled for c in cs)
         return Generated(groups, time.perf_counter() - started, tokens)
+
+    @functools.cached_property
+    def token_facts(self) -> TokenizerFacts:
+        """This node's tokenizer as claims are judged against it (sapo_core/claims.py)."""
+        from sapo_core.policy.hf_backend import stop_token_ids
+
+        tokenizer = self.policy.tokenizer
+        return TokenizerFacts.of(tokenizer, stop_token_ids(tokenizer, self.policy.model))
 
     def _weights_changed(self) -> None:
         """Tell a backend that keeps its own copy of the weights (vLLM) that they moved."""
@@ -321,49 +289,78 @@ class Learner:
         reason: one that this node's
         tokenizer makes longer than its own `max_new_tokens`, or empty, is skipped (cut, it
         would train on text without the answer its reward was for)."""
-        pairs, skipped = self._encode_groups(groups)
+        pairs, skipped, _ = self._encode_groups(groups)
         return [seg for _, seg in pairs], skipped
 
     def _encode_groups(
         self, groups: Sequence[ScoredGroup]
-    ) -> tuple[list[tuple[ScoredGroup, Segment]], Counter[str]]:
-        """Each group with at least one row trained, beside its segment; the rows skipped."""
+    ) -> tuple[list[tuple[ScoredGroup, Segment]], Counter[str], Counter[str]]:
+        """Each group with at least one row trained, beside its segment; the rows skipped;
+        what became of peers' rows' claims."""
         cfg = self.config
         rewards = torch.tensor([r for g in groups for r in g.rewards])
         ids = dense_group_ids([g.group.group_id for g in groups for _ in g.rewards])
         advantages = group_advantages(rewards, ids, cfg.grpo.scale_rewards).tolist()
         out, i = [], 0
         skipped: Counter[str] = Counter()
+        claims: Counter[str] = Counter()
         for g in groups:
-            seg = Segment(self.prompt_ids(g.group.question), [], [], [])
+            seg = Segment(self.prompt_ids(g.group.question), [], [], [], label=g.group.group_id)
             for rollout in g.rollouts:
-                completion, behaviour = self._completion_tokens(rollout)
+                completion, behaviour, sampler, outcome = self._completion_tokens(rollout)
                 reason = _unusable(completion, cfg.generation.max_new_tokens)
                 if reason is None:
                     seg.completion_ids.append(completion)
                     seg.behaviour_logprobs.append(behaviour)
+                    seg.sampler_logprobs.append(sampler)
                     seg.advantages.append(advantages[i])
+                    if outcome is not None:
+                        claims[outcome] += 1
                 else:
                     skipped[reason] += 1
                 i += 1
             if len(seg):
                 out.append((g, seg))
-        return out, skipped
+        return out, skipped, claims
 
-    def _completion_tokens(self, rollout: Rollout) -> tuple[list[int], list[float] | None]:
-        """Own rows keep their sampled tokens and log-probs; peers' text is re-encoded as
-        text: a `<|im_end|>` in it is its characters' tokens, never the end of a turn."""
-        own = rollout.node_id == self.config.node_id and rollout.model_id == self.policy.model_id
+    def _completion_tokens(
+        self, rollout: Rollout
+    ) -> tuple[list[int], list[float] | None, list[float] | None, str | None]:
+        """(the tokens trained, their behaviour log-probs, the generator's, what became of
+        a peer's claim (None for own rows)).
+
+        Own rows keep their sampled tokens and log-probs. A peer's row whose claim holds
+        (sapo_core/claims.py) trains on its generator's ids under a correction; otherwise
+        its text is re-encoded as text (a `<|im_end|>` in it is its characters' tokens,
+        never the end of a turn), and carries the generator's log-probs for the drift
+        figures only where the re-encoding gives the claimed ids.
+        """
+        cfg = self.config
+        own = rollout.node_id == cfg.node_id and rollout.model_id == self.policy.model_id
         if own and rollout.token_ids is not None and rollout.logprobs is not None:
             # Under reduced precision generation's log-probs are not the training forward's:
             # the update recomputes them (as it does for peers' rows), so the ratio starts at 1.
             exact = self.policy.exact_behaviour and getattr(self.backend, "exact_logprobs", True)
-            return list(rollout.token_ids), list(rollout.logprobs) if exact else None
+            claimed = rollout.claimed_logprobs or rollout.logprobs
+            behaviour = list(rollout.logprobs) if exact else None
+            return list(rollout.token_ids), behaviour, list(claimed), None
+        facts = self.token_facts
+        prefill = cfg.prompt.prefill
+        outcome = judge_claim(
+            rollout, facts, max_new_tokens=cfg.generation.max_new_tokens, prefill=prefill
+        )
+        claim_ids, claimed = rollout.token_ids or (), rollout.claimed_logprobs or ()
+        accepted = outcome == ACCEPTED
+        if accepted and cfg.grpo.off_policy.enabled:
+            return list(claim_ids), None, list(claimed), outcome
         text = rollout.completion
-        prefill = self.config.prompt.prefill
         if prefill and text.startswith(prefill):
             text = text[len(prefill) :]  # our prompt already ends with it
-        return text_ids(self.policy.tokenizer, text), None
+        ids = text_ids(self.policy.tokenizer, text)
+        sampler = None
+        if accepted and list(claim_ids[: len(ids)]) == ids:
+            sampler = list(claimed[: len(ids)])
+        return ids, None, sampler, outcome
 
     def _reference_logprobs(
         self,
@@ -389,9 +386,9 @@ class Learner:
     def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:
         """Take the GRPO step on an assembled training set; returns the round's figures."""
         cfg = self.config
-        pairs, skipped = self._encode_groups(chosen.trained)
+        pairs, skipped, claims = self._encode_groups(chosen.trained)
         segments = [seg for _, seg in pairs]
-        shares = _loss_shares(pairs, cfg.grpo.loss_type)
+        shares = loss_shares(pairs, cfg.grpo.loss_type)
         pad_id = int(self.policy.tokenizer.pad_token_id)
         temperature = cfg.generation.temperature
         with self.policy.precision():
@@ -429,7 +426,10 @@ class Learner:
             update=result.metrics,
             rows_skipped=dict(skipped),
             loss_shares=shares,
-            peer_loss_shares=_peer_shares(pairs, shares),
+            peer_loss_shares=peer_shares(pairs, shares),
+            claims=dict(claims),
+            drift=result.drift,
+            peer_drift=by_publisher(pairs, result.drift),
         )
 
     def train(

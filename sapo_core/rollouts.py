@@ -17,7 +17,11 @@ Source = Literal["local", "external"]
 
 @dataclass(frozen=True)
 class Rollout:
-    """One completion. Behaviour token ids and log-probs are known only for own rows."""
+    """One completion. ``logprobs`` (the behaviour log-probs GRPO's ratio divides by) are
+    known only for own rows; ``token_ids``, ``claimed_logprobs`` (of the distribution the
+    generator sampled from, top-p applied) and ``tokenizer`` (its fingerprint) are the
+    generator's claim, published with the row and judged by a receiver (sapo_core/claims.py).
+    """
 
     rollout_id: str
     group_id: str
@@ -31,6 +35,8 @@ class Rollout:
     reward: float | None = None  # the publisher's claim; receivers recompute it
     token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     logprobs: tuple[float, ...] | None = field(default=None, repr=False)
+    claimed_logprobs: tuple[float, ...] | None = field(default=None, repr=False)
+    tokenizer: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The ledger's columns (swarm id, timestamps and schema version are the writer's)."""
@@ -52,6 +58,11 @@ class Rollout:
             "completion": self.completion,
             "completion_tokens": self.completion_tokens,
             "reward": self.reward,
+            "token_ids": None if self.token_ids is None else list(self.token_ids),
+            "token_logprobs": (
+                None if self.claimed_logprobs is None else list(self.claimed_logprobs)
+            ),
+            "tokenizer": self.tokenizer,
         }
 
     @classmethod
@@ -78,7 +89,15 @@ class Rollout:
             completion=str(row["completion"]),
             completion_tokens=int(row["completion_tokens"]),
             reward=None if reward is None else float(reward),
+            token_ids=_numbers(row.get("token_ids"), int),
+            claimed_logprobs=_numbers(row.get("token_logprobs"), float),
+            tokenizer=None if row.get("tokenizer") is None else str(row["tokenizer"]),
         )
+
+
+def _numbers(values: Any, kind: type) -> tuple[Any, ...] | None:
+    """A claimed list as a tuple of ``kind`` (None stays None)."""
+    return None if values is None else tuple(kind(v) for v in values)
 
 
 RECORD_FIELDS: tuple[str, ...] = (
@@ -98,6 +117,9 @@ RECORD_FIELDS: tuple[str, ...] = (
     "completion",
     "completion_tokens",
     "reward",
+    "token_ids",
+    "token_logprobs",
+    "tokenizer",
 )
 """The columns ``from_record`` reads: a caller converts these alone, so that no other value
 of a peer's row (a timestamp out of any calendar's range, say) is ever converted."""

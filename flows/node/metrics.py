@@ -9,6 +9,8 @@ from typing import Any
 from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
 from sapo_core.assembly import TrainingSet
+from sapo_core.claims import CLAIM_OUTCOMES
+from sapo_core.grpo.offpolicy import Drift
 from sapo_core.learner import EMPTY, TOO_LONG
 
 SKIP_REASONS = (TOO_LONG, EMPTY)
@@ -49,6 +51,10 @@ def round_metrics(
     # text longer than this node's limit in its own tokens, or empty); always logged.
     for reason in SKIP_REASONS:
         metrics[f"rows_skipped_{reason}"] = float(report.rows_skipped.get(reason, 0))
+    # Peers' rows by what became of their generator's claim (sapo_core/claims.py).
+    for outcome in CLAIM_OUTCOMES:
+        metrics[f"claims_{outcome}"] = float(report.claims.get(outcome, 0))
+    metrics.update(drift_metrics(report.peer_drift, node.learner.config.node_id))
     if report.training_reward_local is not None:
         metrics["training_reward_local"] = report.training_reward_local
     if report.training_reward_external is not None:
@@ -62,6 +68,25 @@ def round_metrics(
     wall = (time.perf_counter() if now is None else now) - state.started
     metrics["seconds_orchestration"] = max(wall - sum(state.seconds.values()), 0.0)
     return metrics
+
+
+def drift_metrics(by_publisher: dict[str, Drift], own_id: str) -> dict[str, float]:
+    """How far the generators of the rows trained were from this policy before the step
+    (sapo_core/grpo/offpolicy.py): over all peers (``offpolicy_*_external``), over the
+    node's own rows (``offpolicy_*_local``: generation against the trainer), and per peer
+    (``peer_kl/<peer>``, ``peer_ess/<peer>``). Absent where no row carried a claim."""
+    out: dict[str, float] = {}
+    peers = {p: d for p, d in by_publisher.items() if p != own_id and d.tokens}
+    parts = {"external": sum(peers.values(), Drift()), "local": by_publisher.get(own_id)}
+    for side, drift in parts.items():
+        if drift is not None and drift.tokens:
+            out[f"offpolicy_kl_{side}"] = drift.kl
+            out[f"offpolicy_ess_{side}"] = drift.ess_fraction
+            out[f"offpolicy_capped_{side}"] = drift.capped_fraction
+    for peer, drift in peers.items():
+        out[f"peer_kl/{peer}"] = drift.kl
+        out[f"peer_ess/{peer}"] = drift.ess_fraction
+    return out
 
 
 # The update's figures under their MLflow names.

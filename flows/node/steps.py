@@ -297,7 +297,8 @@ def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     generated = require(state.generated, state, "update", "generate")
     node.wait_for_checkpoint()  # never step while a write reads the weights (see below)
     state.report = node.learner.update(state.round, chosen, state.flagged)
-    write_node_log(node, "training", state.round, chosen.records(state.report.loss_shares))
+    records = chosen.records(state.report.loss_shares, state.report.drift)
+    write_node_log(node, "training", state.round, records)
     node.totals.add(own_reward=generated.own_reward, training_reward=state.report.training_reward)
     return node.totals.as_metrics()
 

@@ -23,6 +23,7 @@ from sapo_core.config.training import (
     ComputeConfig,
     GenerationConfig,
     GRPOConfig,
+    OffPolicyConfig,
     VLLMConfig,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "GRPOConfig",
     "GenerationConfig",
     "NodeConfig",
+    "OffPolicyConfig",
     "PromptConfig",
     "ReputationConfig",
     "RewardConfig",

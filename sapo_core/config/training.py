@@ -140,6 +140,40 @@ class AdapterConfig(Strict):
         return f"{self.kind}-r{self.rank}" if self.enabled else None
 
 
+class OffPolicyConfig(Strict):
+    """How the update weighs rows another sampler made: a peer's policy, or a vLLM engine
+    whose numbers differ from the trainer's (docs/algorithm.md, "Off-policy rows").
+
+    A row carries the log-prob its generator sampled each token with (the ledger's
+    ``token_logprobs``). With a correction, the update takes this node's own log-probs before
+    the step as the PPO "old" ones and weighs each token's loss by the importance ratio
+    (own / generator's), truncated at ``cap`` or masked outside [``mask_below``, ``cap``], per
+    token or per sequence (TRL's ``vllm_importance_sampling_mode`` names). Rows without a
+    usable claim (another tokenizer, a claim that fails its checks) train as under ``none``.
+    """
+
+    correction: Literal[
+        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field(
+        "none",
+        description="none: the paper's (a peer's text re-encoded, trained as if this node had "
+        "sampled it); token_/sequence_: truncate or mask the importance ratio.",
+    )
+    cap: float = Field(
+        2.0,
+        ge=1.0,
+        le=1e6,
+        description="Largest importance weight (truncate) or ratio kept (mask).",
+    )
+    mask_below: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Mask modes: a ratio below this is masked too."
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.correction != "none"
+
+
 class GRPOConfig(Strict):
     """The policy update."""
 
@@ -203,4 +237,8 @@ class GRPOConfig(Strict):
     )
     drop_zero_variance: bool = Field(
         True, description="Leave out groups whose completions all got the same reward."
+    )
+    off_policy: OffPolicyConfig = Field(
+        default_factory=OffPolicyConfig,  # type: ignore[arg-type]
+        description="Importance-sampling correction of rows another sampler made.",
     )

@@ -69,12 +69,15 @@ def policy_loss(
     beta: float = 0.0,
     ref_logprobs: Tensor | None = None,
     max_completion_length: int | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO-clipped GRPO loss with asymmetric bounds and an optional KL to a reference.
 
     logprobs, old_logprobs, ref_logprobs, mask: [B, T]; advantages: [B].
     old_logprobs are the behaviour policy's, so the ratio differs from 1 as soon as the
     policy moved (unlike a reference trainer that reuses current log-probs as old ones).
+    weights [B, T]: each token's importance weight for rows another sampler made
+    (sapo_core/grpo/offpolicy.py); they scale the clipped policy term, not the KL, as TRL's.
     Returns the scalar loss and detached metrics.
     """
     if loss_type not in _REDUCERS:
@@ -84,6 +87,8 @@ def policy_loss(
     ratio = torch.exp(logprobs - old_logprobs)  # [B, T]
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
     per_token = -torch.min(ratio * adv, clipped * adv)  # [B, T]
+    if weights is not None:
+        per_token = per_token * weights.to(per_token.dtype)
     kl: Tensor | None = None
     if beta != 0.0:
         if ref_logprobs is None:

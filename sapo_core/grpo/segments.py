@@ -19,6 +19,10 @@ class Segment:
     advantages: list[float]
     behaviour_logprobs: list[list[float] | None]  # None: not known (a peer's row)
     ref_logprobs: list[list[float]] | None = field(default=None, repr=False)
+    # The generator's log-prob of each token, where a row carries a claim this node accepted
+    # (sapo_core/grpo/offpolicy.py); empty, or None per row: unknown.
+    sampler_logprobs: list[list[float] | None] = field(default_factory=list, repr=False)
+    label: str = ""  # what the update's drift figures are keyed by (the group's id)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -51,6 +55,8 @@ def _subset(seg: Segment, rows: Sequence[int]) -> Segment:
         [seg.advantages[i] for i in rows],
         [seg.behaviour_logprobs[i] for i in rows],
         ref,
+        [seg.sampler_logprobs[i] for i in rows] if seg.sampler_logprobs else [],
+        seg.label,
     )
 
 

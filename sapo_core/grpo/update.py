@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from torch import Tensor
 from sapo_core.config import GRPOConfig
 from sapo_core.grpo.logprobs import completion_logprobs
 from sapo_core.grpo.loss import micro_batch_weight, policy_loss
+from sapo_core.grpo.offpolicy import Drift, importance_weights, row_drift
 from sapo_core.grpo.optimizer import make_optimizer as make_optimizer  # its former home
 from sapo_core.grpo.plan import UpdatePlan, plan_for
 from sapo_core.grpo.segments import Segment, padded, split_segments
@@ -33,15 +34,9 @@ class UpdateResult:
     metrics: dict[str, float]
     seconds: float
     tokens: int
-
-
-def _known_behaviour(batch: list[Segment], device: Any) -> Tensor | None:
-    """Behaviour log-probs [b, T] of a micro-batch whose rows all carry them, else None."""
-    rows = [lp for seg in batch for lp in seg.behaviour_logprobs]
-    if any(r is None for r in rows):
-        return None
-    width = max(len(ids) for seg in batch for ids in seg.completion_ids)
-    return padded([r or [] for r in rows], width, 0.0, torch.float32).to(device)
+    drift: dict[str, Drift] = field(default_factory=dict)
+    """Per segment label (a group id), how far its rows' generators are from the policy
+    before the step: rows whose generator's log-probs are known only."""
 
 
 def _with_own(batch: list[Segment], current: Tensor) -> Tensor:
@@ -54,6 +49,58 @@ def _with_own(batch: list[Segment], current: Tensor) -> Tensor:
             old[i, : len(row)] = torch.tensor(row)
             old[i, len(row) :] = 0.0
     return old
+
+
+@dataclass
+class _Fixed:
+    """What a micro-batch's loss holds fixed through the step's iterations."""
+
+    old: Tensor  # [b, T]
+    weights: Tensor | None  # [b, T], importance weights; None: every token weighs 1
+
+
+def _sampler(batch: list[Segment], width: int, device: Any) -> tuple[Tensor, Tensor] | None:
+    """The generators' log-probs [b, T] and which rows carry them [b], or None if none do."""
+    rows = [
+        seg.sampler_logprobs[i] if seg.sampler_logprobs else None
+        for seg in batch
+        for i in range(len(seg))
+    ]
+    if all(r is None for r in rows):
+        return None
+    values = padded([r or [] for r in rows], width, 0.0, torch.float32).to(device)
+    return values, torch.tensor([r is not None for r in rows], device=device)
+
+
+def _fix(
+    batch: list[Segment],
+    current: Tensor,
+    mask: Tensor,
+    config: GRPOConfig,
+    drift: dict[str, Drift],
+) -> _Fixed:
+    """The micro-batch's old log-probs and importance weights, from its first forward
+    (`current`); its rows' drift is added to ``drift`` by segment label."""
+    old = _with_own(batch, current)
+    sampled = _sampler(batch, current.size(1), current.device)
+    if sampled is None:
+        return _Fixed(old, None)
+    sampler, known = sampled
+    current = current.detach()
+    off = config.off_policy
+    weights, cut = importance_weights(
+        current, sampler, known, mask, mode=off.correction, cap=off.cap, mask_below=off.mask_below
+    )
+    labels = [seg.label for seg in batch for _ in range(len(seg))]
+    for label, row in zip(labels, row_drift(current, sampler, known, mask, cut), strict=True):
+        if row is not None:
+            drift[label] = drift.get(label, Drift()) + row
+    if not off.enabled:
+        return _Fixed(old, None)
+    # The proximal policy is this node's before the step: the ratio to it starts at 1 and
+    # the generator enters through the weights alone.
+    old = torch.where(known.unsqueeze(1), current, old)
+    return _Fixed(old, weights)
 
 
 def grpo_update(
@@ -88,8 +135,8 @@ def grpo_update(
     batches = split_segments(
         segments, plan.micro_batch_size, plan.tokens_per_pass, plan.max_packed_tokens
     )
-    device = next(model.parameters()).device
-    behaviour: list[Tensor | None] = [_known_behaviour(batch, device) for batch in batches]
+    fixed: list[_Fixed | None] = [None] * len(batches)
+    drift: dict[str, Drift] = {}
     total_seqs = sum(len(s) for s in segments)
     total_tokens = float(sum(len(ids) for s in segments for ids in s.completion_ids))
     sums: dict[str, float] = {}
@@ -97,9 +144,9 @@ def grpo_update(
         optimizer.zero_grad(set_to_none=True)
         for index, batch in enumerate(batches):
             logprobs, mask = completion_logprobs(model, batch, temperature, pad_id)
-            old = behaviour[index]
-            if old is None:
-                old = behaviour[index] = _with_own(batch, logprobs)
+            terms = fixed[index]
+            if terms is None:
+                terms = fixed[index] = _fix(batch, logprobs, mask, config, drift)
             advantages = torch.tensor(
                 [a for seg in batch for a in seg.advantages], device=logprobs.device
             )  # [b]
@@ -109,7 +156,7 @@ def grpo_update(
                 ref = padded(ref_rows, logprobs.size(1), 0.0, torch.float32).to(logprobs.device)
             loss, metrics = policy_loss(
                 logprobs,
-                old,
+                terms.old,
                 advantages,
                 mask,
                 loss_type=config.loss_type,
@@ -118,6 +165,7 @@ def grpo_update(
                 beta=config.beta,
                 ref_logprobs=ref,
                 max_completion_length=max_completion_length,
+                weights=terms.weights,
             )
             weight = micro_batch_weight(
                 config.loss_type,
@@ -147,7 +195,7 @@ def grpo_update(
     seconds = time.perf_counter() - started
     sums["tokens_per_s"] = total_tokens * config.iterations / max(seconds, 1e-9)
     sums.update(plan.metrics(len(batches)))
-    return UpdateResult(sums, seconds, int(total_tokens))
+    return UpdateResult(sums, seconds, int(total_tokens), drift)
 
 
 def reference_logprobs(

@@ -16,12 +16,19 @@ class Completion:
 
     Log-probs are of the sampled token under softmax(logits / temperature) over the whole
     vocabulary (top-p truncation excluded), the quantity GRPO's ratio divides by.
+    ``sampled_logprobs`` are under the distribution actually sampled from (top-p applied and
+    renormalised), what a row publishes as its claim; None: the same as ``logprobs``.
     """
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finished: bool  # ended with a stop token or stop text rather than the length limit
+    sampled_logprobs: tuple[float, ...] | None = None
+
+    @property
+    def sampler_logprobs(self) -> tuple[float, ...]:
+        return self.logprobs if self.sampled_logprobs is None else self.sampled_logprobs
 
 
 # Called as completions finish: (completions done, completions asked for in this call).

@@ -176,6 +176,9 @@ class TransformersBackend:
         shape = (batch, config.max_new_tokens)
         tokens = torch.full(shape, self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(shape, device=device)
+        # Under top-p the claim is the renormalised distribution's log-prob (it was sampled
+        # from that), not the full vocabulary's.
+        sampled = torch.zeros(shape, device=device) if config.top_p < 1.0 else None
         lengths = torch.full((batch,), config.max_new_tokens, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         alive = torch.arange(batch, device=device)  # original row of each row still in the batch
@@ -188,6 +191,9 @@ class TransformersBackend:
             nxt = sample_one(probs, generator)  # [A]
             tokens[alive, step] = nxt
             logprobs[alive, step] = logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
+            if sampled is not None:
+                kept = probs.gather(1, nxt.unsqueeze(1)).squeeze(1) / probs.sum(-1)  # [A]
+                sampled[alive, step] = kept.log()
             stopped = torch.isin(nxt, stop_ids)  # [A]
             if self.stop_texts:
                 stopped |= self._ends_in_stop_text(tokens, alive, step)
@@ -214,7 +220,7 @@ class TransformersBackend:
             )
             cache = output_cache(out)
             logits = out.logits[:, -1, :]
-        return self._unpack(tokens, logprobs, lengths, finished)
+        return self._unpack(tokens, logprobs, lengths, finished, sampled)
 
     def _ends_in_stop_text(self, tokens: Tensor, alive: Tensor, step: int) -> Tensor:
         """Rows [A] whose text now holds a stop text: it can only have appeared with the
@@ -242,15 +248,34 @@ class TransformersBackend:
         return {"input_ids": ids, "attention_mask": mask}
 
     def _unpack(
-        self, tokens: Tensor, logprobs: Tensor, lengths: Tensor, ended: Tensor
+        self,
+        tokens: Tensor,
+        logprobs: Tensor,
+        lengths: Tensor,
+        ended: Tensor,
+        sampled: Tensor | None = None,
     ) -> list[Completion]:
         """Rows [T] cut at their length; the stop token (or the tokens of the stop text) is
         kept: the model learns to stop."""
         completions = []
-        for row, row_logprobs, length, finished in zip(
-            tokens.tolist(), logprobs.tolist(), lengths.tolist(), ended.tolist(), strict=True
+        claims = sampled.tolist() if sampled is not None else [None] * tokens.size(0)
+        for row, row_logprobs, length, finished, claim in zip(
+            tokens.tolist(),
+            logprobs.tolist(),
+            lengths.tolist(),
+            ended.tolist(),
+            claims,
+            strict=True,
         ):
             ids = row[:length]
             text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
-            completions.append(Completion(text, tuple(ids), tuple(row_logprobs[:length]), finished))
+            completions.append(
+                Completion(
+                    text,
+                    tuple(ids),
+                    tuple(row_logprobs[:length]),
+                    finished,
+                    None if claim is None else tuple(claim[:length]),
+                )
+            )
         return completions

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -12,10 +13,13 @@ import pytest
 from ledger import RowLimits
 from ledger import validation as v
 from ledger.records import to_table
+from ledger.schema import arrow_schema
 from tests import hostile
 from tests.factories import round_rows
 
 PEER = "swarm_id=sw/node_id=evil/day=2026-03-01"
+CLAIM = {"token_ids": [7, 8, 9, 10, 11], "token_logprobs": [-0.5] * 5, "tokenizer": "0f" * 8}
+"""A well-formed claim for factories' rows (completion_tokens 5)."""
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -56,6 +60,8 @@ def reopen_and_validate(site, **kw):
         ("r3-truncated.parquet", None, v.CORRUPT),
         ("r4-missing-column.parquet", "missing", v.SCHEMA_MISMATCH),
         ("r5-wrong-type.parquet", "wrongtype", v.SCHEMA_MISMATCH),
+        ("r6-ids-as-text.parquet", "idstext", v.SCHEMA_MISMATCH),
+        ("r7-ids-nested.parquet", "idsnested", v.SCHEMA_MISMATCH),
     ],
 )
 def test_unreadable_files_are_skipped_whole(site, honest, caplog, name, payload, status):
@@ -68,6 +74,12 @@ def test_unreadable_files_are_skipped_whole(site, honest, caplog, name, payload,
         table = evil_table()
         i = table.schema.get_field_index("reward")
         payload = parquet_bytes(table.set_column(i, "reward", pa.array(["lots", "more"])))
+    elif payload == "idstext":  # a list of strings where the claim's ids are numbers
+        column = pa.array([["7"], ["8"]], pa.list_(pa.string()))
+        payload = parquet_bytes(hostile.with_column(evil_table(), "token_ids", column))
+    elif payload == "idsnested":  # lists of lists
+        column = pa.array([[[7]], [[8]]], pa.list_(pa.list_(pa.int32())))
+        payload = parquet_bytes(hostile.with_column(evil_table(), "token_ids", column))
     key = plant(honest, name, payload)
     with caplog.at_level(logging.WARNING, logger="ledger"):
         assert_still_serves_the_honest_data(honest)
@@ -95,6 +107,18 @@ def test_a_bad_file_among_many_new_ones_spoils_nothing(site, honest):
         ({"reward": 7.0}, v.INVALID_REWARD, 2),
         ({"completion_tokens": -4}, v.INVALID_VALUE, 2),
         ({"rollout_id": "r" * 300}, v.INVALID_ID, 2),
+        # the generator's claim (schema 2): malformed as no honest writer makes it
+        ({"token_ids": [1] * 5}, v.INVALID_CLAIM, 2),  # ids without log-probs
+        ({**CLAIM, "tokenizer": None}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "tokenizer": "not hex digits!"}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "token_ids": [1] * 4}, v.INVALID_CLAIM, 2),  # completion_tokens is 5
+        ({**CLAIM, "token_logprobs": [-1.0] * 6}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "token_ids": [1, 2, -3, 4, 5]}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "token_ids": [1, 2, None, 4, 5]}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "token_logprobs": [-1.0, 0.5, -1.0, -1.0, -1.0]}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "token_logprobs": [-1.0, float("nan"), -1.0, -1.0, -1.0]}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "token_logprobs": [-float("inf")] * 5}, v.INVALID_CLAIM, 2),
+        ({**CLAIM, "token_logprobs": [-1.0, None, -1.0, -1.0, -1.0]}, v.INVALID_CLAIM, 2),
     ],
 )
 def test_bad_rows_are_skipped_with_their_reason(site, honest, overrides, reason, skipped_rows):
@@ -116,6 +140,40 @@ def test_bad_rows_are_skipped_with_their_reason(site, honest, overrides, reason,
     led, report = reopen_and_validate(site, limits=RowLimits(max_completion_chars=400))
     assert report.skipped == {reason: skipped_rows}
     assert led.query("SELECT count(*) FROM rollouts WHERE node_id = 'evil'").item() == 2
+    assert_still_serves_the_honest_data(led)
+
+
+def test_a_well_formed_claim_is_served_as_written_and_a_file_of_schema_1_reads_as_before(
+    site, honest
+):
+    logprobs = [-0.5, -100.0, 0.0, -0.125, -7.25]  # float32 exactly
+    claimed = round_rows("evil", 0, [[1, 0]], **{**CLAIM, "token_logprobs": logprobs})
+    plant(honest, "r0-claims.parquet", parquet_bytes(to_table(claimed)))
+    old = pa.Table.from_pylist(
+        [{**r, "schema_version": 1} for r in round_rows("evil", 1, [[1, 0]])],
+        schema=arrow_schema(1),
+    )
+    assert "token_ids" not in old.column_names
+    plant(honest, "r1-schema-1.parquet", parquet_bytes(old))
+    led, report = reopen_and_validate(site)
+    assert report.skipped == {}
+    rows = led.query(
+        "SELECT node_round, token_ids, token_logprobs, tokenizer, schema_version FROM rollouts "
+        "WHERE node_id = 'evil' ORDER BY node_round, rollout_id"
+    ).rows()
+    assert rows[0] == (0, [7, 8, 9, 10, 11], [-0.5, -100.0, 0.0, -0.125, -7.25], "0f" * 8, 2)
+    assert rows[2][1:] == (None, None, None, 1)
+    # both are drawn, and a schema-1 row arrives with no claim (its text is trained)
+    drawn = led.sample("me", 10, seed=1, swarm_id="sw").filter(pl.col("node_id") == "evil")
+    assert sorted(set(drawn["node_round"])) == [0, 1]
+    from sapo_core.rollouts import RECORD_FIELDS, from_records
+
+    got, dropped = from_records(drawn.select(RECORD_FIELDS).to_dicts())
+    assert dropped == 0
+    by_round = {r.node_round: r for r in got}
+    assert by_round[0].token_ids == (7, 8, 9, 10, 11) and by_round[0].tokenizer == "0f" * 8
+    assert by_round[0].claimed_logprobs == (-0.5, -100.0, 0.0, -0.125, -7.25)
+    assert by_round[1].token_ids is None and by_round[1].claimed_logprobs is None
     assert_still_serves_the_honest_data(led)
 
 

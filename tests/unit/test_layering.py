@@ -216,6 +216,13 @@ def test_the_bounds_declared_on_both_sides_of_the_wall_agree() -> None:
     from sapo_core.config.node import MAX_GROUPS_PER_ROUND as CORE_MAX
 
     assert CORE_MAX == LEDGER_MAX
+    import math
+
+    from ledger.node_logs import DRIFT_LOG_LIMIT, DRIFT_WEIGHT_LIMIT
+    from sapo_core.grpo.offpolicy import LOG_RATIO_LIMIT
+
+    assert DRIFT_LOG_LIMIT == LOG_RATIO_LIMIT
+    assert math.exp(LOG_RATIO_LIMIT) <= DRIFT_WEIGHT_LIMIT
 
 
 @pytest.mark.parametrize("name", ["records", "statistics"])

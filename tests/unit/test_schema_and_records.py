@@ -37,6 +37,9 @@ PUBLIC = [
     "reward",
     "published_at",
     "schema_version",
+    "token_ids",
+    "token_logprobs",
+    "tokenizer",
 ]
 
 
@@ -46,6 +49,23 @@ def test_public_columns_are_the_documented_ones_in_order():
     assert schema.field("published_at").type == pa.timestamp("us", tz="UTC")
     assert schema.field("answer").nullable and schema.field("reward").nullable
     assert not schema.field("completion").nullable
+    assert schema.field("token_ids").type == pa.list_(pa.int32())
+    assert schema.field("token_logprobs").type == pa.list_(pa.float32())
+
+
+def test_rows_without_a_claim_publish_with_null_claims_and_rows_with_one_keep_it():
+    rows = group_rows("n1", 0, 0, [1.0, 0.0])
+    table = to_table(rows)
+    assert table.column("token_ids").to_pylist() == [None, None]
+    claimed = [
+        {**r, "token_ids": [5, 6, 7], "token_logprobs": [-0.5, -1.0, 0.0], "tokenizer": "ab" * 8}
+        for r in rows
+    ]
+    table = to_table(claimed)
+    assert table.column("token_ids").to_pylist() == [[5, 6, 7]] * 2
+    assert table.column("token_logprobs").to_pylist() == [[-0.5, -1.0, 0.0]] * 2
+    with pytest.raises(RecordError, match="token_ids"):
+        to_table([{**claimed[0], "token_ids": [2**40]}])
 
 
 def test_columns_added_later_are_not_required_of_older_files():
