@@ -45,7 +45,8 @@ FIXED_KEYS = ("swarm_id", "experiment", "workdir")  # set per configuration, nev
 # stream by sapo_core.tasks.stream_seed.
 SEED_STRIDE = 1000
 VARIED_NODE_KEYS = (
-    "local_groups", "external_groups", "sampling", "questions_per_round", "local_selection"
+    "local_groups", "external_groups", "sampling", "questions_per_round", "local_selection",
+    "completions_per_question", "off_policy",
 )  # fmt: skip
 
 
@@ -64,6 +65,18 @@ class Configuration(Strict):
         None, description="Which own groups a node trains on (NodeConfig's); default drawn."
     )
 
+    completions_per_question: int | None = Field(
+        None,
+        ge=2,
+        le=256,
+        description="L, completions per question (GenerationConfig's); default the swarm's. "
+        "The fair arm for a node alone: more rollouts per question (issue 58).",
+    )
+    off_policy: str | None = Field(
+        None,
+        description="grpo.off_policy.correction (OffPolicyConfig's); default the swarm's.",
+    )
+
     def policy_kind(self, swarm: dict[str, Any]) -> str:
         sampling = self.sampling or swarm.get("sampling") or {}
         return str(sampling.get("kind", DEFAULT_POLICY))
@@ -72,14 +85,19 @@ class Configuration(Strict):
         """`IxJ`, plus the policy when it is not the paper's and J > 0 (without peers no
         policy acts), the questions a round when they are not I + J, and the own groups'
         selection when it is not the default draw: e.g. `4x0`, `1x3-variance-weighted`,
-        `4x0-q8-informative-first`."""
+        `4x0-q8-informative-first`; then the group size when set (`-L16`) and the
+        off-policy correction when set (`-token-truncate`, `-none`)."""
         kind = self.policy_kind(swarm)
         shown = kind != DEFAULT_POLICY and self.external_groups > 0
         policy = "-" + kind.replace("_", "-") if shown else ""
         questions = f"-q{self.questions_per_round}" if self.questions_per_round else ""
         chosen = self.local_selection not in (None, "drawn")
         selection = "-" + str(self.local_selection).replace("_", "-") if chosen else ""
-        return f"{self.local_groups}x{self.external_groups}{policy}{questions}{selection}"
+        size = f"-L{self.completions_per_question}" if self.completions_per_question else ""
+        off = "-" + self.off_policy.replace("_", "-") if self.off_policy else ""
+        return (
+            f"{self.local_groups}x{self.external_groups}{policy}{questions}{selection}{size}{off}"
+        )
 
     @property
     def label(self) -> str:
@@ -199,6 +217,12 @@ class ExperimentConfig(Strict):
             defaults["local_selection"] = conf.local_selection
         if conf.sampling is not None:
             data["sampling"] = copy.deepcopy(conf.sampling)
+        if conf.completions_per_question is not None:
+            generation = defaults.setdefault("generation", {})
+            generation["completions_per_question"] = conf.completions_per_question
+        if conf.off_policy is not None:
+            grpo = defaults.setdefault("grpo", {})
+            grpo.setdefault("off_policy", {})["correction"] = conf.off_policy
         if seed:
             data["nodes"] = self._shifted_nodes(data, seed)
         return data

@@ -98,7 +98,14 @@ def test_plan_lists_configurations_and_rollouts() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["paper.yaml", "paper-cpu.yaml", "paper-table-cpu.yaml", "compute-matched-cpu.yaml"]
+    "name",
+    [
+        "paper.yaml",
+        "paper-cpu.yaml",
+        "paper-table-cpu.yaml",
+        "compute-matched-cpu.yaml",
+        "offpolicy-pilot-cpu.yaml",
+    ],
 )
 def test_shipped_sweeps_pass_dry_run(name: str) -> None:
     result = CliRunner().invoke(app, ["experiment", "-c", str(EXAMPLES / name), "--dry-run"])
@@ -353,3 +360,35 @@ def test_a_fresh_sweeps_dry_run_estimates_its_time(tmp_path: Path) -> None:
     match = re.search(r"; 40 runs, about ([0-9.]+) h on an idle 2-core CPU machine", head)
     assert match is not None, head
     assert 11.0 <= float(match.group(1)) <= 13.0
+
+
+def test_a_sweep_may_vary_the_group_size_and_the_off_policy_correction() -> None:
+    exp = make(
+        configurations=[
+            {"local_groups": 4, "external_groups": 0, "completions_per_question": 8},
+            {"local_groups": 2, "external_groups": 2, "off_policy": "none"},
+            {"local_groups": 2, "external_groups": 2, "off_policy": "token_truncate"},
+        ]
+    )
+    labels = [exp.label(c) for c in exp.configurations]
+    assert labels == ["4/0-L8", "2/2-none", "2/2-token-truncate"]
+    nodes = [exp.swarm_config(c).nodes[0].node for c in exp.configurations]
+    assert [n.generation.completions_per_question for n in nodes] == [8, 4, 4]
+    assert [n.grpo.off_policy.correction for n in nodes] == ["none", "none", "token_truncate"]
+    with pytest.raises(ValidationError, match="off_policy"):
+        make(configurations=[{"local_groups": 2, "external_groups": 2, "off_policy": "bogus"}])
+    data = copy.deepcopy(BASE)
+    data["swarm"]["nodes"] = [{"node_id": "a", "completions_per_question": 8}]
+    with pytest.raises(ValidationError, match="only the configurations vary"):
+        ExperimentConfig.model_validate(data)
+
+
+def test_the_offpolicy_pilot_is_the_paper_table_regime_over_24_rounds() -> None:
+    pilot = load_experiment(EXAMPLES / "offpolicy-pilot-cpu.yaml")
+    table = load_experiment(EXAMPLES / "paper-table-cpu.yaml")
+    assert pilot.swarm["rounds"] == 24 and pilot.seeds == [0]
+    assert {**pilot.swarm, "rounds": 12} == table.swarm
+    [conf] = pilot.configurations
+    node = pilot.swarm_config(conf, 0).nodes[0].node
+    assert (node.local_groups, node.external_groups) == (1, 3)
+    assert node.grpo.off_policy.correction == "none"
