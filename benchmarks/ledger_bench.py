@@ -45,6 +45,9 @@ from ledger.keys import compacted_key, partition_prefix, round_key
 from ledger.synthetic import synthetic_round
 
 GROUPS, GROUP_SIZE, J = 8, 8, 8
+CLAIMS = True
+"""Rows carry a generator's claim (schema 2: token ids and log-probs, ~8 bytes a token);
+``--no-claims`` writes them as schema 1 did, to measure what the claim costs."""
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -64,6 +67,7 @@ def round_table(node: str, r: int) -> pa.Table:
         group_size=GROUP_SIZE,
         skill=0.1 + 0.8 * (hash(node) % 100) / 100,
         published_at=T0 + timedelta(minutes=r),
+        claims=CLAIMS,
     )
 
 
@@ -282,7 +286,8 @@ def run(
         fill_s = fill(led, nodes, rounds)
         print(
             f"# {backend}: {total:,} completions, {nodes} nodes x {rounds} rounds, "
-            f"{nodes * rounds:,} files written in {fill_s:.1f}s",
+            f"{nodes * rounds:,} files written in {fill_s:.1f}s"
+            + (f", {stored_bytes(url) / total:.0f} bytes a row" if backend == "local" else ""),
             flush=True,
         )
         results = measure(open_ledger, nodes, "before compaction", repeat)
@@ -300,6 +305,11 @@ def run(
         r.update({"rows": total, "backend": backend, "files": files})
         print("#", row_text(r), flush=True)  # partial results survive an interrupted run
     return results
+
+
+def stored_bytes(root: str) -> int:
+    """Bytes of the rollout files under a local ledger (zstd Parquet as published)."""
+    return sum(p.stat().st_size for p in Path(root).rglob("*.parquet"))
 
 
 def row_text(r: dict) -> str:
@@ -322,7 +332,15 @@ def main() -> None:
         help="rounds: one file per node round, measured before and after compaction; "
         "compacted: write the post-compaction layout directly (one file per node)",
     )
+    parser.add_argument(
+        "--no-claims",
+        action="store_true",
+        help="rows without the generator's claim (token_ids, token_logprobs NULL), as "
+        "before schema 2",
+    )
     args = parser.parse_args()
+    global CLAIMS
+    CLAIMS = not args.no_claims
     moto = MotoProcess() if "s3" in args.backends else None
     results = []
     try:

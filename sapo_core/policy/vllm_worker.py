@@ -76,6 +76,10 @@ class Worker:
             "max_model_len": int(msg["max_model_len"]),
             "enable_prefix_caching": True,
             "enforce_eager": bool(msg.get("enforce_eager", True)),
+            # The log-prob each token was sampled with (temperature and top-p applied): what
+            # a row publishes as its claim (sapo_core/claims.py). The trainer recomputes its
+            # own old log-probs under vLLM, so GRPO's ratio never divides by these.
+            "logprobs_mode": "processed_logprobs",
         }
         if msg.get("kv_cache_bytes"):
             kwargs["kv_cache_memory_bytes"] = int(msg["kv_cache_bytes"])

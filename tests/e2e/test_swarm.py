@@ -120,6 +120,12 @@ def check_swarm(path: Path, storage_options: dict[str, Any] | None = None) -> No
         )
         assert rows.height == 6  # 3 nodes x 2 rounds, 4 questions x 3 completions each
         assert rows["n"].to_list() == [12] * 6 and rows["ids"].to_list() == [12] * 6
+        # every row carries its generator's claim, whole (issue 58)
+        whole = ledger.query(
+            "SELECT count(*) FILTER (len(token_ids) = completion_tokens AND "
+            "len(token_logprobs) = completion_tokens AND tokenizer IS NOT NULL) FROM rollouts"
+        ).item()
+        assert whole == 72
         used = ledger.query("SELECT node_id, node_round, count(*) AS g FROM samples GROUP BY ALL")
         own = ledger.query(
             "SELECT node_id, node_round, avg(reward) AS r FROM rollouts GROUP BY ALL"
