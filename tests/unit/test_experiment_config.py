@@ -105,6 +105,7 @@ def test_plan_lists_configurations_and_rollouts() -> None:
         "paper-table-cpu.yaml",
         "compute-matched-cpu.yaml",
         "offpolicy-pilot-cpu.yaml",
+        "offpolicy-cpu.yaml",
     ],
 )
 def test_shipped_sweeps_pass_dry_run(name: str) -> None:
@@ -392,3 +393,20 @@ def test_the_offpolicy_pilot_is_the_paper_table_regime_over_24_rounds() -> None:
     node = pilot.swarm_config(conf, 0).nodes[0].node
     assert (node.local_groups, node.external_groups) == (1, 3)
     assert node.grpo.off_policy.correction == "none"
+
+
+def test_the_offpolicy_sweep_is_fixed_as_its_file_says() -> None:
+    sweep = load_experiment(EXAMPLES / "offpolicy-cpu.yaml")
+    table = load_experiment(EXAMPLES / "paper-table-cpu.yaml")
+    assert {**sweep.swarm, "rounds": 12} == table.swarm and sweep.swarm["rounds"] == 24
+    assert sweep.seeds == list(range(6)) and sweep.baseline_label() == "4/0-L16"
+    labels = [sweep.label(c) for c in sweep.configurations]
+    assert labels == [
+        "4/0-L16", "2/2-none", "2/2-token-truncate", "1/3-none", "1/3-token-truncate",
+    ]  # fmt: skip
+    alone = sweep.swarm_config(sweep.configurations[0], 2).nodes[0].node
+    assert alone.generation.completions_per_question == 16 and alone.external_groups == 0
+    corrected = sweep.swarm_config(sweep.configurations[4], 2).nodes[0].node
+    assert corrected.grpo.off_policy.correction == "token_truncate"
+    assert corrected.grpo.off_policy.cap == 2.0
+    assert corrected.generation.completions_per_question == 8
