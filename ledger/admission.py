@@ -36,6 +36,8 @@ from ledger.storage import NotRegularFile, ObjectInfo, OversizedObject, Store, i
 OK = "ok"
 VANISHED = "vanished"
 """Listed, then deleted before it was read (compaction): not a fault, and not remembered."""
+LIST_VALUE_BYTES = 8
+"""What a reader counts for each value of a list column (an id or log-prob with its place)."""
 EXAMINE_CHUNK = 256
 """Footers are read in chunks, a few chunks at a time (``in_threads``)."""
 
@@ -43,15 +45,18 @@ SCHEMA_SQL = (
     "SELECT file_name, name, type, converted_type, logical_type, num_children "
     "FROM parquet_schema({files})"
 )
+LIST_COLUMNS = tuple(c.name for c in COLUMNS if pa.types.is_list(c.type))
 CONTENT_SQL = (
     "SELECT file_name, count(DISTINCT row_group_id), "
     "coalesce(sum(row_group_num_rows) FILTER (column_id = 0), 0), "
     "coalesce(sum(total_uncompressed_size) FILTER (path_in_schema IN ("
     + ", ".join(sql_str(c) for c in COLUMN_NAMES)
-    # A list column's leaf is named by its path (DuckDB: 'token_ids, list, element').
-    + ", "
-    + ", ".join(sql_str(f"{c.name}, list, element") for c in COLUMNS if pa.types.is_list(c.type))
-    + ")), 0) FROM parquet_metadata({files}) GROUP BY file_name"
+    + ")), 0) + "
+    # A list's leaf is counted by its values, 8 bytes each, not by its encoded size: runs
+    # and dictionaries pack a million equal ids into a few bytes that decode to megabytes.
+    + f"{LIST_VALUE_BYTES} * coalesce(sum(num_values) FILTER ("
+    + " OR ".join(f"starts_with(path_in_schema, {sql_str(c + ', ')})" for c in LIST_COLUMNS)
+    + "), 0) FROM parquet_metadata({files}) GROUP BY file_name"
 )
 """Per file, from its footer: row groups, rows, and bytes its public columns unpack to."""
 

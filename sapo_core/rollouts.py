@@ -6,6 +6,7 @@ the two packages without either importing the other.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -58,10 +59,26 @@ class Rollout:
             "completion": self.completion,
             "completion_tokens": self.completion_tokens,
             "reward": self.reward,
-            "token_ids": None if self.token_ids is None else list(self.token_ids),
-            "token_logprobs": (
-                None if self.claimed_logprobs is None else list(self.claimed_logprobs)
-            ),
+            **self._claim(),
+        }
+
+    def _claim(self) -> dict[str, Any]:
+        """The generator's claim as the ledger's columns, or all NULL when it is not whole
+        (readers refuse a row whose claim is malformed, and would lose its text with it)."""
+        ids, logprobs = self.token_ids, self.claimed_logprobs
+        whole = (
+            ids is not None
+            and logprobs is not None
+            and self.tokenizer is not None
+            and len(ids) == len(logprobs) == self.completion_tokens
+            and all(math.isfinite(x) and x <= 0.0 for x in logprobs)
+            and all(i >= 0 for i in ids)
+        )
+        if not whole:
+            return {"token_ids": None, "token_logprobs": None, "tokenizer": None}
+        return {
+            "token_ids": list(ids or ()),
+            "token_logprobs": list(logprobs or ()),
             "tokenizer": self.tokenizer,
         }
 

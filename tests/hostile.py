@@ -91,6 +91,23 @@ def decompression_bomb(rows: int, chars: int, dictionary: bool = False) -> bytes
     )
 
 
+def claim_bomb(rows: int, tokens: int) -> bytes:
+    """``rows`` completions each claiming ``tokens`` zero ids and -1.0 log-probs (with
+    ``completion_tokens`` to match, so every row passes the row rules): run-length encoding
+    packs them into a few KB that decode to ``rows x tokens`` values a column."""
+    import numpy as np
+
+    table = paired_groups(rows)
+    table = with_column(table, "completion_tokens", pa.array([tokens] * rows, pa.int64()))
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * tokens)
+    ids = pa.ListArray.from_arrays(offsets, pa.array(np.zeros(rows * tokens, np.int32)))
+    table = with_column(table, "token_ids", ids)
+    logprobs = pa.array(np.full(rows * tokens, -1.0, np.float32))
+    table = with_column(table, "token_logprobs", pa.ListArray.from_arrays(offsets, logprobs))
+    table = with_column(table, "tokenizer", pa.array(["0f" * 8] * rows, pa.string()))
+    return parquet_bytes(table, compression="zstd", row_group_size=max(1, rows))
+
+
 def many_tiny_rows(rows: int) -> bytes:
     """``rows`` one-completion groups in one file, as small as Parquet makes them."""
     return decompression_bomb(rows, 1)

@@ -170,3 +170,16 @@ def test_without_a_correction_a_peers_text_is_re_encoded_as_the_paper_does(
     assert segment.sampler_logprobs[0] == pytest.approx(
         list(honest.claimed_logprobs or ())[: len(ids)]
     )
+
+
+def test_a_claim_that_is_not_whole_is_published_as_none_so_the_row_survives(me: Learner) -> None:
+    honest = _claimed(me, 0)
+    assert honest.to_record()["token_ids"] == list(honest.token_ids or ())
+    for broken in (
+        dataclasses.replace(honest, tokenizer=None),
+        dataclasses.replace(honest, claimed_logprobs=(honest.claimed_logprobs or ())[:-1]),
+        dataclasses.replace(honest, claimed_logprobs=(float("nan"),) * honest.completion_tokens),
+    ):
+        record = broken.to_record()
+        assert (record["token_ids"], record["token_logprobs"], record["tokenizer"]) == (None,) * 3
+        assert record["completion"] == TEXT

@@ -161,6 +161,18 @@ def test_a_decompression_bomb_is_refused_by_its_footer(site, honest):
     assert bad[key][0] == v.OVERSIZED_CONTENT and "uncompressed" in bad[key][1]
 
 
+def test_a_claim_of_millions_of_repeated_ids_is_refused_by_its_footer(site, honest):
+    # 600 rows x 65,536 claimed tokens (the default max_completion_tokens, so every row passes
+    # the row rules): 79 M values (629 MB at 8 bytes, over the default 512 MiB) that run-length
+    # encoding packs into a few KB.
+    key = plant(honest, "r0-claims.parquet", hostile.claim_bomb(600, 65_536))
+    assert honest.store.size(key) < 20_000
+    reader = site.open()
+    assert_serves_the_honest_data(reader)
+    bad = {k: (status, detail) for k, status, detail in reader.validate().bad_files}
+    assert bad[key][0] == v.OVERSIZED_CONTENT and "uncompressed" in bad[key][1]
+
+
 def test_millions_of_tiny_rows_are_refused_by_their_footer(site, honest):
     key = plant(honest, "r0-tiny.parquet", hostile.many_tiny_rows(20_000))
     reader = site.open(limits=RowLimits(max_file_rows=10_000))
