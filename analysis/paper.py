@@ -41,7 +41,10 @@ PAPER_TABLE = (
 )
 PAPER_BASELINE = PAPER_TABLE[0].cumulative_reward
 
-_LABEL = re.compile(r"^(?P<local>\d+)/(?P<external>\d+)(?:-(?P<policy>[a-z0-9-]+))?$")
+_LABEL = re.compile(r"^(?P<local>\d+)/(?P<external>\d+)(?:-(?P<policy>[A-Za-z0-9-]+))?$")
+CORRECTIONS = ("token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+"""The off-policy corrections as a sweep's labels spell them (`2/2-token-truncate`); the
+paper's way, `none`, is their counterpart (`2/2-none`)."""
 
 
 @dataclass(frozen=True)
@@ -144,24 +147,40 @@ def _ratio(value: float, scale: float) -> float:
     return value / scale if scale else float("nan")
 
 
+def _counterpart(label: str, split: Split, labels: list[str]) -> str | None:
+    """What a configuration is paired with at the same I/J: the same label with `-none` for
+    an off-policy correction (`2/2-token-truncate` vs `2/2-none`), else the paper's sampler
+    (`1/3-fresh` vs `1/3`); None when that was not run."""
+    for correction in CORRECTIONS:
+        if label.endswith("-" + correction):
+            paper = label.removesuffix(correction) + "none"
+            return paper if paper in labels else None
+    return split.plain if split.plain in labels else None
+
+
 def same_split_gains(runs: pl.DataFrame, *, metric: str) -> pl.DataFrame:
-    """Each configuration with a sampler of its own (``I/J-policy``) against the paper's
-    sampler at the same I/J, paired by seed: ``paired_gains`` columns, the configuration
-    named ``"I/J-policy vs I/J"``. Empty when no such pair was run. A node alone (J = 0)
-    samples no peer, so a suffix there names something else (the compute-matched
-    control's ``4/0-q8-informative-first``), never a sampler."""
+    """Each configuration with a sampler or an off-policy correction of its own against the
+    paper's way at the same I/J, paired by seed: ``I/J-policy`` against the paper's sampler
+    ``I/J``, ``I/J[-policy]-<correction>`` against ``I/J[-policy]-none``. ``paired_gains``
+    columns, the configuration named ``"<label> vs <counterpart>"``. Empty when no such pair
+    was run. A node alone (J = 0) samples no peer, so a suffix there names something else
+    (the compute-matched control's ``4/0-q8-informative-first``, a group size ``4/0-L16``),
+    never a sampler."""
     labels = runs.get_column("configuration").unique(maintain_order=True).to_list()
     frames = []
     for label in labels:
+        if not sweep_labels([label]):
+            continue  # a hand-made frame's name: no I/J to pair on
         split = parse_label(label)
-        if split.policy is None or split.external == 0 or split.plain not in labels:
+        counterpart = _counterpart(label, split, labels)
+        if split.policy is None or split.external == 0 or counterpart is None:
             continue
-        pair = runs.filter(pl.col("configuration").is_in([label, split.plain]))
-        if not _measured(pair, split.plain, metric):
-            continue  # no complete run of the paper's sampler to pair with
-        gains = paired_gains(pair, baseline=split.plain, metric=metric)
+        pair = runs.filter(pl.col("configuration").is_in([label, counterpart]))
+        if not _measured(pair, counterpart, metric):
+            continue  # no complete run of the paper's way to pair with
+        gains = paired_gains(pair, baseline=counterpart, metric=metric)
         frames.append(
-            gains.with_columns(pl.lit(f"{label} vs {split.plain}").alias("configuration"))
+            gains.with_columns(pl.lit(f"{label} vs {counterpart}").alias("configuration"))
         )
     return pl.concat(frames) if frames else pl.DataFrame(schema=PAIRED_SCHEMA)
 

@@ -239,10 +239,10 @@ def paper_lines(tables: ReplicateTables, *, baseline: str) -> list[str]:
         same = same_split_gains(tables.runs, metric=metric)
         if same.is_empty():
             continue
-        lines += ["", f"### samplers at the same I/J: {name}", ""]
+        lines += ["", f"### samplers and corrections at the same I/J: {name}", ""]
         lines += table_lines(
             same,
-            {"configuration": "pair", "n_seeds": "seeds", "baseline_mean": "paper's sampler",
+            {"configuration": "pair", "n_seeds": "seeds", "baseline_mean": "the paper's way",
              "mean": "ours", "diff_mean": "difference", "diff_low": "95% low",
              "diff_high": "95% high", "per_seed": "per seed", "excludes_zero":
              "interval excludes 0"},

@@ -155,3 +155,19 @@ def test_the_shape_is_each_step_in_external_share_paired_by_seed() -> None:
     assert odd["configuration"].to_list() == ["2/2 vs 4/0", "0/4 vs 2/2"]
     assert odd["paper_step"].to_list()[1] is None
     assert shape_steps(runs({"base": [1.0], "shared": [2.0]}), metric="metric").is_empty()
+
+
+def test_a_correction_is_paired_with_none_at_the_same_split_and_a_group_size_is_no_sampler() -> (
+    None
+):
+    assert parse_label("4/0-L16") == Split(4, 0, "L16") and not parse_label("4/0-L16").alone
+    frame = runs({
+        "4/0-L16": [1.0, 1.0, 1.0],
+        "2/2-none": [2.0, 1.0, 3.0],
+        "2/2-token-truncate": [2.5, 1.0, 3.5],  # +0.5, 0, +0.5 over none, seed by seed
+        "1/3-token-truncate": [4.0, 4.0, 4.0],  # no 1/3-none: no pair
+    })  # fmt: skip
+    (pair,) = same_split_gains(frame, metric="metric").to_dicts()
+    assert pair["configuration"] == "2/2-token-truncate vs 2/2-none" and pair["n_seeds"] == 3
+    assert pair["baseline_mean"] == pytest.approx(2.0) and pair["mean"] == pytest.approx(7 / 3)
+    assert pair["per_seed"] == "s0 +0.5, s1 +0, s2 +0.5"
