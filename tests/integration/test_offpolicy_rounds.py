@@ -84,6 +84,9 @@ def test_every_row_carries_its_claim_and_peers_drift_is_logged(tmp_path: Path, s
         assert by_peer["b"]["kl"] == pytest.approx(0.0, abs=1e-4)
         assert by_peer["a"]["kl"] == pytest.approx(metrics["peer_kl/a"], rel=1e-6, abs=1e-9)
         assert by_peer["a"]["ess_fraction"] == pytest.approx(metrics["peer_ess/a"], rel=1e-6)
+        lags = b.ledger.query(dashboards.runnable("drift_by_lag"))
+        # b trained on a's groups of its own round or the one before (2 rounds, 1 group each)
+        assert set(lags["lag_rounds"]) <= {0, 1} and lags["groups"].sum() >= 2
     finally:
         a.close()
         b.close()

@@ -259,7 +259,13 @@ def test_every_listed_dashboard_runs_over_a_ledger(local_site: LedgerSite, tmp_p
             assert not [c for c, t in frame.schema.items() if t == pl.Decimal], name
     runner = CliRunner()
     # These read node logs (held-out scores, training sets) that this ledger has none of.
-    from_node_logs = {"heldout_accuracy", "training_compute", "informative_groups", "peer_drift"}
+    from_node_logs = {
+        "heldout_accuracy",
+        "training_compute",
+        "informative_groups",
+        "peer_drift",
+        "drift_by_lag",
+    }
     for name in dashboards.names():
         out = runner.invoke(
             app, ["ledger", "query", local_site.url, "--dashboard", name, "-f", "json"]
