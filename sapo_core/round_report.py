@@ -34,8 +34,9 @@ class RoundReport:
     groups' rows (a peer group holds no more than the node's own group size) over all rows
     trained, under the default loss (sapo_core.grpo.loss.row_loss_shares)."""
     claims: dict[str, int] = field(default_factory=dict)
-    """Peers' rows trained, by what became of their generator's claim (sapo_core.claims:
-    accepted, or why not)."""
+    """Rows trained that this process did not sample (peers', and the node's own read back
+    from the ledger on a retried round), by what became of their generator's claim
+    (sapo_core.claims: accepted, or why not)."""
     drift: dict[str, Drift] = field(default_factory=dict)
     """Per trained group id, how far its generator was from this policy before the step
     (rows with a claim used; sapo_core/grpo/offpolicy.py)."""
