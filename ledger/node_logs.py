@@ -19,12 +19,13 @@ line, and ``source_file`` names the file a row came from.
 **Hostile input.** Every byte is a peer's. A file over ``max_bytes`` is not read. Each line
 is parsed with every field kept as JSON, then checked field by field: a field must be
 absent, ``null``, or of its column's JSON type (an integer for BIGINT, a number for DOUBLE,
-a string for VARCHAR at most ``MAX_TEXT_CHARS`` long, ``true``/``false`` for BOOLEAN, a
-timestamp string for TIMESTAMPTZ), finite, and within the column's bounds. A line that is
-not a JSON object, breaks any of those rules, or lacks a required column is skipped whole
-and counted; a file DuckDB cannot read at all is skipped and reported. Nesting depth and
-value sizes cannot crash or hang this reader: it names every column (so DuckDB infers no
-schema), DuckDB's JSON parser is iterative, and the file size bounds the work.
+a string for VARCHAR at most ``node_log_columns.MAX_TEXT_CHARS`` long, ``true``/``false``
+for BOOLEAN, a timestamp string for TIMESTAMPTZ), finite, and within the column's bounds.
+A line that is not a JSON object, breaks any of those rules, or lacks a required column is
+skipped whole and counted; a file DuckDB cannot read at all is skipped and reported.
+Nesting depth and value sizes cannot crash or hang this reader: it names every column (so
+DuckDB infers no schema), DuckDB's JSON parser is iterative, and the file size bounds the
+work.
 
 In plain DuckDB (no sapo), trusting every value but not the shape, name the columns too:
 left to infer a schema, ``read_json`` recurses into whatever a line nests, and a line
@@ -48,18 +49,7 @@ from typing import Any, Final
 import duckdb
 
 from ledger.keys import digest, parse_key, partition_prefix
-from ledger.node_log_columns import (
-    MAX_TEXT_CHARS as MAX_TEXT_CHARS,
-)
-from ledger.node_log_columns import (
-    MAX_TIMESTAMP_CHARS as MAX_TIMESTAMP_CHARS,
-)
-from ledger.node_log_columns import (
-    LogColumn,
-    bounds_sql,
-    checked_value,
-    typed_sql,
-)
+from ledger.node_log_columns import LogColumn, bounds_sql, checked_value, typed_sql
 from ledger.retrying import first_line
 from ledger.schema import MAX_COUNTER, MAX_GROUPS_PER_ROUND, check_id
 from ledger.sqltext import sql_list, sql_str

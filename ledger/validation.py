@@ -238,31 +238,30 @@ def reject_reason_sql(limits: RowLimits, columns: tuple[Column, ...] = COLUMNS) 
             OR greatest(node_round, policy_version, task_index) > {MAX_COUNTER}
             OR abs(task_seed::HUGEINT) > {MAX_SEED} THEN '{INVALID_VALUE}'
         WHEN NOT {time_window_sql("published_at")} THEN '{INVALID_TIME}'
-        WHEN {_claim_problem_sql(limits)} THEN '{INVALID_CLAIM}'
+        WHEN {CLAIM_PROBLEM_SQL} THEN '{INVALID_CLAIM}'
         WHEN reward IS NOT NULL AND (isnan(reward) OR reward < 0 OR reward > 1)
             THEN '{INVALID_REWARD}'
         ELSE NULL
     END"""
 
 
-def _claim_problem_sql(limits: RowLimits) -> str:
-    """A predicate: the row's claim is malformed (NULL when all parts are NULL: no claim).
-
-    ``list_max`` of the log-probs is above 0 for NaN as for +inf (DuckDB orders NaN
-    last); ``list_min`` catches -inf; ``list_count`` counts the non-NULL elements."""
-    return f"""(token_ids IS NULL) <> (token_logprobs IS NULL)
+CLAIM_PROBLEM_SQL: Final = """(token_ids IS NULL) <> (token_logprobs IS NULL)
             OR (token_ids IS NULL) <> (tokenizer IS NULL)
             OR coalesce(
                 len(token_ids) <> completion_tokens
                 OR len(token_logprobs) <> completion_tokens
-                OR len(token_ids) > {limits.max_completion_tokens}
                 OR list_count(token_ids) <> len(token_ids)
                 OR list_count(token_logprobs) <> len(token_logprobs)
                 OR list_min(token_ids) < 0
                 OR list_max(token_logprobs) > 0
                 OR NOT isfinite(list_min(token_logprobs))
-                OR NOT regexp_full_match(tokenizer, '[0-9a-f]{{16}}'),
+                OR NOT regexp_full_match(tokenizer, '[0-9a-f]{16}'),
                 false)"""
+"""A predicate over a row: its claim is malformed (false when all parts are NULL: no claim).
+``list_max`` of the log-probs is above 0 for NaN as for +inf (DuckDB orders NaN last);
+``list_min`` catches -inf; ``list_count`` counts the non-NULL elements. The lists' lengths
+equal ``completion_tokens``, which ``reject_reason_sql`` bounds by ``max_completion_tokens``
+before this rule."""
 
 
 JUDGED_COLUMNS: Final = """rollout_id, group_id, swarm_id, node_id, model_id, task,

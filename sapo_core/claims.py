@@ -121,8 +121,5 @@ def judge_claim(
     body = list(ids[:-1]) if ids[-1] in facts.stop_ids else list(ids)
     if any(i in facts.special_ids for i in body):
         return SPECIAL_TOKEN
-    text = rollout.completion
-    if prefill and text.startswith(prefill):
-        text = text[len(prefill) :]
     decoded = facts.tokenizer.decode(body, skip_special_tokens=False)
-    return ACCEPTED if decoded == text else NOT_THE_TEXT
+    return ACCEPTED if decoded == rollout.completion.removeprefix(prefill) else NOT_THE_TEXT

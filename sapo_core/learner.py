@@ -353,10 +353,8 @@ class Learner:
         accepted = outcome == ACCEPTED
         if accepted and cfg.grpo.off_policy.enabled:
             return list(claim_ids), None, list(claimed), outcome
-        text = rollout.completion
-        if prefill and text.startswith(prefill):
-            text = text[len(prefill) :]  # our prompt already ends with it
-        ids = text_ids(self.policy.tokenizer, text)
+        # Less our prefill: our prompt already ends with it.
+        ids = text_ids(self.policy.tokenizer, rollout.completion.removeprefix(prefill))
         sampler = None
         if accepted and list(claim_ids[: len(ids)]) == ids:
             sampler = list(claimed[: len(ids)])
