@@ -114,7 +114,7 @@ def test_paired_gains_intervals_and_mechanism_from_the_ledger(
     assert row + " no |" in md
     assert "| 8/0 | 561.790 | baseline | 2/0 | 3 | 0.500 | 0.500 | baseline | - | - | - |" in md
     assert "| 4/4 | 1093.310 | +94.6% | 1/1 | 3 | 1.000 | 0.958 | -4.2% |" in md
-    assert "samplers at the same I/J" not in md  # no sampler of our own was run
+    assert "samplers and corrections at the same I/J" not in md  # no sampler of our own was run
     # Return on compute: 1/1 gains 0.5, 0.5, 0 over 2/0 with the same 40 tokens generated a
     # node (12.5, 12.5, 0 per 1k: mean 8.333; no price per extra generated token). It trains
     # 70, 80, 80 tokens a node against 40: 7.143, 6.25, 0 per 1k trained (mean 4.464), and
