@@ -130,7 +130,7 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         generated = learner.generate(r)
-        report = learner.train(r, generated.groups)
+        report = learner.train_round(r, generated)
         if cuda:
             torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")

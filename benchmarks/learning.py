@@ -123,7 +123,7 @@ def run_rounds(learner, rounds: int) -> list[dict[str, float]]:  # type: ignore[
     for r in range(rounds):
         t0 = time.perf_counter()
         generated = learner.generate(r)
-        report = learner.train(r, generated.groups)
+        report = learner.train_round(r, generated)
         seconds = time.perf_counter() - t0
         row = {
             "round": r,

@@ -41,7 +41,7 @@ def main() -> None:
     learner = Learner(sapo_config(args.prompt, args.seed))
     print(f"loaded: rss {rss_gb():.2f} GB")
     warm = learner.generate(0)
-    learner.train(0, warm.groups)
+    learner.train_round(0, warm)
     print(f"warm-up round: rss {rss_gb():.2f} GB, peak {peak_rss_gb():.2f} GB")
     for phase in ("generation", "update"):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -49,7 +49,7 @@ def main() -> None:
             if phase == "generation":
                 generated = learner.generate(1)
             else:
-                learner.train(1, generated.groups)
+                learner.train_round(1, generated)
             seconds = time.perf_counter() - started
         extra = f", {generated.tokens} tokens" if phase == "generation" else ""
         print(

@@ -131,7 +131,7 @@ def run_sapo(
     for r in range(rounds):
         started = time.perf_counter()
         generated = learner.generate(r)
-        report = learner.train(r, generated.groups)
+        report = learner.train_round(r, generated)
         rows.append(
             {
                 "round_s": time.perf_counter() - started,

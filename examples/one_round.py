@@ -8,8 +8,9 @@ which the small model gets right some of the time: a group whose answers all sco
 carries no gradient, so until one does the node draws new questions (as its next round
 would), and every step below shows.
 
-The same calls as a node in a swarm (flows/node/steps.py), without the ledger, Prefect or
-MLflow around them; where to read each step's code is in brackets:
+The same two calls as a node in a swarm (flows/node/steps.py), `Learner.generate` and
+`Learner.train_round`, without the ledger, Prefect or MLflow around them; where to read
+each step's code is in brackets:
 
 1. draw B questions from the node's reasoning-gym task mix      [sapo_core/tasks.py]
 2. generate G completions of each: a question's G are a group   [sapo_core/policy/]
@@ -108,23 +109,25 @@ def main(argv: list[str] | None = None, peers: list[Group] | None = None) -> dic
         print(f"[2] {sum(map(len, rewards))} completions, {generated.tokens} tokens")
         print(f"[3] own reward {generated.own_reward:.3f}; per group {rewards}")
 
-        # 4. The training set. In a swarm the peers' groups join here: plain text,
-        # re-encoded with this node's tokenizer and re-scored by its verifier; a lying peer's
-        # rows are flagged and never trained on.
-        chosen, flagged = learner.select(round_, generated.groups, peers or [])
+        # 4-6. The learner's round, the call a swarm node makes once it has published its
+        # groups and drawn its peers': peers' groups are plain text, re-encoded with this
+        # node's tokenizer and re-scored by its verifier (a lying peer's rows are flagged,
+        # never trained on, and counted against it); the training set; the GRPO step.
+        report = learner.train_round(round_, generated, peers or [])
+        chosen = report.chosen
+        assert chosen is not None
         print(f"[4] {len(chosen.trained)} of {len(chosen.selected)} groups carry a signal")
         if chosen.trained:
             break
-        print("    none: new questions, as the node's next round would draw")
+        print("    none: no step; new questions, as the node's next round would draw")
 
-    # 5. Advantages within each group (what the update will weigh each completion by).
+    # 5. Advantages within each group: what the update weighed each completion by.
     segments, _ = learner.encode(chosen.trained)
     advantages = [[round(a, 3) for a in seg.advantages] for seg in segments]
     print(f"[5] advantages {advantages}")
 
     # 6. The GRPO step: token log-probs under the current policy, the clipped loss against
     # the behaviour log-probs recorded while generating, gradients, one optimizer step.
-    report = learner.update(round_, chosen, flagged)
     update = report.update
     if update:
         print(

@@ -1,11 +1,14 @@
-"""One node's algorithm for a round, without storage or orchestration.
+"""One node's algorithm, without storage or orchestration: it owns the node's state.
 
-A round after generation is two calls, the same wherever it runs: `Learner.select` scores
-the node's I own groups (the verdicts `Learner.generate` gave them) and its J peers' groups
-(verified here) and assembles the training set; `Learner.update` computes the advantages
-and takes the GRPO step. Flows call them as two steps (flows/node/steps.py: `reward`,
-`update`), with the ledger's I/O around them; `Learner.train` is the two back to back, for
-callers with nothing in between (examples/one_round.py, benchmarks).
+A round is two calls, the same wherever it runs (the swarm's flow, examples/one_round.py,
+the benchmarks): `Learner.generate` samples and scores the round's own groups, and, once
+the caller has published them and drawn peers' groups, `Learner.train_round` judges the
+peers' rows, updates the node's reputation of them, assembles I + J, takes the GRPO step
+and adds the round's rewards to the totals. Its parts (`select`, `encode`, `update`) are
+public for a reader who wants to see each.
+
+Everything a resumed node needs is `Learner.state_dict()` beside the weights, restored by
+`Learner.from_checkpoint` in one call (sapo_core/node_state.py says what it holds).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,14 +28,15 @@ from typing import Any
 import torch
 
 from sapo_core.assembly import TrainingSet, assemble, choose_local
-from sapo_core.claims import ACCEPTED, TokenizerFacts, judge_claim
+from sapo_core.claims import TokenizerFacts
 from sapo_core.config import GenerationConfig, NodeConfig
+from sapo_core.encoding import RowEncoder
 from sapo_core.evaluation import TaskScore, heldout_questions, score_by_task
-from sapo_core.grpo.advantages import dense_group_ids, group_advantages
-from sapo_core.grpo.optimizer import make_optimizer
+from sapo_core.grpo.optimizer import load_state, make_optimizer
 from sapo_core.grpo.plan import UpdatePlan, plan_for
 from sapo_core.grpo.segments import Segment
 from sapo_core.grpo.update import UpdateResult, grpo_update, reference_logprobs
+from sapo_core.node_state import RewardTotals, rng_state, set_rng_state
 from sapo_core.peers import judge_peers, judged_tasks
 from sapo_core.policy import adapter
 from sapo_core.policy.backend import GenerationBackend, ProgressCallback
@@ -43,7 +47,8 @@ from sapo_core.policy.loading import (
     load_policy,
     resolve_model,
 )
-from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts, text_ids
+from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts
+from sapo_core.reputation import Reputation
 from sapo_core.rewards import ScoredGroup, own_verdicts, scored_own
 from sapo_core.rollouts import Group, Rollout
 from sapo_core.round_report import RoundReport, by_publisher, loss_shares, peer_shares
@@ -80,18 +85,6 @@ class Generated:
         publishes as its claim): the policy's own accuracy."""
         rewards = [r.reward for g in self.groups for r in g.rollouts if r.reward is not None]
         return _mean(rewards) or 0.0
-
-
-TOO_LONG = "too_long"
-"""A completion longer, in this node's tokens, than its own max_new_tokens."""
-EMPTY = "empty"
-
-
-def _unusable(completion: Sequence[int], limit: int) -> str | None:
-    """Why a completion's tokens cannot be trained on, or None."""
-    if not completion:
-        return EMPTY
-    return TOO_LONG if len(completion) > limit else None
 
 
 def round_seed(node_seed: int, round_: int) -> int:
@@ -145,6 +138,8 @@ class Learner:
         )
         self.optimizer = make_optimizer(self.policy.model, config.grpo)
         self.policy_version = 0
+        self.totals = RewardTotals()
+        self.reputation = Reputation.empty(config.reputation)
         self.ref_model: Any = None
         # With an adapter the reference is the base itself, the adapter switched off.
         if config.grpo.beta > 0 and not lora.enabled:
@@ -160,14 +155,27 @@ class Learner:
 
     @classmethod
     def from_checkpoint(
-        cls, config: NodeConfig, model_dir: str | Path, *, id_prefix: str = ""
+        cls,
+        config: NodeConfig,
+        model_dir: str | Path,
+        state: Mapping[str, Any] | None = None,
+        *,
+        id_prefix: str = "",
     ) -> Learner:
-        """A learner that resumes from a checkpoint's model directory.
+        """The learner that saved a checkpoint: its model directory's weights and its
+        `state_dict` (None: the weights alone, a fresh optimizer and state).
 
         The policy is the checkpoint's trained weights, still recorded as `config.model` in
         the ledger; with beta > 0 the KL reference is `config.model`'s initial weights, never
-        the checkpoint's. Optimizer state, RNG and policy_version are the caller's to restore.
+        the checkpoint's.
         """
+        learner = cls._from_model_dir(config, model_dir, id_prefix)
+        if state is not None:
+            learner.load_state_dict(state)
+        return learner
+
+    @classmethod
+    def _from_model_dir(cls, config: NodeConfig, model_dir: str | Path, id_prefix: str) -> Learner:
         source = resolve_model(config.model)
         if config.grpo.adapter.enabled:
             # The checkpoint holds the adapter alone: the base is config.model's, as before.
@@ -236,17 +244,9 @@ class Learner:
         tokenizer = self.policy.tokenizer
         return TokenizerFacts.of(tokenizer, stop_token_ids(tokenizer, self.policy.model))
 
-    def _weights_changed(self) -> None:
-        """Tell a backend that keeps its own copy of the weights (vLLM) that they moved."""
-        changed = getattr(self.backend, "weights_changed", None)
-        if changed is not None:
-            changed()
-
     def close(self) -> None:
         """Stop what the backend started (vLLM's worker); the learner stays usable."""
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        self.backend.close()
 
     def evaluate(self) -> list[TaskScore]:
         """Score the current policy on the held-out set (same questions and seed each time)."""
@@ -283,82 +283,25 @@ class Learner:
         chosen = dataclasses.replace(chosen, peer_evidence=peers.evidence)
         return chosen, len(flagged_own) + len(peers.problems)
 
-    def encode(self, groups: Sequence[ScoredGroup]) -> tuple[list[Segment], Counter[str]]:
-        """The groups as the update trains them, each re-encoded with this node's tokenizer
-        and template, its advantages attached; and the peers' completions left out, by
-        reason: one that this node's
-        tokenizer makes longer than its own `max_new_tokens`, or empty, is skipped (cut, it
-        would train on text without the answer its reward was for)."""
-        pairs, skipped, _ = self._encode_groups(groups)
-        return [seg for _, seg in pairs], skipped
-
-    def _encode_groups(
-        self, groups: Sequence[ScoredGroup]
-    ) -> tuple[list[tuple[ScoredGroup, Segment]], Counter[str], Counter[str]]:
-        """Each group with at least one row trained, beside its segment; the rows skipped;
-        what became of peers' rows' claims."""
-        cfg = self.config
-        rewards = torch.tensor([r for g in groups for r in g.rewards])
-        ids = dense_group_ids([g.group.group_id for g in groups for _ in g.rewards])
-        advantages = group_advantages(rewards, ids, cfg.grpo.scale_rewards).tolist()
-        out, i = [], 0
-        skipped: Counter[str] = Counter()
-        claims: Counter[str] = Counter()
-        for g in groups:
-            seg = Segment(self.prompt_ids(g.group.question), [], [], [], label=g.group.group_id)
-            for rollout in g.rollouts:
-                completion, behaviour, sampler, outcome = self._completion_tokens(rollout)
-                reason = _unusable(completion, cfg.generation.max_new_tokens)
-                if reason is None:
-                    seg.completion_ids.append(completion)
-                    seg.behaviour_logprobs.append(behaviour)
-                    seg.sampler_logprobs.append(sampler)
-                    seg.advantages.append(advantages[i])
-                    if outcome is not None:
-                        claims[outcome] += 1
-                else:
-                    skipped[reason] += 1
-                i += 1
-            if len(seg):
-                out.append((g, seg))
-        return out, skipped, claims
-
-    def _completion_tokens(
-        self, rollout: Rollout
-    ) -> tuple[list[int], list[float] | None, list[float] | None, str | None]:
-        """(the tokens trained, their behaviour log-probs, the generator's, what became of
-        a peer's claim (None for own rows)).
-
-        Own rows keep their sampled tokens and log-probs. A peer's row whose claim holds
-        (sapo_core/claims.py) trains on its generator's ids under a correction; otherwise
-        its text is re-encoded as text (a `<|im_end|>` in it is its characters' tokens,
-        never the end of a turn), and carries the generator's log-probs for the drift
-        figures only where the re-encoding gives the claimed ids.
-        """
-        cfg = self.config
-        own = rollout.node_id == cfg.node_id and rollout.model_id == self.policy.model_id
-        if own and rollout.token_ids is not None and rollout.logprobs is not None:
-            # Under reduced precision generation's log-probs are not the training forward's:
-            # the update recomputes them (as it does for peers' rows), so the ratio starts at 1.
-            exact = self.policy.exact_behaviour and getattr(self.backend, "exact_logprobs", True)
-            claimed = rollout.claimed_logprobs or rollout.logprobs
-            behaviour = list(rollout.logprobs) if exact else None
-            return list(rollout.token_ids), behaviour, list(claimed), None
-        facts = self.token_facts
-        prefill = cfg.prompt.prefill
-        outcome = judge_claim(
-            rollout, facts, max_new_tokens=cfg.generation.max_new_tokens, prefill=prefill
+    @functools.cached_property
+    def encoder(self) -> RowEncoder:
+        """How this node turns scored groups into the update's segments
+        (sapo_core/encoding.py)."""
+        return RowEncoder(
+            self.config,
+            self.policy.tokenizer,
+            self.policy.model_id,
+            self.token_facts,
+            self.prompt_ids,
+            exact_own=self.policy.exact_behaviour and self.backend.exact_logprobs,
         )
-        claim_ids, claimed = rollout.token_ids or (), rollout.claimed_logprobs or ()
-        accepted = outcome == ACCEPTED
-        if accepted and cfg.grpo.off_policy.enabled:
-            return list(claim_ids), None, list(claimed), outcome
-        # Less our prefill: our prompt already ends with it.
-        ids = text_ids(self.policy.tokenizer, rollout.completion.removeprefix(prefill))
-        sampler = None
-        if accepted and list(claim_ids[: len(ids)]) == ids:
-            sampler = list(claimed[: len(ids)])
-        return ids, None, sampler, outcome
+
+    def encode(self, groups: Sequence[ScoredGroup]) -> tuple[list[Segment], Counter[str]]:
+        """The groups as the update trains them, each encoded with this node's tokenizer
+        and template, its advantages attached; and the completions left out, by reason
+        (sapo_core/encoding.py)."""
+        pairs, skipped, _ = self.encoder.encode(groups)
+        return [seg for _, seg in pairs], skipped
 
     def _reference_logprobs(
         self,
@@ -384,7 +327,7 @@ class Learner:
     def update(self, round_: int, chosen: TrainingSet, flagged: int = 0) -> RoundReport:
         """Take the GRPO step on an assembled training set; returns the round's figures."""
         cfg = self.config
-        pairs, skipped, claims = self._encode_groups(chosen.trained)
+        pairs, skipped, claims = self.encoder.encode(chosen.trained)
         segments = [seg for _, seg in pairs]
         shares = loss_shares(pairs, cfg.grpo.loss_type)
         pad_id = int(self.policy.tokenizer.pad_token_id)
@@ -410,7 +353,7 @@ class Learner:
             )
         if segments:
             self.policy_version += cfg.grpo.iterations
-            self._weights_changed()
+            self.backend.weights_changed()  # vLLM keeps its own copy of the weights
         return RoundReport(
             round=round_,
             training_reward=_mean(chosen.rewards()) or 0.0,
@@ -430,9 +373,49 @@ class Learner:
             peer_drift=by_publisher(pairs, result.drift),
         )
 
-    def train(
-        self, round_: int, local: Sequence[Group], external: Sequence[Group] = ()
+    def train_round(
+        self, round_: int, generated: Generated, peers: Sequence[Group] = ()
     ) -> RoundReport:
-        """Score, assemble I + J and take the GRPO update."""
-        chosen, flagged = self.select(round_, local, external)
-        return self.update(round_, chosen, flagged)
+        """The round after generation, as every caller runs it (the swarm's flow, the
+        one-page example, the benchmarks): score I own groups and J peers' groups with this
+        node's verifier, add what the peers' rows showed to its reputation of them,
+        assemble I + J, take the GRPO update, and add the round's rewards to the totals.
+
+        Each call counts its round once: a round retried after a stop starts from the state
+        of the checkpoint it resumes (`load_state_dict`), which holds none of its verdicts."""
+        began = time.perf_counter()
+        chosen, flagged = self.select(round_, generated.groups, peers)
+        self.reputation.update(chosen.peer_evidence)
+        selected_s = time.perf_counter() - began
+        report = self.update(round_, chosen, flagged)
+        self.totals.add(own_reward=generated.own_reward, training_reward=report.training_reward)
+        return dataclasses.replace(
+            report,
+            chosen=chosen,
+            select_s=selected_s,
+            peers_excluded=len(self.reputation.excluded()),
+        )
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed node needs besides its weights (a checkpoint keeps those as
+        a model directory, servable as is): the optimizer's state, the RNG streams, the
+        policy version, reward totals and reputation (sapo_core/node_state.py). Small
+        values are copies; the optimizer's tensors are its own, unchanged until the next
+        update."""
+        return {
+            "policy_version": self.policy_version,
+            "totals": self.totals.as_metrics(),
+            "reputation": self.reputation.to_json(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` gave: the learner is then the one that saved it."""
+        load_state(self.optimizer, state["optimizer"])
+        set_rng_state(state["rng"])
+        self.policy_version = int(state["policy_version"])
+        self.totals = RewardTotals.from_state(dict(state.get("totals", {})))
+        self.reputation = Reputation.from_json(state.get("reputation", {}), self.config.reputation)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sapo_core.assembly import TrainingSet
 from sapo_core.grpo.loss import LossType, row_loss_shares
 from sapo_core.grpo.offpolicy import Drift
 from sapo_core.grpo.segments import Segment
@@ -42,6 +43,12 @@ class RoundReport:
     (rows with a claim used; sapo_core/grpo/offpolicy.py)."""
     peer_drift: dict[str, Drift] = field(default_factory=dict)
     """The same per publisher (this node's own id for its own groups)."""
+    chosen: TrainingSet | None = field(default=None, repr=False)
+    """The training set the round assembled (`Learner.train_round` sets it)."""
+    select_s: float = 0.0
+    """Seconds judging and assembling the groups before the update."""
+    peers_excluded: int = 0
+    """Peers the node's reputation excludes from its draws after this round."""
 
 
 def loss_shares(

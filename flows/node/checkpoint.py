@@ -1,8 +1,9 @@
-"""Node checkpoints: model, optimizer, RNG state and round counter, written atomically.
+"""Node checkpoints: the learner's weights and `state_dict()`, written atomically.
 
 Layout: <workdir>/nodes/<node_id>/checkpoints/round-<NNNNNN>/ holding the model directory
-files, optimizer.pt, rng.pt and state.json (written last: a directory without it is an
-interrupted write and is ignored). A checkpoint is written to a temporary directory and
+files, optimizer.pt, rng.pt and state.json (the round counter, policy version, reward
+totals and reputation; written last: a directory without it is an interrupted write and is
+ignored). A checkpoint is written to a temporary directory and
 renamed into place before older ones are removed, so keeping only the newest is safe; with
 the 135M model one checkpoint is ~1.6 GB (fp32 weights plus Adam's two moments).
 
@@ -15,48 +16,24 @@ any case. Such a checkpoint cannot be resumed.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flows.node.files import write_atomically
+from sapo_core.node_state import RewardTotals
+
+if TYPE_CHECKING:
+    from sapo_core.policy.loading import Policy
 
 STATE = "state.json"
 KEEP = 1
 OPTIMIZER = "optimizer.pt"
 RNG = "rng.pt"
 TRAINING_STATE = (OPTIMIZER, RNG)
-
-
-@dataclass
-class RewardTotals:
-    """A node's running sums over its rounds, kept in its checkpoints: each is the sum of
-    that round's figure of the same name (docs/running.md, "Rewards, by name")."""
-
-    cumulative_own_reward: float = 0.0
-    cumulative_training_reward: float = 0.0
-
-    def add(self, *, own_reward: float, training_reward: float) -> None:
-        self.cumulative_own_reward += own_reward
-        self.cumulative_training_reward += training_reward
-
-    def as_metrics(self) -> dict[str, float]:
-        return {
-            "cumulative_own_reward": self.cumulative_own_reward,
-            "cumulative_training_reward": self.cumulative_training_reward,
-        }
-
-    @classmethod
-    def from_state(cls, data: dict[str, Any]) -> RewardTotals:
-        """From state.json (zeros in checkpoints older than these names)."""
-        return cls(
-            float(data.get("cumulative_own_reward", 0.0)),
-            float(data.get("cumulative_training_reward", 0.0)),
-        )
 
 
 class NotResumable(RuntimeError):
@@ -121,15 +98,24 @@ def latest(workdir: Path, node_id: str) -> Checkpoint | None:
     return max(found, key=lambda c: c.next_round, default=None)
 
 
+class Learned(Protocol):
+    """What a checkpoint reads of a learner (sapo_core.learner.Learner): its policy's
+    model and tokenizer, and its `state_dict()`."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class Pending:
-    """What a checkpoint holds that could change before a background write reads it (RNG
-    states, counters), captured when it is asked for; the weights and optimizer state are
-    read from the learner, which nothing changes until the next update."""
+    """A checkpoint asked for: the learner's `state_dict()` taken then (its small values
+    copied, so the node goes on counting), and the policy whose weights a background write
+    reads (nothing changes them, or the optimizer's tensors, until the next update)."""
 
     root: Path
-    learner: Any
-    rng: dict[str, Any]
+    policy: Policy
     state: dict[str, Any]
     checkpoint: Checkpoint
 
@@ -137,45 +123,43 @@ class Pending:
 def capture(
     workdir: Path,
     node_id: str,
-    learner: Any,
+    learner: Learned,
     next_round: int,
-    totals: RewardTotals | None = None,
     config: dict[str, str] | None = None,
 ) -> Pending:
     """A checkpoint after `next_round - 1` finished, with the node's ``config`` (what a
     resume is compared against), ready to `write` now or in a `Writer`'s thread."""
-    import torch
-
-    kept = replace(totals or RewardTotals())  # a copy: the node's own goes on counting
+    state = learner.state_dict()
+    totals = RewardTotals.from_state(state["totals"])
     root = node_dir(workdir, node_id) / "checkpoints"
-    state = {
-        "next_round": next_round,
-        "policy_version": learner.policy_version,
-        **kept.as_metrics(),
-        "config": config,
-    }
     made = Checkpoint(
-        root / f"round-{next_round:06d}", next_round, learner.policy_version, kept, config
+        root / f"round-{next_round:06d}", next_round, state["policy_version"], totals, config
     )
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    return Pending(root, learner, rng, state, made)
+    return Pending(root, learner.policy, state, made)
 
 
 def write(pending: Pending) -> Checkpoint:
     """Write a captured checkpoint (aside, then renamed into place); prune old ones."""
     import torch
 
-    root, learner = pending.root, pending.learner
+    root, made, state = pending.root, pending.checkpoint, pending.state
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # a save interrupted by a kill or a full disk
         shutil.rmtree(stale, ignore_errors=True)
     target = pending.checkpoint.path
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-    learner.policy.model.save_pretrained(str(tmp))
-    learner.policy.tokenizer.save_pretrained(str(tmp))
-    torch.save(learner.optimizer.state_dict(), tmp / OPTIMIZER)
-    torch.save(pending.rng, tmp / RNG)
-    (tmp / STATE).write_text(json.dumps(pending.state))  # last: a folder without it is partial
+    pending.policy.model.save_pretrained(str(tmp))
+    pending.policy.tokenizer.save_pretrained(str(tmp))
+    torch.save(state["optimizer"], tmp / OPTIMIZER)
+    torch.save(state["rng"], tmp / RNG)
+    small = {
+        "next_round": made.next_round,
+        "policy_version": made.policy_version,
+        **made.totals.as_metrics(),
+        "reputation": state["reputation"],
+        "config": made.config,
+    }
+    (tmp / STATE).write_text(json.dumps(small))  # last: a folder without it is partial
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
@@ -214,10 +198,6 @@ class Writer:
         )
         self._thread.start()
         return pending.checkpoint
-
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None
 
     def wait(self) -> Checkpoint | None:
         """Block until the write in progress ends; the checkpoint it wrote (None when none
@@ -268,17 +248,42 @@ def keep_final_model(
     return replace(saved, resumable=False, final_model=logged_at)
 
 
-def restore_into(learner: Any, checkpoint: Checkpoint) -> None:
-    """Load optimizer, RNG and counters into a learner whose model came from the checkpoint."""
+LEGACY_REPUTATION = "reputation.json"
+"""Where nodes before the learner held their reputation kept it, beside the checkpoints."""
+
+
+def read_state(saved: Checkpoint) -> dict[str, Any]:
+    """The learner's `state_dict()` as ``saved`` holds it, for `Learner.from_checkpoint`."""
     import torch
 
-    from sapo_core.grpo.optimizer import load_state
+    data = json.loads((saved.path / STATE).read_text())
+    reputation = data.get("reputation")
+    if reputation is None:  # written before the learner held it
+        reputation = _legacy_reputation(saved)
+    return {
+        "policy_version": saved.policy_version,
+        "totals": saved.totals.as_metrics(),
+        "reputation": reputation,
+        "optimizer": torch.load(saved.path / OPTIMIZER),
+        "rng": torch.load(saved.path / RNG, weights_only=False),
+    }
 
-    load_state(learner.optimizer, torch.load(checkpoint.path / OPTIMIZER))
-    rng = torch.load(checkpoint.path / RNG, weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    learner.policy_version = checkpoint.policy_version
+
+def _legacy_reputation(saved: Checkpoint) -> dict[str, Any]:
+    """The reputation a node of an older release kept in its own file, as of the round
+    ``saved`` resumes (the file kept the state before each round past its checkpoint)."""
+    path = saved.path.parent.parent / LEGACY_REPUTATION
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    before = data.get("before")
+    through = data.get("through_round")
+    if isinstance(through, int) and through >= saved.next_round and isinstance(before, dict):
+        return before.get(str(saved.next_round), data)
+    return data
 
 
 def config_differences(saved: dict[str, str], current: dict[str, str]) -> list[str]:

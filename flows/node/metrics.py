@@ -10,10 +10,8 @@ from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
 from sapo_core.assembly import TrainingSet
 from sapo_core.claims import CLAIM_OUTCOMES
+from sapo_core.encoding import SKIP_REASONS
 from sapo_core.grpo.offpolicy import Drift
-from sapo_core.learner import EMPTY, TOO_LONG
-
-SKIP_REASONS = (TOO_LONG, EMPTY)
 
 
 def round_metrics(
@@ -23,7 +21,7 @@ def round_metrics(
 
     `seconds_<step>` for each step that ran and `seconds_orchestration` for the rest of
     the round's wall time so far (Prefect's task bookkeeping, the flow's own work)."""
-    report = require(state.report, state, "metrics", "update")
+    report = require(state.report, state, "metrics", "train")
     generated = require(state.generated, state, "metrics", "generate")
     metrics: dict[str, float] = {
         # The names of docs/running.md's "Rewards, by name". Own: the mean over everything the node
@@ -32,7 +30,7 @@ def round_metrics(
         # Training: the mean over the training set (own and peers' groups kept for the
         # update), both scored by this node's verifier.
         "training_reward": report.training_reward,
-        **node.totals.as_metrics(),
+        **node.learner.totals.as_metrics(),
         "zero_variance_fraction": report.zero_variance_fraction,
         "external_groups_used": float(report.external_groups_used),
         "groups_trained": float(report.groups_trained),
@@ -40,7 +38,7 @@ def round_metrics(
         "generation_tokens_per_s": generated.tokens / max(generated.seconds, 1e-9),
         "policy_version": float(node.learner.policy_version),
         "ledger_unreachable": float(state.notes.ledger_down),
-        "peers_excluded": float(state.notes.peers_excluded),
+        "peers_excluded": float(report.peers_excluded),
         # The most of the update's loss weight any one peer held (bounded by the cut of
         # its groups to this node's group size: sapo_core.peers.within_group_size).
         "peer_loss_share_max": max(report.peer_loss_shares.values(), default=0.0),

@@ -9,23 +9,20 @@ only call those steps.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from flows.config import NodeSpec, SwarmConfig
 from flows.node import checkpoint
 from flows.node.backlog import Backlog
-from flows.node.files import write_atomically
 from flows.node.lifecycle import node_config, not_resumable
 from flows.progress import NodeProgress
 from flows.tracking import MODEL_PATH_TAG, Tracker, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
 from sapo_core.prompts import serving_template, stop_texts
-from sapo_core.reputation import Reputation
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +46,6 @@ class NodeRuntime:
     progress: NodeProgress
     run: NodeRun | None = None
     next_round: int = 0  # the first round not yet in a checkpoint
-    totals: checkpoint.RewardTotals = field(default_factory=checkpoint.RewardTotals)
     writer: checkpoint.Writer = field(default_factory=checkpoint.Writer)
     draw_secret: bytes = b""
     """What keys the node's draws of peers' groups (ledger/draws.py): from its signing key,
@@ -63,50 +59,6 @@ class NodeRuntime:
     @property
     def workdir(self) -> Path:
         return self.swarm.workdir
-
-    @property
-    def reputation_path(self) -> Path:
-        return checkpoint.node_dir(self.workdir, self.node_id) / "reputation.json"
-
-    def reputation(self, for_round: int | None = None) -> Reputation:
-        """What this node's verifier has seen of its peers (sapo_core/reputation.py) before
-        ``for_round`` (None: everything recorded). A round retried after its verdicts were
-        recorded (a stop after its `reward`, before the checkpoint that covers it) sees the
-        reputation its first attempt saw, so it draws the same peers' groups."""
-        saved = self._saved_reputation()
-        config = self.spec.node.reputation
-        if saved is None:
-            return Reputation.empty(config)
-        through = saved.get("through_round")
-        if for_round is not None and isinstance(through, int) and through >= for_round:
-            before = saved.get("before", {})
-            saved = before.get(str(for_round), saved) if isinstance(before, dict) else saved
-        return Reputation.from_json(saved, config)
-
-    def reputation_covers(self, round_: int) -> bool:
-        """Whether the verdicts of ``round_`` are in the saved reputation already."""
-        saved = self._saved_reputation()
-        through = None if saved is None else saved.get("through_round")
-        return isinstance(through, int) and through >= round_
-
-    def _saved_reputation(self) -> dict[str, Any] | None:
-        path = self.reputation_path
-        if not path.exists():
-            return None
-        loaded = json.loads(path.read_text())
-        return loaded if isinstance(loaded, dict) else None
-
-    def save_reputation(self, reputation: Reputation, round_: int | None = None) -> None:
-        """Record ``reputation``, with ``round_``'s verdicts in it. The state before each
-        round not yet in a checkpoint is kept beside it, for a retry of that round."""
-        data: dict[str, Any] = reputation.to_json()
-        if round_ is not None:
-            saved = self._saved_reputation() or {}
-            kept = saved.get("before", {}) if isinstance(saved.get("before"), dict) else {}
-            before = {r: s for r, s in kept.items() if self.next_round <= int(r) < round_}
-            before[str(round_)] = self.reputation(for_round=round_).to_json()
-            data |= {"through_round": int(round_), "before": before}
-        write_atomically(self.reputation_path, json.dumps(data, indent=1))
 
     @property
     def backlog(self) -> Backlog:
@@ -231,7 +183,6 @@ def open_node(
         )
         if saved is not None:
             runtime.next_round = saved.next_round
-            runtime.totals = replace(saved.totals)
             log.info("%s resumes at round %d from %s", node_id, saved.next_round, saved.path)
         if swarm.tracking.enabled:
             runtime.run = open_node_run(swarm, spec, parent_run_id, learner.prompt_format)
@@ -264,17 +215,17 @@ def manifest(
 def restore_learner(
     swarm: SwarmConfig, spec: NodeSpec, saved: checkpoint.Checkpoint | None
 ) -> Learner:
-    """The node's learner: from ``saved``, its newest checkpoint (policy, optimizer, RNG,
-    counters; the KL reference stays the initial model), or fresh from its configured
-    model when it has none."""
+    """The node's learner: the one that wrote ``saved``, its newest checkpoint (weights and
+    state; the KL reference stays the initial model), or fresh from its configured model
+    when it has none."""
     prefix = f"{swarm.swarm_id}."  # ids unique across swarms that share a ledger
     if saved is None:
         return Learner(spec.node, id_prefix=prefix)
     if not saved.resumable:
         raise checkpoint.NotResumable(not_resumable(spec.node_id, saved))
-    learner = Learner.from_checkpoint(spec.node, saved.path, id_prefix=prefix)
-    checkpoint.restore_into(learner, saved)
-    return learner
+    return Learner.from_checkpoint(
+        spec.node, saved.path, checkpoint.read_state(saved), id_prefix=prefix
+    )
 
 
 def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from sapo_core.assembly import TrainingSet
 from sapo_core.learner import Generated, RoundReport
 from sapo_core.rollouts import Group
 
@@ -19,7 +18,6 @@ class RoundNotes:
     """What the round saw on the way, for its metrics: nothing later steps act on."""
 
     ledger_down: bool = False  # the ledger did not answer: groups kept in the backlog, J = 0
-    peers_excluded: int = 0  # peers this node's reputation of them excludes from sampling
     peer_rows_dropped: int = 0  # drawn peers' rows that could not be converted
 
 
@@ -32,14 +30,12 @@ class RoundState:
     round: int
     started: float = field(default_factory=time.perf_counter)
     last: bool = False  # the run's last round: its checkpoint is forced
-    # Made by the steps, in order: generate, sample, reward, update, checkpoint (evaluate
-    # first, when due).
+    # Made by the steps, in order: generate, sample, train, checkpoint (evaluate first, when
+    # due).
     evaluation: dict[str, float] = field(default_factory=dict)  # held-out metrics, if due
     generated: Generated | None = None
     external: list[Group] = field(default_factory=list)
-    chosen: TrainingSet | None = None
-    flagged: int = 0  # rows the verifier flagged in selecting them (the update reports it)
-    report: RoundReport | None = None
+    report: RoundReport | None = None  # the learner's round: its training set, its update
     checkpoint: str | None = None
     notes: RoundNotes = field(default_factory=RoundNotes)
     seconds: dict[str, float] = field(default_factory=dict)  # per step

@@ -1,5 +1,5 @@
-"""The steps of a node's round as plain functions: generate -> publish -> sample -> reward ->
-update, then checkpoint and track.
+"""The steps of a node's round as plain functions: generate -> publish -> sample -> train
+(the learner's round: reward, then update), then checkpoint and track.
 
 Each step takes the node's runtime and the round's `RoundState` (what one step hands the
 next inside the node's process: the model's output is too large to pass between Prefect
@@ -219,7 +219,7 @@ def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
     """What the node's draw of peers' groups for ``round_`` asks of the ledger: the one
     set of arguments its warm-up wait and its draw both use."""
     config = node.spec.node
-    reputation = node.reputation(for_round=round_)  # as its first attempt saw it
+    reputation = node.learner.reputation  # through the last round trained
     swarm_id = node.swarm.swarm_id
     return {
         "node_id": node.node_id,
@@ -273,34 +273,24 @@ def wait_for_peers(node: NodeRuntime, draw: dict[str, Any]) -> None:
         time.sleep(PEER_POLL_S)
 
 
-@timed("reward")
-def reward(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    """Score own and peers' groups with this node's verifier; assemble I + J."""
-    generated = require(state.generated, state, "reward", "generate")
-    state.chosen, state.flagged = node.learner.select(state.round, generated.groups, state.external)
-    if node.reputation_covers(state.round):  # a retry: its verdicts count once
-        reputation = node.reputation()
-    else:
-        reputation = node.reputation(for_round=state.round)
-        reputation.update(state.chosen.peer_evidence)
-        node.save_reputation(reputation, state.round)
-    state.notes.peers_excluded = len(reputation.excluded())
-    return {"groups": float(len(state.chosen.selected)), "flagged_rows": float(state.flagged)}
-
-
-@timed("update")
-def update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    """The GRPO step; adds the round's own and training rewards to the node's running
-    sums and records in the ledger which groups it trained on (for the sharing
-    diagnostics)."""
-    chosen = require(state.chosen, state, "update", "reward")
-    generated = require(state.generated, state, "update", "generate")
-    node.wait_for_checkpoint()  # never step while a write reads the weights (see below)
-    state.report = node.learner.update(state.round, chosen, state.flagged)
-    records = chosen.records(state.report.loss_shares, state.report.drift)
-    write_node_log(node, "training", state.round, records)
-    node.totals.add(own_reward=generated.own_reward, training_reward=state.report.training_reward)
-    return node.totals.as_metrics()
+def train(node: NodeRuntime, state: RoundState) -> dict[str, float]:
+    """The learner's round after the draw (`Learner.train_round`: judge the peers' rows,
+    update the reputation, assemble I + J, the GRPO step, the totals), once the previous
+    round's checkpoint is written; then the training log, which groups it trained on (for
+    the sharing diagnostics). Timed as its two parts: ``reward`` (judging and assembling)
+    and ``update``."""
+    generated = require(state.generated, state, "train", "generate")
+    checkpoint_wait(node, state)  # never step while a write reads the weights (see below)
+    fault_point("train", state.round)
+    node.progress.emit("step", round=state.round, step="train")
+    began = time.perf_counter()
+    report = node.learner.train_round(state.round, generated, state.external)
+    state.report = report
+    chosen = require(report.chosen, state, "train", "train_round")
+    write_node_log(node, "training", state.round, chosen.records(report.loss_shares, report.drift))
+    state.seconds["reward"] = report.select_s
+    state.seconds["update"] = time.perf_counter() - began - report.select_s
+    return node.learner.totals.as_metrics()
 
 
 def write_node_log(node: NodeRuntime, kind: str, round_: int, rows: list[dict[str, Any]]) -> None:
@@ -329,7 +319,7 @@ def checkpoint(node: NodeRuntime, state: RoundState, *, force: bool = False) -> 
     if not checkpoint_due(done, node.swarm.checkpoint_every, force=force):
         return None
     pending = checkpoints.capture(
-        node.workdir, node.node_id, node.learner, done, node.totals, node_config(node.spec)
+        node.workdir, node.node_id, node.learner, done, node_config(node.spec)
     )
     node.writer.start(pending)
     if force:
@@ -351,19 +341,14 @@ def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     metrics = round_metrics(node, state)
     if node.run is not None:
         node.run.tracker.log_metrics(node.run.run_id, metrics, step=state.round)
-        chosen = require(state.chosen, state, "track", "reward")
+        report = require(state.report, state, "track", "train")
+        chosen = require(report.chosen, state, "track", "train_round")
         node.run.tracker.log_table(
             node.run.run_id,
             sample_completions(chosen, state.round),
             f"completions/round-{state.round:04d}.json",
         )
     return metrics
-
-
-def wait_and_update(node: NodeRuntime, state: RoundState) -> dict[str, float]:
-    """The update, after the previous checkpoint's write (each timed on its own)."""
-    checkpoint_wait(node, state)
-    return update(node, state)
 
 
 def evaluation_due(node: NodeRuntime, state: RoundState) -> bool:
@@ -386,8 +371,7 @@ ROUND: tuple[Step, ...] = (
     Step("generate", generate),
     Step("publish", publish),
     Step("sample", sample),
-    Step("reward", reward),
-    Step("update", wait_and_update),
+    Step("train", train),
     Step("checkpoint", checkpoint),
     Step("track", track),
 )

@@ -41,7 +41,18 @@ whose special tokens' strings are parsed as the tokens (a chat template's render
 
 
 class GenerationBackend(Protocol):
-    """Samples `config.completions_per_question` completions for each prompt."""
+    """Samples `config.completions_per_question` completions for each prompt.
+
+    ``exact_logprobs``: whether its log-probs are the training forward's to the bit (the
+    transformers loop in fp32), so the update may take them as its old log-probs.
+    ``weights_changed`` is called after each update (a backend with its own copy of the
+    weights reloads them); ``close`` stops what it started."""
+
+    exact_logprobs: bool
+
+    def weights_changed(self) -> None: ...
+
+    def close(self) -> None: ...
 
     def generate(
         self,

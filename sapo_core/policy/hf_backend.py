@@ -99,7 +99,10 @@ def stop_token_ids(tokenizer: Any, model: Any) -> list[int]:
 
 
 class TransformersBackend:
-    """Batched temperature / top-p sampling with behaviour log-probs."""
+    """Batched temperature / top-p sampling with behaviour log-probs, on the policy's own
+    weights (nothing to reload after an update, nothing to stop)."""
+
+    exact_logprobs = True
 
     def __init__(self, policy: Policy, *, stop_texts: Sequence[str] = ()) -> None:
         self.policy = policy
@@ -110,6 +113,12 @@ class TransformersBackend:
         self.pad_id = int(tokenizer.pad_token_id)
         self.stop_texts = tuple(stop_texts)
         self.stop_window = stop_window(self.stop_texts)
+
+    def weights_changed(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def generate(
         self,

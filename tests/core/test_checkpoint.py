@@ -12,8 +12,9 @@ import torch
 
 from flows.node import checkpoint
 from sapo_core.config import GenerationConfig, GRPOConfig, NodeConfig, TaskConfig, TaskSpec
-from sapo_core.learner import Learner
-from sapo_core.policy.loading import Policy, load_model, load_policy
+from sapo_core.learner import Generated, Learner
+from sapo_core.node_state import RewardTotals
+from sapo_core.policy.loading import load_model, load_policy
 from sapo_core.rollouts import Group
 
 
@@ -33,25 +34,28 @@ def learner(model_dir: Path) -> Learner:
     return Learner(node_config(model_dir))
 
 
+def own(*groups: Group) -> Generated:
+    """Hand-made own groups, as `Learner.generate` returns its own."""
+    return Generated(list(groups), 0.0, 0)
+
+
 def test_newest_only_stale_temporaries_removed_model_files_listed(
     tmp_path: Path, tiny_model_dir: Any
 ) -> None:
     me = learner(tiny_model_dir)
-    first = checkpoint.write(
-        checkpoint.capture(tmp_path, "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
-    )
+    me.totals = RewardTotals(0.5, 0.25)
+    first = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 1))
     stale = first.path.parent / ".tmp-killed"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half a file")
     me.policy_version = 3
-    second = checkpoint.write(
-        checkpoint.capture(tmp_path, "n", me, 2, checkpoint.RewardTotals(1.5, 0.75))
-    )
+    me.totals = RewardTotals(1.5, 0.75)
+    second = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 2))
     kept = sorted(p.name for p in second.path.parent.iterdir())
     assert kept == ["round-000002"]  # the old one and the interrupted one are gone
     assert checkpoint.latest(tmp_path, "n") == second
     assert (second.next_round, second.policy_version) == (2, 3)
-    assert second.totals == checkpoint.RewardTotals(1.5, 0.75)
+    assert second.totals == RewardTotals(1.5, 0.75)
     names = {p.name for p in checkpoint.model_files(second.path)}
     assert "model.safetensors" in names and "config.json" in names
     assert not names & {"optimizer.pt", "rng.pt", "state.json"}
@@ -63,17 +67,21 @@ def test_newest_only_stale_temporaries_removed_model_files_listed(
 def test_restore_gives_back_weights_optimizer_and_counters(
     tmp_path: Path, tiny_model_dir: Any
 ) -> None:
+    from sapo_core.reputation import PeerEvidence
+
     me = learner(tiny_model_dir)
     made = me.generate(0)
-    me.train(0, made.groups)
+    me.train_round(0, made)
+    me.reputation.update({"p": PeerEvidence(rows=6, failed=1)})
     saved = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 1))
-    loaded = load_policy(str(saved.path))
-    again = Learner(me.config, policy=Policy(loaded.model, loaded.tokenizer, model_id="x"))
-    checkpoint.restore_into(again, saved)
+    again = Learner.from_checkpoint(me.config, saved.path, checkpoint.read_state(saved))
     for a, b in zip(me.policy.model.parameters(), again.policy.model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert again.policy_version == me.policy_version
     assert me.policy_version == 1
+    assert again.totals == me.totals and again.totals is not me.totals
+    assert again.totals.cumulative_own_reward == made.own_reward
+    assert again.reputation.peers == me.reputation.peers and again.reputation.peers["p"].judged == 6
     ours, theirs = me.optimizer.state_dict()["state"], again.optimizer.state_dict()["state"]
     assert ours.keys() == theirs.keys() and len(ours) > 0
     for key in ours:
@@ -91,12 +99,13 @@ def test_resume_keeps_the_initial_weights_as_kl_reference(
     right = dataclasses.replace(  # with the verdict generate would have given it
         group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>", reward=1.0
     )
-    report = me.train(0, [Group(group.group_id, "local", (right, *group.rollouts[1:]))])
+    report = me.train_round(0, own(Group(group.group_id, "local", (right, *group.rollouts[1:]))))
     assert report.training_reward == 0.5 and report.groups_trained == 1
     saved = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 1))
 
-    again = Learner.from_checkpoint(config, saved.path, id_prefix="s.")
-    checkpoint.restore_into(again, saved)
+    again = Learner.from_checkpoint(
+        config, saved.path, checkpoint.read_state(saved), id_prefix="s."
+    )
     initial = load_model(str(tiny_model_dir))
     names = [name for name, _ in initial.named_parameters()]
     pairs = zip(
@@ -143,7 +152,8 @@ def test_a_background_write_is_the_checkpoint_a_save_makes_with_state_captured_a
     import threading
 
     me = learner(tiny_model_dir)
-    me.train(0, me.generate(0).groups)
+    me.train_round(0, me.generate(0))
+    me.totals = RewardTotals(0.5, 0.25)
     release = threading.Event()
     real = checkpoint.write
 
@@ -154,21 +164,21 @@ def test_a_background_write_is_the_checkpoint_a_save_makes_with_state_captured_a
     monkeypatch.setattr(checkpoint, "write", held)
     torch_rng, python_rng = torch.get_rng_state(), random.getstate()
     writer = checkpoint.Writer()
-    totals = checkpoint.RewardTotals(0.5, 0.25)
-    pending = writer.start(checkpoint.capture(tmp_path, "n", me, 1, totals, {"k": "v"}))
-    assert writer.busy and checkpoint.latest(tmp_path, "n") is None
+    pending = writer.start(checkpoint.capture(tmp_path, "n", me, 1, {"k": "v"}))
+    assert checkpoint.latest(tmp_path, "n") is None
     torch.manual_seed(1234)  # what the caller does next must not leak into the checkpoint
     random.seed(1234)
+    me.totals.add(own_reward=1.0, training_reward=1.0)
     release.set()
     written = writer.wait()
-    assert written == pending and not writer.busy and writer.wait() is None
+    assert written == pending and writer.wait() is None
+    assert written.totals == RewardTotals(0.5, 0.25)
     assert checkpoint.latest(tmp_path, "n") == written
     rng = torch.load(written.path / "rng.pt", weights_only=False)
     assert torch.equal(rng["torch"], torch_rng) and rng["python"] == python_rng
     monkeypatch.setattr(checkpoint, "write", real)
-    again = checkpoint.write(
-        checkpoint.capture(tmp_path / "sync", "n", me, 1, checkpoint.RewardTotals(0.5, 0.25))
-    )
+    me.totals = RewardTotals(0.5, 0.25)
+    again = checkpoint.write(checkpoint.capture(tmp_path / "sync", "n", me, 1))
     for name in ("model.safetensors", "optimizer.pt", "state.json"):
         ours, theirs = (written.path / name).read_bytes(), (again.path / name).read_bytes()
         if name == "state.json":
@@ -185,7 +195,7 @@ def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_u
     writer.start(checkpoint.capture(tmp_path, "n", me, 1))
     first = writer.wait()
     assert first is not None
-    me.train(1, me.generate(1).groups)
+    me.train_round(1, me.generate(1))
     real_save = torch.save
 
     def full_disk(obj: Any, path: Any, *args: Any, **kwargs: Any) -> None:
@@ -200,9 +210,7 @@ def test_a_write_that_fails_raises_from_wait_and_the_previous_checkpoint_stays_u
         writer.wait()
     monkeypatch.setattr(torch, "save", real_save)
     assert checkpoint.latest(tmp_path, "n") == first  # the half-written one is not taken
-    loaded = load_policy(str(first.path))
-    again = Learner(me.config, policy=Policy(loaded.model, loaded.tokenizer, model_id="x"))
-    checkpoint.restore_into(again, first)
+    again = Learner.from_checkpoint(me.config, first.path, checkpoint.read_state(first))
     assert again.policy_version == 0
     writer.start(
         checkpoint.capture(tmp_path, "n", me, 2)
@@ -237,7 +245,7 @@ def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
         group.rollouts[0], completion=f"<answer>{group.question.answer}</answer>", reward=1.0
     )
     trained = Group(group.group_id, "local", (right, *group.rollouts[1:]))
-    me.train(0, [trained])
+    me.train_round(0, own(trained))
     state = me.optimizer.state_dict()["state"]
     named = [n for n, p in me.policy.model.named_parameters() if p.requires_grad]
     assert len(state) == len(named) and all("lora_" in n for n in named)
@@ -248,8 +256,7 @@ def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
     full_bytes = sum(p.stat().st_size for p in tiny_model_dir.glob("*.safetensors"))
     assert adapter_bytes < full_bytes / 4
 
-    again = Learner.from_checkpoint(config, saved.path)
-    checkpoint.restore_into(again, saved)
+    again = Learner.from_checkpoint(config, saved.path, checkpoint.read_state(saved))
     assert again.policy.model_id == config.model and again.ref_model is None
     for (name, a), b in zip(
         me.policy.model.named_parameters(), again.policy.model.parameters(), strict=True
@@ -257,8 +264,8 @@ def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
         assert torch.equal(a, b), name
         assert a.requires_grad == b.requires_grad, name
     # The next step, from both: bit for bit the same weights.
-    me.train(1, [trained])
-    again.train(1, [trained])
+    me.train_round(1, own(trained))
+    again.train_round(1, own(trained))
     for (name, a), b in zip(
         me.policy.model.named_parameters(), again.policy.model.parameters(), strict=True
     ):
@@ -274,3 +281,33 @@ def test_an_adapter_checkpoint_holds_the_adapter_and_resumes_bit_for_bit(
     got = torch.tensor(segment[0].ref_logprobs[0])
     assert torch.allclose(got, expected[0], atol=1e-5)
     assert not torch.allclose(now, expected, atol=1e-4)  # while the policy has moved
+
+
+def test_a_checkpoint_from_before_the_learner_held_its_reputation_resumes_the_old_file(
+    tmp_path: Path, tiny_model_dir: Any
+) -> None:
+    """Older nodes kept their reputation in <node>/reputation.json, with the state before
+    each round past their checkpoint: a resume takes the one of the round it resumes at."""
+    me = learner(tiny_model_dir)
+    saved = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 2))
+    state = json.loads((saved.path / "state.json").read_text())
+    del state["reputation"]
+    (saved.path / "state.json").write_text(json.dumps(state))
+    record = {"judged": 8, "rows": 8.0, "bad": 1.0}
+    later = {"judged": 12, "rows": 12.0, "bad": 1.0}
+    old = {
+        "version": 2,
+        "peers": {"p": later},
+        "through_round": 2,
+        "before": {"2": {"version": 2, "peers": {"p": record}}},
+    }
+    (checkpoint.node_dir(tmp_path, "n") / "reputation.json").write_text(json.dumps(old))
+    again = Learner.from_checkpoint(me.config, saved.path, checkpoint.read_state(saved))
+    assert again.reputation.peers["p"].judged == 8  # round 2's verdicts are not counted yet
+    (checkpoint.node_dir(tmp_path, "n") / "reputation.json").unlink()
+    assert (
+        Learner.from_checkpoint(
+            me.config, saved.path, checkpoint.read_state(saved)
+        ).reputation.peers
+        == {}
+    )

@@ -141,7 +141,7 @@ def test_a_corrected_learner_trains_an_accepted_claim_on_its_ids_and_counts_the_
     forged = _hostile(me)["ids of another text"]
     forged = dataclasses.replace(forged, rollout_id="peer.r0.q0.c1", completion=TEXT + " ")
     chosen, _ = me.select(0, [], [Group("peer.r0.q0", "external", (honest, forged))])
-    pairs, skipped, claims = me._encode_groups(chosen.trained)
+    pairs, skipped, claims = me.encoder.encode(chosen.trained)
     [(_, segment)] = pairs
     assert claims == {ACCEPTED: 1, NOT_THE_TEXT: 1} and not skipped
     # the accepted row: the generator's ids, stop token included, and its log-probs
@@ -163,7 +163,7 @@ def test_without_a_correction_a_peers_text_is_re_encoded_as_the_paper_does(
     paper = Learner(_node(tiny_model_dir, correction="none"), tiny_policy)
     honest, other = _claimed(paper, 0), _claimed(paper, 1, "<answer>8</answer>")
     chosen, _ = paper.select(0, [], [Group("peer.r0.q0", "external", (honest, other))])
-    [(_, segment)], _, claims = paper._encode_groups(chosen.trained)
+    [(_, segment)], _, claims = paper.encoder.encode(chosen.trained)
     ids = text_ids(paper.policy.tokenizer, TEXT)
     assert segment.completion_ids[0] == ids and claims == {ACCEPTED: 2}
     # the claim still measures drift over the tokens the text re-encodes to

@@ -19,7 +19,8 @@ from sapo_core.config import (
     TaskConfig,
     TaskSpec,
 )
-from sapo_core.learner import EMPTY, TOO_LONG, Learner
+from sapo_core.encoding import EMPTY, TOO_LONG
+from sapo_core.learner import Learner
 from sapo_core.policy import bundled
 from sapo_core.policy.backend import stop_text_end
 from sapo_core.policy.hf_backend import TransformersBackend

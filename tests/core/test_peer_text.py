@@ -172,7 +172,7 @@ def test_own_rows_keep_their_sampled_ids(tiny_model_dir: Any, tiny_policy: Any) 
     row = _rollout(
         me, "me", 0, "<answer>3</answer>", token_ids=sampled, logprobs=(-0.5,) * len(sampled)
     )
-    ids, behaviour, sampler, outcome = me._completion_tokens(row)
+    ids, behaviour, sampler, outcome = me.encoder.completion_tokens(row)
     assert tuple(ids) == sampled and behaviour == [-0.5] * len(sampled)
     assert sampler == behaviour and outcome is None  # own rows: their generation is the claim
 

@@ -179,7 +179,7 @@ def test_a_peer_with_a_256_row_group_holds_no_more_than_one_group_of_the_update(
     # Under any loss a peer group holds no more than 4 rows of at most max_new_tokens.
     evil_tokens = 4 * me.config.generation.max_new_tokens
     trained_tokens = sum(
-        len(me._completion_tokens(r)[0]) for g in chosen.trained for r in g.rollouts
+        len(me.encoder.completion_tokens(r)[0]) for g in chosen.trained for r in g.rollouts
     )
     assert report.peer_loss_shares["evil"] <= evil_tokens / trained_tokens
     logged = {r["group_id"]: r["loss_share"] for r in chosen.records(report.loss_shares)}

@@ -298,15 +298,20 @@ def test_learner_round_with_peers(tiny_model_dir: Any) -> None:
         liar.group_id, "external",
         tuple(dataclasses.replace(r, question=lie) for r in liar.rollouts),
     )  # fmt: skip
-    report = me.train(0, own.groups, [tampered, theirs[1]])
+    report = me.train_round(0, own, [tampered, theirs[1]])
     assert report.flagged_rows == 3
+    # The verdicts went into the learner's reputation of the peer, once: 6 rows judged,
+    # the tampered group's 3 failed.
+    [(peer, record)] = me.reputation.peers.items()
+    assert peer == liar.rollouts[0].node_id and record.judged == 6 and record.bad > 0
+    assert me.totals.cumulative_own_reward == own.own_reward
     assert report.external_groups_used == 1 and report.groups_trained == 3
     assert me.policy_version == 1 and report.update["tokens_per_s"] > 0
 
 
 def test_silo_node_trains_on_its_own_groups(tiny_model_dir: Any) -> None:
     me = Learner(_node(tiny_model_dir, "solo", local_groups=2, external_groups=0))
-    report = me.train(0, me.generate(0).groups)
+    report = me.train_round(0, me.generate(0))
     assert report.external_groups_used == 0 and report.groups_trained == 2
     assert report.training_reward_external is None
 

@@ -41,8 +41,7 @@ def test_a_node_trains_through_a_ledger_outage_and_writes_its_backlog_after(
         steps.generate(a, state)
         assert steps.publish(a, state) == []  # kept in the backlog
         assert steps.sample(a, state) == []  # J = 0 this round
-        steps.reward(a, state)
-        steps.update(a, state)  # trains on its own groups; the training log is backlogged
+        steps.train(a, state)  # trains on its own groups; the training log is backlogged
         metrics = steps.track(a, state)
         assert metrics["ledger_unreachable"] == 1.0 and metrics["external_groups_used"] == 0.0
         assert metrics["backlog_files"] == 2.0 and metrics["groups_trained"] == 2.0

@@ -1,6 +1,6 @@
-"""The round exists once (issue 45): a node's round as the flow runs it (flows/node/steps.py,
-through the ledger) and examples/one_round.py's round give the same update on a tiny model
-and seed, because both are `Learner.select` and `Learner.update`."""
+"""The round exists once (issues 45, 59): a node's round as the flow runs it
+(flows/node/steps.py, through the ledger) and examples/one_round.py's round give the same
+update on a tiny model and seed, because both are `Learner.train_round`."""
 
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def test_the_flows_round_and_the_examples_give_the_same_update(
     try:
         state = RoundState(0, last=True)
         steps.run_round(node, state)
-        assert state.report is not None and state.chosen is not None
+        assert state.report is not None and state.report.chosen is not None
         flow, mine = state.report, out["report"]
         assert flow.groups_trained == mine.groups_trained > 0
-        assert [g.rewards for g in state.chosen.trained] == [
+        assert [g.rewards for g in state.report.chosen.trained] == [
             g.rewards for g in out["chosen"].trained
         ]
         for key in ("loss", "grad_norm", "clip_fraction"):

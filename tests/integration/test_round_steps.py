@@ -66,23 +66,23 @@ def test_a_round_publishes_samples_peers_trains_and_reports(tmp_path: Path) -> N
         assert keys == steps.publish(b, state)  # a retried publish writes the same keys
         drawn = steps.sample(b, state)
         assert len(drawn) == 1 and drawn[0].startswith("steps.a.r0.")  # a's, never b's own
-        assert steps.reward(b, state) == {"groups": 3.0, "flagged_rows": 0.0}
-        figures = steps.update(b, state)
+        figures = steps.train(b, state)
+        assert state.report is not None and state.report.chosen is not None
+        assert len(state.report.chosen.selected) == 3 and state.report.flagged_rows == 0
         assert steps.checkpoint(b, state) is None  # every 2 rounds: not after round 0
         metrics = steps.track(b, state)
 
-        chosen = state.chosen
-        assert chosen is not None
+        chosen = state.report.chosen
         rewards = chosen.rewards()
         assert metrics["training_reward"] == pytest.approx(sum(rewards) / len(rewards))
         assert figures["cumulative_training_reward"] == pytest.approx(metrics["training_reward"])
         assert figures["cumulative_own_reward"] == pytest.approx(metrics["own_reward"])
         for name in ("cumulative_own_reward", "cumulative_training_reward"):
-            assert metrics[name] == figures[name] == getattr(b.totals, name)
+            assert metrics[name] == figures[name] == getattr(b.learner.totals, name)
         assert metrics["external_groups_used"] == 1.0 and metrics["groups_trained"] == 3.0
         assert metrics["policy_version"] == 1.0
         assert set(state.seconds) == {
-            "generate", "publish", "sample", "reward", "update", "checkpoint",
+            "generate", "publish", "sample", "checkpoint_wait", "reward", "update", "checkpoint",
         }  # fmt: skip
         for name in ("generate", "publish", "sample", "reward", "update", "orchestration"):
             assert metrics[f"seconds_{name}"] >= 0.0
@@ -107,8 +107,8 @@ def test_steps_out_of_order_fail_clearly(tmp_path: Path) -> None:
     try:
         with pytest.raises(RuntimeError, match="round 4: publish before generate"):
             steps.publish(node, RoundState(4))
-        with pytest.raises(RuntimeError, match="update before reward"):
-            steps.update(node, RoundState(4))
+        with pytest.raises(RuntimeError, match="round 4: train before generate"):
+            steps.train(node, RoundState(4))
     finally:
         node.close()
 
@@ -127,12 +127,13 @@ def test_checkpoint_cadence_and_resume(tmp_path: Path) -> None:
         node.wait_for_checkpoint()
         saved = checkpoints.latest(swarm.workdir, "a")
         assert saved is not None and saved.next_round == 2 == node.next_round
-        totals = node.totals
+        totals = node.learner.totals
     finally:
         node.close()
     again = open_node(swarm, "a")
     try:
-        assert again.next_round == 2 and again.totals == totals and again.totals is not totals
+        assert again.next_round == 2 and again.learner.totals == totals
+        assert again.learner.totals is not totals
         assert again.learner.policy_version == 2
     finally:
         again.close()
@@ -174,7 +175,7 @@ def test_evaluation_and_training_logs_land_in_the_ledger(tmp_path: Path) -> None
         assert steps.evaluate(b, state)["eval_accuracy"] == pytest.approx(
             state.evaluation["eval_accuracy/chain_sum"]
         )
-        for step in (steps.generate, steps.publish, steps.sample, steps.reward, steps.update):
+        for step in (steps.generate, steps.publish, steps.sample, steps.train):
             step(b, state)
         metrics = steps.track(b, state)
         assert metrics["eval_accuracy"] == state.evaluation["eval_accuracy"]
@@ -205,8 +206,8 @@ def test_evaluation_and_training_logs_land_in_the_ledger(tmp_path: Path) -> None
             ("local", "b", "chain_sum", 2, True),
             ("local", "b", "chain_sum", 2, True),
         ]
-        chosen = state.chosen
-        assert chosen is not None
+        assert state.report is not None and state.report.chosen is not None
+        chosen = state.report.chosen
         informative = b.ledger.query(
             "SELECT count(*) FROM trainings WHERE node_id = 'b' AND informative"
         ).item()
@@ -242,7 +243,7 @@ def test_the_warm_up_does_not_count_the_groups_of_peers_the_node_excluded(
     b = open_node(swarm, "b")
     try:
         run_round(a, 0)  # a's groups are in the ledger
-        monkeypatch.setattr(b, "reputation", lambda for_round=None: _Excluding("a"))
+        monkeypatch.setattr(b.learner, "reputation", _Excluding("a"))
         polls = []
         asked = b.ledger.sample_group_ids
 
