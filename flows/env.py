@@ -35,6 +35,9 @@ FORCE_ENV = "SAPO_RESUME_FORCE"
 """Set (to 1) to resume nodes whose configuration changed since their checkpoint: what
 `--force` sets for the node processes `sapo swarm` starts, and what a deployment's worker
 may set (flows/node/lifecycle.py)."""
+CHECKED_ENV = "SAPO_RESUME_CHECKED"
+"""Set by a launcher for each node process it starts: the checkpoint at which it checked
+that node's resume, models and ledger (flows/node/lifecycle.py `checked_marker`)."""
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from flows.cli.common import fail, require
+from flows.limits import DEFAULT_WORKDIR
 
 app = typer.Typer(
     help="PostgreSQL, S3, Prefect and MLflow here, without Docker. "
@@ -25,7 +26,7 @@ HomeOpt = Annotated[
 
 @app.command()
 def up(
-    home: HomeOpt = Path("sapo-work/stack"),
+    home: HomeOpt = DEFAULT_WORKDIR / "stack",
     host: Annotated[str, typer.Option(help="Address every service binds.")] = "127.0.0.1",
     s3_endpoint: Annotated[
         str | None, typer.Option(help="Use this S3 server (MinIO) instead of starting one.")
@@ -52,7 +53,7 @@ def up(
 
 
 @app.command()
-def down(home: HomeOpt = Path("sapo-work/stack")) -> None:
+def down(home: HomeOpt = DEFAULT_WORKDIR / "stack") -> None:
     """Stop everything the stack at --home started."""
     from flows.services import stack
 
@@ -65,7 +66,7 @@ def down(home: HomeOpt = Path("sapo-work/stack")) -> None:
 
 @app.command()
 def status(
-    home: HomeOpt = Path("sapo-work/stack"),
+    home: HomeOpt = DEFAULT_WORKDIR / "stack",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Whether each service answers (exit 1 if one does not)."""

@@ -193,7 +193,7 @@ def swarm(
         f"swarm {cfg.swarm_id}: {len(cfg.nodes)} nodes x {cfg.rounds} rounds; "
         f"ledger {cfg.ledger.url}; MLflow {cfg.tracking_uri()}"
     )
-    failed = run_swarm(cfg, resolved)
+    failed = run_swarm(cfg, resolved, checked=saved)
     print(where(cfg))
     print(disk_line(cfg.workdir))
     if failed:
@@ -229,16 +229,21 @@ def node(
         raise fail(str(exc)) from exc
     from flows.node import lifecycle
 
-    saved = check_resume(cfg, [node_id], force, more_rounds)[node_id]
     until_round = None if more_rounds else cfg.rounds  # --more-rounds may go past it
-    if saved is not None and (
-        not saved.resumable  # it kept only its final model: nothing more can run
-        or lifecycle.nothing_left(cfg, node_id, saved, cfg.rounds, until_round, more_rounds)
-    ):  # said here, without starting Prefect (seconds) for a flow that would do nothing
-        print(lifecycle.finished_line(node_id, saved), flush=True)
+    # Decided once, here, and handed to the flow (which would otherwise decide itself).
+    start = lifecycle.decide(
+        cfg, node_id, force=force, until_round=until_round, more_rounds=more_rounds
+    )
+    for line in start.forced:
+        typer.secho(line, err=True)
+    if start.refusal:
+        raise fail(start.refusal)
+    if start.said is not None:  # without starting Prefect (seconds) for a flow doing nothing
+        print(start.said, flush=True)
         return
-    check_models(cfg, [node_id])
-    check_ledger(cfg)
+    if not start.checked_by_launcher:  # `sapo swarm` checked them before starting this
+        check_models(cfg, [node_id])
+        check_ledger(cfg)
     if os.environ.get("PREFECT_HOME"):
         Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     # What the node ran, beside its checkpoints; the flow gets the config itself (parsed
@@ -253,6 +258,7 @@ def node(
         more_rounds=more_rounds,
         parent_run_id=parent_run_id,
         force=force,
+        start=start,
     )
 
 

@@ -2,9 +2,13 @@
 with which configuration), which rounds a run of it runs, how a run finishes (a final
 evaluation, its model logged, the node marked finished) and whether a swarm is complete.
 
-Plain functions over checkpoints and configs: `sapo swarm`, `sapo node`, a deployment's
-runs (flows/node/round.py `node_flow`) and sweeps all ask here, so a deployed run refuses a
-changed configuration as the CLI does.
+A process that runs a node asks once, `decide`, which reads the node's newest checkpoint
+once and returns a `Start`: the rounds to run from it, or the line a finished node says, or
+a refusal. `sapo node` decides and hands its `Start` to the flow; a deployment's run
+(flows/node/round.py `node_flow`) decides itself. A launcher that checked its nodes' resume
+(`sapo swarm`) tells the processes it starts which checkpoint it checked (`CHECKED_ENV`):
+one that still finds it its newest does not check again. So a deployed run refuses a changed
+configuration as the CLI does, and no process repeats its parent's checks.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flows.config import NodeSpec, SwarmConfig
-from flows.env import FORCE_ENV
+from flows.env import CHECKED_ENV, FORCE_ENV
 from flows.node import checkpoint
 from flows.tracking import flatten
 from sapo_core.config import NodeConfig
@@ -147,6 +151,68 @@ def check_resume(
     return ResumeCheck(
         f"checkpoints made with another configuration ({what}). Rerun with --force "
         f"(or {FORCE_ENV}=1) to resume with this one, or use another --workdir to start afresh"
+    )
+
+
+# -- one decision per process ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a process may do with one node, decided once (`decide`).
+
+    It runs ``first``..``stop - 1`` from ``saved`` (None: a fresh node) when ``said`` and
+    ``refusal`` are None; ``said``: the node has nothing left to run, the line it says;
+    ``refusal``: it may not resume as asked, in one line. ``forced``: what ``force`` let
+    through, to be said. ``checked_by_launcher``: the launcher checked this checkpoint (its
+    resume, models and ledger) for the process."""
+
+    node_id: str
+    saved: checkpoint.Checkpoint | None
+    first: int
+    stop: int
+    said: str | None = None
+    refusal: str | None = None
+    forced: tuple[str, ...] = ()
+    checked_by_launcher: bool = False
+
+    @property
+    def rounds(self) -> range:
+        return range(self.first, self.stop)
+
+
+def checked_marker(saved: checkpoint.Checkpoint | None) -> str:
+    """How a launcher names the checkpoint it checked (`CHECKED_ENV`)."""
+    return "fresh" if saved is None else str(saved.next_round)
+
+
+def decide(
+    swarm: SwarmConfig,
+    node_id: str,
+    *,
+    force: bool = False,
+    until_round: int | None = None,
+    more_rounds: int | None = None,
+) -> Start:
+    """What this process may do with ``node_id``: the node's newest checkpoint, read once;
+    nothing to do when it has run, scored and logged all it is asked for (a scheduled run
+    after the last round, a node that kept only its final model); a refusal when it may not
+    resume (`check_resume`: ``force``, or $SAPO_RESUME_FORCE, lets a changed configuration
+    through); else the rounds to run (`rounds_to_run`: up to ``until_round``, default the
+    swarm's rounds, or ``more_rounds`` past the checkpoint)."""
+    saved = checkpoint.latest(swarm.workdir, node_id)
+    end = until_round or swarm.rounds
+    first = 0 if saved is None else saved.next_round
+    rounds = rounds_to_run(first, end, until_round, more_rounds)
+    if saved is not None and nothing_left(swarm, node_id, saved, end, until_round, more_rounds):
+        return Start(node_id, saved, first, first, said=finished_line(node_id, saved))
+    checked = os.environ.get(CHECKED_ENV) == checked_marker(saved)
+    if checked:
+        return Start(node_id, saved, rounds.start, rounds.stop, checked_by_launcher=True)
+    force = force or forced_by_environment()
+    check = check_resume(swarm, [node_id], force, more_rounds, {node_id: saved})
+    return Start(
+        node_id, saved, rounds.start, rounds.stop, refusal=check.refusal, forced=tuple(check.forced)
     )
 
 

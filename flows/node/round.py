@@ -14,6 +14,7 @@ generation and updates are not I/O and a retry would not help them.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ from flows.node.runtime import NodeRuntime, open_node
 from flows.node.state import RoundState
 from flows.node.watchdog import watching
 from flows.progress import NodeProgress
+
+log = logging.getLogger(__name__)
 
 # The node a node flow runs, for its round flows (set only inside `running`).
 _RUNNING: ContextVar[NodeRuntime] = ContextVar("sapo_running_node")
@@ -98,6 +101,7 @@ def node_flow(
     parent_run_id: str | None = None,
     swarm: SwarmConfig | None = None,
     force: bool = False,
+    start: lifecycle.Start | None = None,
 ) -> dict[str, Any]:
     """Run a node's rounds: up to `until_round` in total (default: the swarm's rounds), or
     `more_rounds` past its checkpoint, and then no further than `until_round` when both
@@ -109,33 +113,37 @@ def node_flow(
     workers on other machines need no copy of the file). Then $SAPO_WORKDIR, where the
     worker's machine sets it, is where the node keeps its checkpoints, key and index.
 
-    A checkpoint made with another configuration is not resumed unless `force` (or
-    $SAPO_RESUME_FORCE): the run fails saying what changed, as `sapo node` does."""
+    What the run does is decided once (flows/node/lifecycle.py `decide`): by `sapo node`,
+    which passes its `start`, or here. A checkpoint made with another configuration is not
+    resumed unless `force` (or $SAPO_RESUME_FORCE): the run fails saying what changed, as
+    `sapo node` does."""
     apply_offline_defaults()  # a worker's flow run starts here, not in the sapo command
     if swarm is None:
         swarm = load_swarm(
             swarm_file, overrides or [], text=swarm_text, workdir=os.environ.get(WORKDIR_ENV)
         )
-    saved = checkpoint.latest(swarm.workdir, node_id)
-    end = until_round or swarm.rounds
-    if saved is not None and lifecycle.nothing_left(
-        swarm, node_id, saved, end, until_round, more_rounds
-    ):
-        print(lifecycle.finished_line(node_id, saved), flush=True)
+    if start is None:
+        start = lifecycle.decide(
+            swarm, node_id, force=force, until_round=until_round, more_rounds=more_rounds
+        )
+        for line in start.forced:
+            log.warning("%s", line)
+    if start.refusal:
+        raise lifecycle.ResumeRefused(start.refusal)
+    if start.said is not None:
+        print(start.said, flush=True)
         return {"node_id": node_id, "rounds": [], "metrics": []}
-    force = force or lifecycle.forced_by_environment()
-    lifecycle.check_resume(swarm, [node_id], force, more_rounds, {node_id: saved}).enforce()
     progress = NodeProgress.for_process(node_id)
     # A run that stops making progress while its process lives (and beats) is ended, so
     # that the node's next run can go (flows/node/watchdog.py).
     with watching(swarm.stall_timeout_s, grace={"sample": swarm.peer_wait_s}) as dog:
         progress.watch(dog.saw)
         node = open_node(
-            swarm, node_id, parent_run_id=parent_run_id, progress=progress, saved=saved
+            swarm, node_id, parent_run_id=parent_run_id, progress=progress, saved=start.saved
         )
         try:
-            rounds = lifecycle.rounds_to_run(node.next_round, end, until_round, more_rounds)
-            start, stop = rounds.start, rounds.stop
+            rounds = start.rounds
+            first, stop = rounds.start, rounds.stop
             history = []
             with running(node):
                 for round_ in rounds:
@@ -159,13 +167,13 @@ def node_flow(
                 next_round=node.next_round,
                 rounds=swarm.rounds,
                 until_round=until_round,
-                ran_rounds=stop > start,
+                ran_rounds=stop > first,
                 model_missing=node.final_model_missing,
             )
             node.finish(log_model=log_model)
             if lifecycle.finished(node.next_round, swarm.rounds, node.final_model_missing):
                 checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
-            return {"node_id": node_id, "rounds": list(range(start, stop)), "metrics": history}
+            return {"node_id": node_id, "rounds": list(rounds), "metrics": history}
         except BaseException as stopped:
             if node.run is not None:  # its MLflow run says how it ended, never "running"
                 interrupted = isinstance(stopped, KeyboardInterrupt)

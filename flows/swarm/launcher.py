@@ -12,13 +12,15 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from flows.config import SwarmConfig, swarm_yaml
-from flows.env import apply_offline_defaults
+from flows.env import CHECKED_ENV, apply_offline_defaults
+from flows.node.checkpoint import Checkpoint
 from flows.node.files import write_atomically
+from flows.node.lifecycle import checked_marker
 from flows.node.metrics import is_round_summary
 from flows.progress import PROGRESS_ENV, SwarmProgress
 from flows.swarm.stopping import NodeStopper, SwarmStopped, stopped_lines
@@ -64,8 +66,18 @@ def open_parent_run(
     return tracker, run_id
 
 
-def node_env(config: SwarmConfig, node_id: str, parent_run_id: str | None) -> dict[str, str]:
+def node_env(
+    config: SwarmConfig,
+    node_id: str,
+    parent_run_id: str | None,
+    checked: Mapping[str, Checkpoint | None] | None = None,
+) -> dict[str, str]:
+    """A node process's environment; ``checked``: the checkpoints at which the launcher
+    checked its nodes' resume, models and ledger (the process need not check again)."""
     env = dict(os.environ)
+    env.pop(CHECKED_ENV, None)  # a launcher's own, never inherited by its nodes
+    if checked is not None and node_id in checked:
+        env[CHECKED_ENV] = checked_marker(checked[node_id])
     apply_offline_defaults(env)  # quiet, offline nodes, whoever started the launcher
     # Share the cores instead of every node using all of them: oversubscribed BLAS threads
     # thrash (three nodes x two threads on two cores ran rounds 2-3x slower).
@@ -119,16 +131,19 @@ def run_swarm(
     out: Callable[[str], None] = print,
     show_progress: bool | None = None,
     parent_run_id: str | None = None,
+    checked: Mapping[str, Checkpoint | None] | None = None,
 ) -> int:
     """Start every node, stream their output, wait; returns the number of nodes that failed.
 
-    Progress bars are drawn on a terminal (or when `show_progress` is true)."""
+    Progress bars are drawn on a terminal (or when `show_progress` is true). ``checked``:
+    each node's newest checkpoint, where the caller checked their resume, models and ledger
+    (`sapo swarm`): the node processes do not check them again."""
     prepare_models(config, out)
     opened = open_parent_run(config, parent_run_id)
     parent = opened[1] if opened else None
     try:
         with SwarmProgress(enabled=show_progress) as display:
-            failed = _run_nodes(config, resolved, parent, display, out)
+            failed = _run_nodes(config, resolved, parent, display, out, checked)
     except SwarmStopped:
         if opened is not None:
             # The parent and every node run the stop cut short: stopped, not running on in
@@ -174,6 +189,7 @@ def _start_node(
     display: SwarmProgress,
     out: Callable[[str], None],
     stopping: threading.Event,
+    checked: Mapping[str, Checkpoint | None] | None,
 ) -> tuple[subprocess.Popen[str], threading.Thread]:
     """One node process (in its own process group, with the Prefect server it starts; see
     flows/swarm/stopping.py) and the thread that streams its output."""
@@ -190,7 +206,7 @@ def _start_node(
     ]
     proc = subprocess.Popen(
         cmd,
-        env=node_env(config, node_id, parent),
+        env=node_env(config, node_id, parent, checked),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -211,6 +227,7 @@ def _run_nodes(
     parent: str | None,
     display: SwarmProgress,
     out: Callable[[str], None],
+    checked: Mapping[str, Checkpoint | None] | None,
 ) -> int:
     procs: list[tuple[str, subprocess.Popen[str]]] = []
     threads = []
@@ -223,7 +240,7 @@ def _run_nodes(
                 if stopper.received is not None:
                     break
                 proc, thread = _start_node(
-                    config, resolved, parent, spec.node_id, display, out, stopper.stopping
+                    config, resolved, parent, spec.node_id, display, out, stopper.stopping, checked
                 )
                 stopper.procs.append(proc)
                 procs.append((spec.node_id, proc))

@@ -232,3 +232,45 @@ def test_a_module_moved_out_of_dashboards_names_its_new_home(name: str) -> None:
     with pytest.raises(ModuleNotFoundError, match=f"dashboards.{name} moved to analysis.{name}"):
         importlib.import_module(f"dashboards.{name}")
     assert importlib.import_module(f"analysis.{name}").__name__ == f"analysis.{name}"
+
+
+LEARNER_INTERFACE = {
+    # What flows/ may use of a node's learner (sapo_core/learner.py): its round, its state
+    # as a whole, and what it says about itself. Its optimizer, encoder, backend and
+    # anything private are its own.
+    "generate", "train_round", "evaluate", "state_dict", "close",
+    "config", "policy", "prompt_format", "policy_version", "totals", "reputation",
+    "judged_tasks",
+}  # fmt: skip
+
+
+def learner_uses(path: Path) -> set[str]:
+    """The attributes read of anything named ``learner`` (``node.learner.x``, ``learner.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            named = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if named == "learner":
+                found.add(node.attr)
+    return found
+
+
+def test_flows_use_the_learner_through_its_public_interface_alone() -> None:
+    """Issue 59: flows/ keeps I/O only; what a node is (weights, optimizer, RNG, reputation,
+    totals) the learner owns, read and restored as a whole through its state dict."""
+    from sapo_core.learner import Learner
+
+    for name in LEARNER_INTERFACE:
+        assert not name.startswith("_") and (
+            hasattr(Learner, name) or name in Learner.__init__.__code__.co_names
+        ), name
+    for path in sorted((ROOT / "flows").rglob("*.py")):
+        outside = learner_uses(path) - LEARNER_INTERFACE
+        assert not outside, f"{path.relative_to(ROOT)} reaches into the learner: {outside}"
+
+
+def test_the_learner_rule_sees_a_reach_into_its_optimizer(tmp_path: Path) -> None:
+    breach = tmp_path / "breach.py"
+    breach.write_text("def f(node):\n    return node.learner.optimizer.state_dict()\n")
+    assert learner_uses(breach) == {"optimizer"}
