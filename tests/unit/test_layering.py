@@ -209,6 +209,22 @@ def test_no_source_file_outgrows_what_a_reader_holds_in_mind() -> None:
     assert {name: n for name, n in sizes.items() if n > SIZE_LIMIT} == {}
 
 
+def test_a_rollouts_record_is_the_ledgers_row_less_what_the_ledger_stamps() -> None:
+    """The record type crosses the wall as plain columns: sapo_core's `Rollout.to_record()`
+    and `RECORD_FIELDS` are the ledger schema's columns, in its order, less the three the
+    publishing side stamps (swarm, time, schema version)."""
+    from ledger.schema import COLUMN_NAMES
+    from sapo_core.rollouts import RECORD_FIELDS
+    from tests.factories import rollout_of
+
+    stamped = {"swarm_id", "published_at", "schema_version"}
+    assert tuple(c for c in COLUMN_NAMES if c not in stamped) == RECORD_FIELDS
+    from sapo_core.tasks import Question
+
+    question = Question("chain_sum", "{}", 0, 0, "1 + 1 =", "2", "{}")
+    assert tuple(rollout_of(question, "<answer>2</answer>").to_record()) == RECORD_FIELDS
+
+
 def test_the_bounds_declared_on_both_sides_of_the_wall_agree() -> None:
     """sapo_core and ledger never import each other, so a bound both check is declared in
     each: here they are held equal (I and J per round)."""
