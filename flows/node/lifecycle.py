@@ -13,7 +13,6 @@ configuration as the CLI does, and no process repeats its parent's checks.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +22,6 @@ from flows.env import CHECKED_ENV, FORCE_ENV
 from flows.node import checkpoint
 from flows.tracking import flatten
 from sapo_core.config import NodeConfig
-
-log = logging.getLogger(__name__)
 
 
 class ResumeRefused(RuntimeError):
@@ -89,13 +86,6 @@ class ResumeCheck:
 
     refusal: str | None = None
     forced: list[str] = field(default_factory=list)
-
-    def enforce(self) -> None:
-        """Log what was forced; raise `ResumeRefused` with the refusal."""
-        for line in self.forced:
-            log.warning("%s", line)
-        if self.refusal:
-            raise ResumeRefused(self.refusal)
 
 
 def forced_by_environment() -> bool:
