@@ -51,6 +51,8 @@ class Checkpoint:
     resumable: bool = True
     """False once `keep_final_model` dropped the training state."""
     final_model: str | None = None
+    reputation: dict[str, Any] | None = None
+    """The learner's reputation of its peers; None in checkpoints from before it held it."""
     """Where the final model went when it is no longer in the directory (an MLflow URI)."""
 
 
@@ -93,6 +95,7 @@ def latest(workdir: Path, node_id: str) -> Checkpoint | None:
                     data.get("config"),
                     bool(data.get("resumable", True)),
                     data.get("final_model"),
+                    data.get("reputation"),
                 )
             )
     return max(found, key=lambda c: c.next_round, default=None)
@@ -133,7 +136,12 @@ def capture(
     totals = RewardTotals.from_state(state["totals"])
     root = node_dir(workdir, node_id) / "checkpoints"
     made = Checkpoint(
-        root / f"round-{next_round:06d}", next_round, state["policy_version"], totals, config
+        root / f"round-{next_round:06d}",
+        next_round,
+        state["policy_version"],
+        totals,
+        config,
+        reputation=state["reputation"],
     )
     return Pending(root, learner.policy, state, made)
 
@@ -156,7 +164,7 @@ def write(pending: Pending) -> Checkpoint:
         "next_round": made.next_round,
         "policy_version": made.policy_version,
         **made.totals.as_metrics(),
-        "reputation": state["reputation"],
+        "reputation": made.reputation,
         "config": made.config,
     }
     (tmp / STATE).write_text(json.dumps(small))  # last: a folder without it is partial
@@ -256,14 +264,13 @@ def read_state(saved: Checkpoint) -> dict[str, Any]:
     """The learner's `state_dict()` as ``saved`` holds it, for `Learner.from_checkpoint`."""
     import torch
 
-    data = json.loads((saved.path / STATE).read_text())
-    reputation = data.get("reputation")
-    if reputation is None:  # written before the learner held it
-        reputation = _legacy_reputation(saved)
     return {
         "policy_version": saved.policy_version,
         "totals": saved.totals.as_metrics(),
-        "reputation": reputation,
+        # state.json was read by `latest`; one written before the learner held it has none
+        "reputation": saved.reputation
+        if saved.reputation is not None
+        else _legacy_reputation(saved),
         "optimizer": torch.load(saved.path / OPTIMIZER),
         "rng": torch.load(saved.path / RNG, weights_only=False),
     }

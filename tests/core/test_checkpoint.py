@@ -293,6 +293,8 @@ def test_a_checkpoint_from_before_the_learner_held_its_reputation_resumes_the_ol
     state = json.loads((saved.path / "state.json").read_text())
     del state["reputation"]
     (saved.path / "state.json").write_text(json.dumps(state))
+    saved = checkpoint.latest(tmp_path, "n")
+    assert saved is not None and saved.reputation is None
     record = {"judged": 8, "rows": 8.0, "bad": 1.0}
     later = {"judged": 12, "rows": 12.0, "bad": 1.0}
     old = {
