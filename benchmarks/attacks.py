@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from flows.env import apply_offline_defaults
 apply_offline_defaults()
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from ledger_attacks import ATTACKS, Site  # noqa: E402  (benchmarks/)
+from ledger_attacks import ATTACKS, Site, peak_rss_mb  # noqa: E402  (benchmarks/)
 from receiver_attacks import ATTACKS as RECEIVER_ATTACKS  # noqa: E402
 from receiver_attacks import run_attack as run_receiver_attack  # noqa: E402
 
@@ -113,15 +112,6 @@ def read(site: Site, wrong_sql: str) -> dict[str, Any]:
         "extra": extra,
         "rss_mb": peak_rss_mb(),
     }
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS since it started its program: VmHWM belongs to the address
-    space made at exec (``ru_maxrss`` would carry over the forking parent's peak)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_reader(site: Site, wrong_sql: str, timeout: float) -> dict[str, Any]:

@@ -5,6 +5,7 @@ a reader would wrongly serve. `attacks.py` runs them, each against a fresh reade
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -24,6 +25,15 @@ from ledger import identity as ident
 from ledger.records import to_table
 from tests import hostile
 from tests.factories import open_ledger, round_rows
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS since it started its program: VmHWM belongs to the address
+    space made at exec (``ru_maxrss`` would carry over the forking parent's peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass

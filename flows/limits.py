@@ -1,7 +1,9 @@
 """What the swarm file and the command line share (bounds, defaults, help texts), in a
 module light enough for the command line to import before it parses anything."""
 
-from pathlib import Path
+from ledger.config import DEFAULT_WORKDIR
+
+__all__ = ["CHECKPOINT_KEEP_HELP", "DEFAULT_WORKDIR", "MAX_NODES"]
 
 MAX_NODES = 256
 """Most nodes one swarm runs (a swarm file's `nodes` or `node_count`, `--nodes`)."""
@@ -16,5 +18,3 @@ CHECKPOINT_KEEP_HELP = (
     "65 GB at 135M)."
 )
 """`checkpoint_keep`'s help, the swarm file's and `--keep`'s."""
-DEFAULT_WORKDIR = Path("sapo-work")
-"""Where a swarm keeps its ledger, MLflow store and checkpoints unless told."""

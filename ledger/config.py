@@ -10,6 +10,11 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from ledger.retrying import RetryPolicy
 
+DEFAULT_WORKDIR = Path("sapo-work")
+"""Where a swarm keeps its ledger, MLflow store and checkpoints unless told. Written here
+once: the ledger's default lives under it, and `flows` (the swarm file, the command line)
+takes it from here."""
+
 
 class _Strict(BaseModel):
     # Unknown keys are an error, never silently ignored.
@@ -98,7 +103,7 @@ class LedgerConfig(_Strict):
     """Where the ledger lives and how it is read."""
 
     url: str = Field(
-        "sapo-work/ledger",
+        str(DEFAULT_WORKDIR / "ledger"),
         description="Root of the ledger: a local path, file:// URL or s3://bucket/prefix.",
     )
     storage_options: dict[str, Any] = Field(

@@ -20,11 +20,16 @@ from sapo_core.config import GRPOConfig
 from sapo_core.grpo.logprobs import completion_logprobs
 from sapo_core.grpo.loss import micro_batch_weight, policy_loss
 from sapo_core.grpo.offpolicy import Drift, importance_weights, row_drift
-from sapo_core.grpo.optimizer import make_optimizer as make_optimizer  # its former home
 from sapo_core.grpo.plan import UpdatePlan, plan_for
 from sapo_core.grpo.segments import Segment, padded, split_segments
 from sapo_core.memory import release_free_memory
 from sapo_core.policy.compat import set_checkpointing
+
+
+def __getattr__(name: str) -> Any:
+    if name == "make_optimizer":  # its home until issue 59: the old import says where it went
+        raise ImportError("sapo_core.grpo.update.make_optimizer moved to sapo_core.grpo.optimizer")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass

@@ -183,9 +183,12 @@ def model_problem(model: str) -> str | None:
     )
 
 
-def resolve(model: str) -> str:
-    """The path or hub id transformers should load for a configured model name."""
-    return resolve_model(model).weights()
+def __getattr__(name: str) -> Any:
+    if name == "resolve":  # removed in issue 59, unused: the old import says what replaces it
+        raise ImportError(
+            "sapo_core.policy.loading.resolve(model) is gone: use resolve_model(model).weights()"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_tokenizer(model: str | ModelSource) -> Any:

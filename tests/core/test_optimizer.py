@@ -152,3 +152,23 @@ def test_without_bitsandbytes_8_bit_fails_in_one_line_naming_the_extra(
     ) as err:
         make_optimizer(_model(), GRPOConfig(optimizer="adamw_8bit"))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "says"),
+    [
+        ("sapo_core.grpo.update", "make_optimizer", "moved to sapo_core.grpo.optimizer"),
+        ("sapo_core.policy.loading", "resolve", r"use resolve_model\(model\).weights\(\)"),
+    ],
+)
+def test_a_removed_name_fails_in_one_line_naming_its_replacement(
+    module: str, name: str, says: str
+) -> None:
+    """Issue 59 removed a re-export and an unused helper; the old imports say where to go."""
+    import importlib
+
+    with pytest.raises(ImportError, match=says) as caught:
+        exec(f"from {module} import {name}", {})
+    assert "\n" not in str(caught.value)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        importlib.import_module(module).nope  # noqa: B018

@@ -49,9 +49,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+SCRIPT_DIRS = ("benchmarks",)
+"""Folders of scripts run from their own folder, whose imports of each other are bare names
+(``from vs_trl import ...`` is benchmarks.vs_trl): under the cycle rule like the packages."""
+
+
 def all_modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
+    for package in (*PACKAGES, *SCRIPT_DIRS):
         for path in sorted((ROOT / package).rglob("*.py")):
             found[module_name(path)] = path
     return found
@@ -87,6 +92,9 @@ def internal_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
     for module, path in modules.items():
         targets = set()
         for name in imported_names(path, module):
+            folder = module.split(".")[0]
+            if folder in SCRIPT_DIRS and f"{folder}.{name.split('.')[0]}" in modules:
+                name = f"{folder}.{name}"  # a sibling script, imported bare
             if name in modules:
                 targets.add(name)
             elif name.rpartition(".")[0] in modules:  # `from pkg import name`
@@ -145,7 +153,11 @@ def test_a_lower_layer_never_imports_what_stands_above_it(package: str) -> None:
 
 
 def test_no_two_modules_import_each_other_even_through_others() -> None:
-    assert cycles(internal_edges(all_modules())) == []
+    modules = all_modules()
+    assert "benchmarks.vs_trl" in modules  # the scripts are walked too (issue 59)
+    edges = internal_edges(modules)
+    assert "benchmarks.gpu_round" in edges["benchmarks.vs_trl"]  # their bare imports resolve
+    assert cycles(edges) == []
 
 
 def test_the_checks_themselves_see_a_breach_and_a_cycle(tmp_path: Path) -> None:
@@ -290,3 +302,46 @@ def test_the_learner_rule_sees_a_reach_into_its_optimizer(tmp_path: Path) -> Non
     breach = tmp_path / "breach.py"
     breach.write_text("def f(node):\n    return node.learner.optimizer.state_dict()\n")
     assert learner_uses(breach) == {"optimizer"}
+
+
+def test_the_default_work_directory_is_written_once() -> None:
+    """Issue 59: "sapo-work" was written in five places; the swarm file, the command line,
+    the ledger's own default and the tests now take it from ledger.config."""
+    from ledger.config import DEFAULT_WORKDIR, LedgerConfig
+
+    name = str(DEFAULT_WORKDIR)
+    written = []
+    for folder in (*SOURCE_DIRS, "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                text = node.value if isinstance(node, ast.Constant) else None
+                if isinstance(text, str) and (text == name or text.startswith(f"{name}/")):
+                    written.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        for path in sorted((ROOT / folder).rglob("*.yaml")):
+            written += [
+                f"{path.relative_to(ROOT)}:{n}"
+                for n, line in enumerate(path.read_text().splitlines(), 1)
+                if line.split("#")[0].strip() == f"workdir: {name}"
+            ]
+    assert [where.partition(":")[0] for where in written] == ["ledger/config.py"], written
+    assert LedgerConfig().url == f"{name}/ledger"
+
+
+def test_the_ledger_package_names_load_on_first_use() -> None:
+    """ledger/__init__ loads its names lazily, so the command line reads the default work
+    directory without DuckDB or pyarrow: each name it lists is its module's, and nothing
+    else is there."""
+    import importlib
+    import subprocess
+    import sys
+
+    import ledger
+
+    assert sorted(ledger.__all__) == sorted(ledger._HOMES)
+    for name, home in ledger._HOMES.items():
+        assert getattr(ledger, name) is getattr(importlib.import_module(f"ledger.{home}"), name)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        ledger.Nope  # noqa: B018
+    probe = "import sys, flows.limits; print(sorted({'duckdb', 'pyarrow'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "[]", done.stderr

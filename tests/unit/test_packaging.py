@@ -15,6 +15,8 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+from ledger.config import DEFAULT_WORKDIR
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ledger", "flows", "sapo_core", "dashboards", "analysis")
 HEAVY = ("torch", "transformers", "prefect", "mlflow", "reasoning_gym", "matplotlib")
@@ -204,7 +206,7 @@ def test_commands_beyond_the_ledger_name_the_extra_they_need(tmp_path: Path) -> 
         lines = done.stderr.strip().splitlines()
         # sapo is not on the package index: the hint names the checkout it runs from.
         assert len(lines) == 1 and f"pip install -e '{ROOT}[{extra}]'" in lines[0], lines
-        assert not (tmp_path / "sapo-work").exists()  # nothing started
+        assert not (tmp_path / DEFAULT_WORKDIR).exists()  # nothing started
     # `sapo vllm` needs no torch to say where its environment is (it said "No module named
     # 'torch'").
     done = subprocess.run(
