@@ -209,8 +209,8 @@ class GRPOConfig(Strict):
         "auto",
         description="Cap the tokens of one forward/backward pass (prompts once, completions "
         "packed after them, padded to the longest): activation memory grows with them. auto: "
-        "planned for the device (sapo_core/grpo/plan.py: 768 on a CPU, from the free memory "
-        "and the model's shape on a GPU); null: completions only.",
+        "planned for the device (sapo_core/grpo/plan.py: a constant measured on a CPU, from "
+        "the free memory and the model's shape on a GPU); null: completions only.",
     )
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto",
@@ -218,6 +218,14 @@ class GRPOConfig(Strict):
         "in the backward: about a 25th of the activation memory per token, for a second "
         "forward pass. auto: on a CPU; on a GPU only when the free memory without it holds "
         "too small a pass (sapo_core/grpo/plan.py).",
+    )
+    plan: Literal["auto", "plain"] = Field(
+        "auto",
+        description="How the update becomes forward/backward passes (sapo_core/grpo/plan.py). "
+        "auto: the speed measures chosen for the device (the shared-prompt log-prob path "
+        "where the model's family allows it, packing, checkpointing, memory release); plain: "
+        "none of them, one ordinary forward per completion, passes still bounded for memory "
+        "(the reference path: slower, same numbers).",
     )
     optimizer: Literal["auto", "adamw", "adamw_8bit"] = Field(
         "auto",

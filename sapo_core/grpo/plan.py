@@ -1,16 +1,21 @@
 """How a round's sequences become forward/backward passes, chosen for the device and model.
 
-The update's arithmetic (`logprobs.py`, `loss.py`) is the same whatever the plan; the plan
-decides only its schedule: how many completions and tokens one pass holds, how long a packed
-sequence (a prompt and its completions) may grow, whether activations are recomputed in the
-backward (checkpointing), and whether freed pages go back to the operating system between
-passes. Each constant says which device it was measured on.
+The update's arithmetic (`logprobs.py`'s plain forward, `loss.py`) is the same whatever the
+plan; the plan decides only its schedule and every speed measure: how many completions and
+tokens one pass holds, whether log-probs take the shared-prompt path (one packed pass per
+prompt and its completions, `shared_prompt.py`: speed code, tested equal to the plain
+forward), how long a packed sequence may grow and how much padding a pass may carry,
+whether activations are recomputed in the backward (checkpointing), and whether freed pages
+go back to the operating system between passes. Each constant says which device it was
+measured on. `grpo.plan: plain` turns every speed measure off: the plain forward, no
+checkpointing and no memory release unless set, passes bounded as planned (memory, not
+speed): the path a reader checks the others against.
 
 - **CPU** (measured on 2 cores, issues 14 and 20): one pass of at most 768 tokens and packed
   sequences of at most 768 (attention over a packed sequence costs its length squared, the
-  masked blocks included), checkpointing on (it barely costs on a CPU, whose passes are
-  compute-bound either way, and bounds the laptop's memory), glibc's free pages handed back
-  between passes (`sapo_core/memory.py`).
+  masked blocks included), a pass's fixed cost taken as 48 tokens, checkpointing on (it
+  barely costs on a CPU, whose passes are compute-bound either way, and bounds the laptop's
+  memory), glibc's free pages handed back between passes (`sapo_core/memory.py`).
 - **GPU**: a pass is as large as the free device memory allows. Its tokens come from a budget
   (a share of the memory free when the update starts, less the gradients and, before the
   optimizer's first step, Adam's moments) over what one token holds between its forward and
@@ -29,12 +34,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from sapo_core.config import GRPOConfig
-from sapo_core.grpo.segments import MAX_PACKED_TOKENS
 
 CPU_TOKENS_PER_PASS = 768
 """Tokens (sequences x the longest) of one pass on a CPU: measured best on 2 cores."""
-CPU_MAX_PACKED_TOKENS = MAX_PACKED_TOKENS
-"""Longest packed sequence on a CPU (attention's square cost, measured on 2 cores: 768)."""
+CPU_MAX_PACKED_TOKENS = 768
+"""Longest packed sequence on a CPU. Attention over a packed sequence costs its length
+squared, the blocks the mask hides included (measured on 2 cores: benchmarks/README.md,
+"Figures that code comments used to quote"), so a group with long answers is shared out among
+copies of its prompt."""
+CPU_PASS_OVERHEAD_TOKENS = 48
+"""What one more pass costs beyond its tokens, in tokens of forward and backward: its weight
+gradients are added into .grad (a pass over every parameter), which on the bundled model
+and 2 cores takes about as long as 50 tokens' forward and backward. A sequence joins a pass
+unless the padding it needs would cost more."""
+GPU_PASS_OVERHEAD_TOKENS = CPU_PASS_OVERHEAD_TOKENS
+"""Not measured on a GPU (none was lent to the sessions that wrote this): the CPU figure,
+until the GPU standing order (shared/GPU.md) measures it."""
 GPU_MAX_PACKED_TOKENS = 4096
 """Longest packed sequence on a GPU: a group of 8 x 512-token answers in two pieces; the
 block mask of one is L^2 bytes (16 MiB), counted in the budget."""
@@ -58,9 +73,14 @@ class UpdatePlan:
     """Most completions in one pass."""
     tokens_per_pass: int | None
     """Most tokens in one pass (sequences x the longest); None: no cap."""
-    max_packed_tokens: int
+    max_packed_tokens: int | None
     """Longest packed sequence (a prompt and its completions); a longer group is shared out
-    among copies of its prompt."""
+    among copies of its prompt. None: no cap (the plain plan)."""
+    shared_prompt: bool
+    """Log-probs by the shared-prompt path (sapo_core/grpo/shared_prompt.py) instead of the
+    plain forward: where the model's family allows it, unless `grpo.plan: plain`."""
+    overhead_tokens: int
+    """A pass's fixed cost in tokens: the most padding a sequence may bring to join one."""
     checkpointing: bool
     """Recompute each layer's activations in the backward, keeping only its input."""
     release_memory: bool
@@ -140,12 +160,36 @@ def plan_update(
     gradients, and Adam's moments at its first step). `micro_batch_tokens` and
     `gradient_checkpointing` set to a value win over the plan's; checkpointing left to the
     plan is then chosen for the tokens the config set."""
+    if config.plan == "plain":  # the reader's path: no speed measure, passes still bounded
+        planned = plan_update(
+            config.model_copy(update={"plan": "auto"}),
+            model_config,
+            device=device,
+            free_bytes=free_bytes,
+            reserved_bytes=reserved_bytes,
+            activation_bytes=activation_bytes,
+            shared_prompt=False,
+            eager=eager,
+        )
+        return UpdatePlan(
+            device=planned.device,
+            micro_batch_size=config.micro_batch_size,
+            tokens_per_pass=planned.tokens_per_pass,
+            max_packed_tokens=None,
+            shared_prompt=False,
+            overhead_tokens=0,
+            checkpointing=_checkpointing(config, False),
+            release_memory=False,
+            budget_bytes=planned.budget_bytes,
+        )
     if device != "cuda" or free_bytes is None:
         return UpdatePlan(
             device=device,
             micro_batch_size=config.micro_batch_size,
             tokens_per_pass=_tokens(config, CPU_TOKENS_PER_PASS),
             max_packed_tokens=CPU_MAX_PACKED_TOKENS,
+            shared_prompt=shared_prompt,
+            overhead_tokens=CPU_PASS_OVERHEAD_TOKENS,
             checkpointing=_checkpointing(config, True),
             release_memory=device == "cpu",
         )
@@ -174,6 +218,8 @@ def plan_update(
         micro_batch_size=config.micro_batch_size,
         tokens_per_pass=tokens,
         max_packed_tokens=min(GPU_MAX_PACKED_TOKENS, tokens or GPU_MAX_PACKED_TOKENS),
+        shared_prompt=shared_prompt,
+        overhead_tokens=GPU_PASS_OVERHEAD_TOKENS,
         checkpointing=checkpointing,
         release_memory=False,
         budget_bytes=budget,
@@ -189,13 +235,15 @@ def plan_for(model: Any, config: GRPOConfig, optimizer: Any = None) -> UpdatePla
     log-probs take the shared-prompt path."""
     import torch
 
-    from sapo_core.grpo.logprobs import supports_shared_prompt
     from sapo_core.grpo.optimizer import device_bytes, moment_bytes
+    from sapo_core.grpo.shared_prompt import supports_shared_prompt
 
     weight = next(model.parameters())
     device = weight.device
     if device.type != "cuda":  # constants plan the CPU: nothing to measure
-        return plan_update(config, model.config, device=device.type)
+        return plan_update(
+            config, model.config, device=device.type, shared_prompt=supports_shared_prompt(model)
+        )
     free = torch.cuda.mem_get_info(device)[0]
     if config.device_memory_gib is not None:  # plan as on a card of that size
         free = min(free, device_bytes(device, config) - torch.cuda.memory_allocated(device))

@@ -28,20 +28,6 @@ class Segment:
         return len(self.completion_ids)
 
 
-# What one more micro-batch costs beyond its tokens, in tokens of forward + backward: each
-# micro-batch's weight gradients are added into .grad (a pass over every parameter), which
-# on the bundled model and 2 cores takes about as long as 50 tokens' forward and backward.
-MICRO_BATCH_OVERHEAD_TOKENS = 48
-
-
-# The longest packed sequence a segment is laid out as, unless the plan says otherwise
-# (sapo_core/grpo/plan.py). Attention over a packed sequence costs its length squared, the
-# blocks the mask hides included (the CPU figures: benchmarks/README.md, "Figures that code
-# comments used to quote"), so a group with long answers is shared out among copies of its
-# prompt.
-MAX_PACKED_TOKENS = 768
-
-
 def row_tokens(seg: Segment) -> int:
     """Length of a segment packed as one sequence: its prompt, then every completion."""
     return len(seg.prompt_ids) + sum(len(ids) for ids in seg.completion_ids)
@@ -85,7 +71,8 @@ def split_segments(
     segments: Sequence[Segment],
     micro_batch_size: int,
     micro_batch_tokens: int | None = None,
-    max_packed_tokens: int = MAX_PACKED_TOKENS,
+    max_packed_tokens: int | None = None,
+    overhead_tokens: int = 0,
 ) -> list[list[Segment]]:
     """Pack segments into micro-batches of at most micro_batch_size completions.
 
@@ -96,16 +83,17 @@ def split_segments(
     x the longest): activation memory grows with them, so the cap bounds a step's memory
     whatever the answers' lengths. A segment too large for one micro-batch, or longer than
     `max_packed_tokens`, is split, its prompt repeated in each piece; a completion that
-    alone exceeds the cap trains alone. (`max_packed_tokens` is the plan's: see
-    sapo_core/grpo/plan.py.)
+    alone exceeds the cap trains alone. (The caps and the overhead are the update plan's,
+    measured per device: sapo_core/grpo/plan.py.)
 
     Sequences are placed longest first; one joins the current micro-batch unless the
-    padding it needs would cost more than a micro-batch's fixed cost
-    (`MICRO_BATCH_OVERHEAD_TOKENS`). (Sorting all completions by length, as before, scattered
-    every group over the micro-batches and repeated its prompt in each: on a long system
-    prompt that doubled the update's compute.)
+    padding it needs would cost more than a micro-batch's fixed cost (``overhead_tokens``:
+    tokens of forward and backward that one more pass costs beyond its own). (Sorting all
+    completions by length, as before, scattered every group over the micro-batches and
+    repeated its prompt in each: on a long system prompt that doubled the update's compute.)
     """
-    longest = min(micro_batch_tokens or max_packed_tokens, max_packed_tokens)
+    caps = [cap for cap in (micro_batch_tokens, max_packed_tokens) if cap is not None]
+    longest = min(caps) if caps else None
     pieces = [
         piece for seg in segments if len(seg) for piece in _pieces(seg, micro_batch_size, longest)
     ]
@@ -117,7 +105,7 @@ def split_segments(
             width = row_tokens(batch[0])
             fits = (
                 sum(len(p) for p in batch) + len(piece) <= micro_batch_size
-                and width - row_tokens(piece) <= MICRO_BATCH_OVERHEAD_TOKENS
+                and width - row_tokens(piece) <= overhead_tokens
                 and (micro_batch_tokens is None or (len(batch) + 1) * width <= micro_batch_tokens)
             )
             if fits:

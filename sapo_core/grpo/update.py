@@ -2,8 +2,9 @@
 accumulate gradients, step.
 
 Rows arrive as segments: one prompt (this node's template around the question) and the
-completions trained against it; `segments` packs them, `logprobs` computes what the loss
-needs (a segment's prompt runs once per micro-batch where the model family allows it).
+completions trained against it; `segments` lays them out as passes, `logprobs` computes what
+the loss needs. Which speed measures apply (the shared-prompt path, packing caps,
+checkpointing, memory release) is the plan's (`plan.py`), chosen for the device.
 """
 
 from __future__ import annotations
@@ -138,7 +139,11 @@ def grpo_update(
     plan = plan or plan_for(model, config, optimizer)
     set_checkpointing(model, plan.checkpointing)
     batches = split_segments(
-        segments, plan.micro_batch_size, plan.tokens_per_pass, plan.max_packed_tokens
+        segments,
+        plan.micro_batch_size,
+        plan.tokens_per_pass,
+        plan.max_packed_tokens,
+        plan.overhead_tokens,
     )
     fixed: list[_Fixed | None] = [None] * len(batches)
     drift: dict[str, Drift] = {}
@@ -148,7 +153,9 @@ def grpo_update(
     for _ in range(config.iterations):
         optimizer.zero_grad(set_to_none=True)
         for index, batch in enumerate(batches):
-            logprobs, mask = completion_logprobs(model, batch, temperature, pad_id)
+            logprobs, mask = completion_logprobs(
+                model, batch, temperature, pad_id, plan.shared_prompt
+            )
             terms = fixed[index]
             if terms is None:
                 terms = fixed[index] = _fix(batch, logprobs, mask, config, drift)
@@ -219,7 +226,9 @@ def reference_logprobs(
         )
         for piece in pieces:
             with torch.no_grad():
-                logprobs, _ = completion_logprobs(ref_model, piece, temperature, pad_id)
+                # the plain plan keeps the reference plain too; else its family decides
+                fast = None if plan.shared_prompt else False
+                logprobs, _ = completion_logprobs(ref_model, piece, temperature, pad_id, fast)
             rows.extend(
                 logprobs[i, : len(ids)].tolist() for i, ids in enumerate(piece[0].completion_ids)
             )

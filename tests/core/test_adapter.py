@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from sapo_core.config import AdapterConfig
-from sapo_core.grpo.logprobs import plain_logprobs, shared_prompt_logprobs, supports_shared_prompt
+from sapo_core.grpo.logprobs import plain_logprobs
 from sapo_core.grpo.segments import Segment
+from sapo_core.grpo.shared_prompt import shared_prompt_logprobs, supports_shared_prompt
 from sapo_core.policy import adapter
 from sapo_core.policy.loading import load_model
 from tests.tiny_models import build_tiny_model

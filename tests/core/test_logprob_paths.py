@@ -9,15 +9,14 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from sapo_core.grpo.logprobs import (
+from sapo_core.grpo.logprobs import completion_logprobs, plain_logprobs
+from sapo_core.grpo.plan import UpdatePlan
+from sapo_core.grpo.segments import Segment
+from sapo_core.grpo.shared_prompt import (
     SHARED_PROMPT_MODEL_TYPES,
-    completion_logprobs,
-    plain_logprobs,
     shared_prompt_logprobs,
     supports_shared_prompt,
 )
-from sapo_core.grpo.plan import UpdatePlan
-from sapo_core.grpo.segments import Segment
 from sapo_core.grpo.update import reference_logprobs
 
 PAD = 2  # any id works as padding: it is masked
@@ -128,7 +127,9 @@ def test_a_soft_capped_family_takes_the_plain_path_everywhere() -> None:
         skipped, _ = shared_prompt_logprobs(gemma, segments, 0.7, PAD)
     assert torch.equal(dispatched, plain)
     assert (skipped - plain).abs().max() > 1e-2
-    one_a_pass = UpdatePlan("cpu", 1, None, 768, checkpointing=False, release_memory=False)
+    one_a_pass = UpdatePlan(
+        "cpu", 1, None, 768, True, 0, checkpointing=False, release_memory=False
+    )  # the shared-prompt path planned: the reference model's family still says plain
     reference_logprobs(gemma, segments, 0.7, PAD, one_a_pass)
     rows = [row for seg in segments for row in seg.ref_logprobs or []]
     assert [len(r) for r in rows] == [3, 1, 2]

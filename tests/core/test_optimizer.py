@@ -159,6 +159,8 @@ def test_without_bitsandbytes_8_bit_fails_in_one_line_naming_the_extra(
     [
         ("sapo_core.grpo.update", "make_optimizer", "moved to sapo_core.grpo.optimizer"),
         ("sapo_core.policy.loading", "resolve", r"use resolve_model\(model\).weights\(\)"),
+        ("sapo_core.grpo.logprobs", "shared_prompt_logprobs", "moved to sapo_core.grpo.shared"),
+        ("sapo_core.grpo.logprobs", "supports_shared_prompt", "moved to sapo_core.grpo.shared"),
     ],
 )
 def test_a_removed_name_fails_in_one_line_naming_its_replacement(

@@ -19,9 +19,12 @@ from sapo_core.config import GRPOConfig
 from sapo_core.grpo.logprobs import plain_logprobs
 from sapo_core.grpo.loss import policy_loss
 from sapo_core.grpo.plan import (
+    CPU_MAX_PACKED_TOKENS,
+    CPU_PASS_OVERHEAD_TOKENS,
     CPU_TOKENS_PER_PASS,
     GPU_MIN_TOKENS_PER_PASS,
     activation_bytes_per_token,
+    plan_for,
     plan_update,
 )
 from sapo_core.grpo.segments import Segment
@@ -121,6 +124,33 @@ def test_the_cpu_plan_is_what_measured_best_on_two_cores_and_overrides_win() -> 
     )
 
 
+def test_the_plain_plan_turns_every_speed_measure_off_and_keeps_passes_bounded(
+    wide_model,
+) -> None:
+    """Issue 59: the plain forward is what a setting forces; the plan holds every speed
+    measure (the shared-prompt path, packing caps and padding, checkpointing, memory
+    release), each chosen for the device."""
+    auto = plan_update(GRPOConfig(), None, device="cpu")
+    assert (auto.shared_prompt, auto.max_packed_tokens, auto.overhead_tokens) == (
+        True, CPU_MAX_PACKED_TOKENS, CPU_PASS_OVERHEAD_TOKENS,
+    )  # fmt: skip
+    plain = plan_update(GRPOConfig(plan="plain"), None, device="cpu")
+    assert (plain.shared_prompt, plain.max_packed_tokens, plain.overhead_tokens) == (False, None, 0)
+    assert (plain.checkpointing, plain.release_memory) == (False, False)
+    assert plain.tokens_per_pass == CPU_TOKENS_PER_PASS  # a memory bound, not a speed measure
+    forced = plan_update(GRPOConfig(plan="plain", gradient_checkpointing=True), None, device="cpu")
+    assert forced.checkpointing and not forced.shared_prompt
+    # On a GPU the plain plan sizes its passes for the plain path's logits: far fewer tokens.
+    free = _budget(wide_model, 12_000, checkpointing=False)
+    cfg = wide_model.config
+    gpu = plan_update(GRPOConfig(), cfg, device="cuda", free_bytes=free)
+    gpu_plain = plan_update(GRPOConfig(plan="plain"), cfg, device="cuda", free_bytes=free)
+    assert gpu_plain.tokens_per_pass < gpu.tokens_per_pass / 10 and not gpu_plain.shared_prompt
+    # plan_for asks the model's family, and the setting wins over it.
+    assert plan_for(wide_model, GRPOConfig()).shared_prompt
+    assert not plan_for(wide_model, GRPOConfig(plan="plain")).shared_prompt
+
+
 def test_the_plain_paths_logits_dominate_its_budget_on_a_152k_vocabulary(wide_model) -> None:
     plain = activation_bytes_per_token(
         wide_model.config, checkpointing=False, activation_bytes=4, shared_prompt=False
@@ -168,6 +198,7 @@ def test_loss_and_gradient_are_the_plain_paths_whatever_the_plan(wide_model) -> 
             GRPOConfig(), wide_model.config, device="cuda",
             free_bytes=_budget(wide_model, 90, checkpointing=True),
         ),
+        "plain": plan_update(GRPOConfig(plan="plain"), wide_model.config, device="cpu"),
     }  # fmt: skip
     # The reference: each (prompt, completion) alone through the plain forward, its loss
     # `policy_loss` at ratio 1, averaged over rows (grpo).
@@ -194,6 +225,7 @@ def test_loss_and_gradient_are_the_plain_paths_whatever_the_plan(wide_model) -> 
         for got, want in zip(grads, reference, strict=True):
             assert (got - want).abs().max() <= 1e-4 * want.abs().max() + 1e-7, name
     assert {plans[n].checkpointing for n in plans} == {True, False}
+    assert {plans[n].shared_prompt for n in plans} == {True, False}
 
 
 def test_a_set_cap_decides_checkpointing_and_the_updates_own_allocations_are_reserved(
