@@ -30,7 +30,7 @@ to a value instead of ``auto``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sapo_core.config import GRPOConfig
@@ -160,39 +160,20 @@ def plan_update(
     gradients, and Adam's moments at its first step). `micro_batch_tokens` and
     `gradient_checkpointing` set to a value win over the plan's; checkpointing left to the
     plan is then chosen for the tokens the config set."""
-    if config.plan == "plain":  # the reader's path: no speed measure, passes still bounded
-        planned = plan_update(
-            config.model_copy(update={"plan": "auto"}),
-            model_config,
-            device=device,
-            free_bytes=free_bytes,
-            reserved_bytes=reserved_bytes,
-            activation_bytes=activation_bytes,
-            shared_prompt=False,
-            eager=eager,
-        )
-        return UpdatePlan(
-            device=planned.device,
-            micro_batch_size=config.micro_batch_size,
-            tokens_per_pass=planned.tokens_per_pass,
-            max_packed_tokens=None,
-            shared_prompt=False,
-            overhead_tokens=0,
-            checkpointing=_checkpointing(config, False),
-            release_memory=False,
-            budget_bytes=planned.budget_bytes,
-        )
+    plain = config.plan == "plain"  # the reader's path: no speed measure, passes bounded
+    shared_prompt = shared_prompt and not plain
     if device != "cuda" or free_bytes is None:
-        return UpdatePlan(
+        planned = UpdatePlan(
             device=device,
             micro_batch_size=config.micro_batch_size,
             tokens_per_pass=_tokens(config, CPU_TOKENS_PER_PASS),
             max_packed_tokens=CPU_MAX_PACKED_TOKENS,
             shared_prompt=shared_prompt,
             overhead_tokens=CPU_PASS_OVERHEAD_TOKENS,
-            checkpointing=_checkpointing(config, True),
+            checkpointing=_checkpointing(config, not plain),
             release_memory=device == "cpu",
         )
+        return _without_speed(planned) if plain else planned
     budget = int(max(free_bytes - reserved_bytes, 0) * GPU_BUDGET_SHARE)
 
     def fitting(checkpointing: bool) -> int:
@@ -207,13 +188,15 @@ def plan_update(
         return max(int(budget / (per_token + GPU_MAX_PACKED_TOKENS)), 1)
 
     given = config.micro_batch_tokens
-    if isinstance(given, str):  # auto: checkpoint only when the budget needs it
+    if plain:  # checkpointing is a speed measure's trade: only where the config sets it
+        needed = False
+    elif isinstance(given, str):  # auto: checkpoint only when the budget needs it
         needed = fitting(False) < GPU_MIN_TOKENS_PER_PASS
     else:  # the config's cap: checkpoint if it does not fit without
         needed = given is None or given > fitting(False)
     checkpointing = _checkpointing(config, needed)
     tokens = _tokens(config, min(fitting(checkpointing), GPU_MAX_TOKENS_PER_PASS))
-    return UpdatePlan(
+    planned = UpdatePlan(
         device="cuda",
         micro_batch_size=config.micro_batch_size,
         tokens_per_pass=tokens,
@@ -224,6 +207,13 @@ def plan_update(
         release_memory=False,
         budget_bytes=budget,
     )
+    return _without_speed(planned) if plain else planned
+
+
+def _without_speed(planned: UpdatePlan) -> UpdatePlan:
+    """The plain plan: the same passes, with no packing cap, no padding allowance and no
+    allocator calls (checkpointing was chosen for it already)."""
+    return replace(planned, max_packed_tokens=None, overhead_tokens=0, release_memory=False)
 
 
 def plan_for(model: Any, config: GRPOConfig, optimizer: Any = None) -> UpdatePlan:

@@ -146,6 +146,7 @@ def test_the_plain_plan_turns_every_speed_measure_off_and_keeps_passes_bounded(
     gpu = plan_update(GRPOConfig(), cfg, device="cuda", free_bytes=free)
     gpu_plain = plan_update(GRPOConfig(plan="plain"), cfg, device="cuda", free_bytes=free)
     assert gpu_plain.tokens_per_pass < gpu.tokens_per_pass / 10 and not gpu_plain.shared_prompt
+    assert not gpu_plain.checkpointing and gpu_plain.max_packed_tokens is None
     # plan_for asks the model's family, and the setting wins over it.
     assert plan_for(wide_model, GRPOConfig()).shared_prompt
     assert not plan_for(wide_model, GRPOConfig(plan="plain")).shared_prompt
