@@ -23,6 +23,7 @@ vocabulary on a tiny body: the same run end to end on a CPU.
 
     python benchmarks/vs_trl.py                       # both prompt lengths, 3 rounds each
     python benchmarks/vs_trl.py --prompts long --rounds 4
+    python benchmarks/vs_trl.py --prompts short --sides sapo sapo-plain trl   # the plan's worth
     python benchmarks/vs_trl.py --device cuda --arch qwen2.5-0.5b --prompts short \\
         --questions 8 --completions 8 --max-new-tokens 512 --micro-batch 16
     python benchmarks/vs_trl.py --arch tiny-qwen --prompts short --rounds 2 \\
@@ -72,9 +73,15 @@ def peak_rss_gb() -> float:
 # --- sapo -------------------------------------------------------------------------------
 
 
-# sapo's sides: the node's default (bf16 sampling where the CPU has native bf16, behaviour
-# log-probs from the fp32 training forward) and fp32 generation throughout.
-SAPO_SIDES = {"sapo": "auto", "sapo-fp32": "fp32"}
+# sapo's sides, as (generation precision, GRPOConfig settings): the node's default (bf16
+# sampling where the CPU has native bf16, behaviour log-probs from the fp32 training
+# forward), fp32 generation throughout, and the plain plan (grpo.plan: plain, issue 59: the
+# plain forward per completion, no speed measure) whose cost the plan's measures save.
+SAPO_SIDES: dict[str, tuple[str, dict[str, Any]]] = {
+    "sapo": ("auto", {}),
+    "sapo-fp32": ("fp32", {}),
+    "sapo-plain": ("auto", {"plan": "plain"}),
+}
 
 
 def sapo_config(
@@ -124,7 +131,8 @@ def run_sapo(
 ) -> list[dict[str, float]]:
     from sapo_core.learner import Learner
 
-    learner = Learner(sapo_config(kind, seed, grpo, SAPO_SIDES[side], workload))
+    precision, settings = SAPO_SIDES[side]
+    learner = Learner(sapo_config(kind, seed, {**settings, **grpo}, precision, workload))
     sampling = learner.policy.sampling_dtype
     print(f"{side}: generation samples in {sampling or 'fp32'}", file=sys.stderr, flush=True)
     rows = []
@@ -138,7 +146,7 @@ def run_sapo(
                 "generation_s": generated.seconds,
                 "update_s": report.update_s,
                 "tokens": generated.tokens,
-                "passes": report.update.get("passes", 0.0),
+                "passes": report.update.get("update_passes", 0.0),
             }
         )
         print(f"sapo {kind} round {r}: {rows[-1]}", file=sys.stderr, flush=True)

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None, peers: list[Group] | None = None) -> dic
     if update:
         print(
             f"[6] loss {update['loss']:+.5f}, grad norm {update['grad_norm']:.4f}, "
-            f"clipped {update['clip_fraction']:.1%}, {update['passes']:.0f} pass(es), "
+            f"clipped {update['clip_fraction']:.1%}, {update['update_passes']:.0f} pass(es), "
             f"{report.update_s:.1f} s"
         )
     else:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ledger.catalog import RefreshStats
     from ledger.compaction import CompactionReport
     from ledger.config import LedgerConfig, RowLimits
+    from ledger.draw_request import DrawRequest
     from ledger.identity import IdentityError, NodeKey
     from ledger.ledger import Ledger, ValidationReport
     from ledger.manifests import NodeManifest
@@ -38,6 +39,7 @@ _HOMES = {
     "CompactionReport": "compaction",
     "LedgerConfig": "config",
     "RowLimits": "config",
+    "DrawRequest": "draw_request",
     "IdentityError": "identity",
     "NodeKey": "identity",
     "Ledger": "ledger",
@@ -61,6 +63,7 @@ __all__ = [
     "COLUMN_NAMES",
     "SCHEMA_VERSION",
     "CompactionReport",
+    "DrawRequest",
     "FreshPolicy",
     "IdentityError",
     "Ledger",

@@ -21,7 +21,8 @@ class Ledger(LedgerWrites, LedgerReads, LedgerMaintenance):
     - write side (ledger/writes.py): ``publish``, ``register_key``, ``declare_swarm``,
       ``write_manifest``, ``write_sample``, ``write_evaluation``, ``write_training``,
       ``collect_markers``;
-    - read side (ledger/reads.py): ``sample``, ``sample_group_ids``, ``query``,
+    - read side (ledger/reads.py): ``sample`` and ``sample_group_ids`` (keyword arguments),
+      ``draw`` and ``draw_group_ids`` (the same, as one typed `DrawRequest`), ``query``,
       ``evaluated_nodes``, ``refresh``;
     - maintenance (ledger/maintenance.py): ``validate``, ``compact``, ``compact_own``.
     """

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -145,7 +145,7 @@ class NodeLog:
             out.append(json.dumps(line, allow_nan=False))
         return ("\n".join(out) + "\n").encode() if out else b""
 
-    def validate(self, rows: list[Mapping[str, Any]], node_round: int) -> list[dict[str, Any]]:
+    def validate(self, rows: Sequence[Mapping[str, Any]], node_round: int) -> list[dict[str, Any]]:
         """``rows`` checked as strictly as a reader checks them (ValueError saying which and
         why otherwise), ``node_round`` filled in where a row omits it."""
         if isinstance(node_round, bool) or not isinstance(node_round, int) or node_round < 0:

@@ -15,6 +15,7 @@ import polars as pl
 
 from ledger import validation
 from ledger.catalog import FileChanged
+from ledger.draw_request import DrawRequest
 from ledger.draws import check_draw_key, public_draw_key
 from ledger.handle import LedgerHandle, serialized
 from ledger.policies import AnyPolicy, build_drawable, parse_policy
@@ -108,22 +109,27 @@ class LedgerReads(LedgerHandle):
         ``standing``: peers not known yet but judged well so far, with the rows judged of
         each: within the unknown-peer budget, more rows first.
         """
-        when = now or datetime.now(UTC)
-        draw = self._draw(
-            node_id,
-            n_groups,
-            policy,
-            seed,
-            swarm_id,
-            when,
-            exclude_nodes,
-            known_nodes,
-            for_round,
-            tasks,
-            draw_key,
-            rows_per_group,
-            standing,
+        request = DrawRequest(
+            node_id=node_id,
+            n_groups=n_groups,
+            policy=policy,
+            seed=seed,
+            swarm_id=swarm_id,
+            exclude_nodes=exclude_nodes,
+            known_nodes=known_nodes,
+            standing=standing or {},
+            for_round=for_round,
+            tasks=tasks,
+            draw_key=draw_key,
+            rows_per_group=rows_per_group,
         )
+        return self.draw(request, now)
+
+    @serialized
+    def draw(self, request: DrawRequest, now: datetime | None = None) -> pl.DataFrame:
+        """What ``request`` draws, as ``sample`` returns it (``sample``'s arguments, typed:
+        the form a node's round uses)."""
+        draw = self._draw(request, now or datetime.now(UTC))
 
         def attempt() -> pl.DataFrame:
             drawn = draw()
@@ -143,33 +149,20 @@ class LedgerReads(LedgerHandle):
         policy: Any = "paper",
         seed: int = 0,
         *,
-        swarm_id: str | None = None,
         now: datetime | None = None,
-        exclude_nodes: Sequence[str] = (),
-        known_nodes: Sequence[str] | None = None,
-        for_round: int | None = None,
-        tasks: Sequence[str] | None = None,
-        draw_key: str | None = None,
-        rows_per_group: int | None = None,
-        standing: Mapping[str, int] | None = None,
+        **options: Any,
     ) -> list[str]:
-        """The group ids ``sample`` would return, in draw order, without reading their rows."""
-        when = now or datetime.now(UTC)
-        draw = self._draw(
-            node_id,
-            n_groups,
-            policy,
-            seed,
-            swarm_id,
-            when,
-            exclude_nodes,
-            known_nodes,
-            for_round,
-            tasks,
-            draw_key,
-            rows_per_group,
-            standing,
+        """The group ids ``sample`` would return, in draw order, without reading their rows
+        (``options``: ``sample``'s keyword arguments, the fields of `DrawRequest`)."""
+        request = DrawRequest(
+            node_id=node_id, n_groups=n_groups, policy=policy, seed=seed, **options
         )
+        return self.draw_group_ids(request, now)
+
+    @serialized
+    def draw_group_ids(self, request: DrawRequest, now: datetime | None = None) -> list[str]:
+        """The group ids ``draw`` would return, in draw order, without reading their rows."""
+        draw = self._draw(request, now or datetime.now(UTC))
         drawn: Drawn = self._with_refresh(draw)
         return [g for g, _, _ in drawn]
 
@@ -198,45 +191,40 @@ class LedgerReads(LedgerHandle):
         found: pl.DataFrame | None = self._with_refresh(attempt)
         return found
 
-    def _draw(
-        self,
-        node_id: str,
-        n_groups: int,
-        policy: Any,
-        seed: int,
-        swarm_id: str | None,
-        when: datetime,
-        exclude_nodes: Sequence[str] = (),
-        known_nodes: Sequence[str] | None = None,
-        for_round: int | None = None,
-        tasks: Sequence[str] | None = None,
-        draw_key: str | None = None,
-        rows_per_group: int | None = None,
-        standing: Mapping[str, int] | None = None,
-    ) -> Callable[[], Drawn]:
+    def _draw(self, request: DrawRequest, when: datetime) -> Callable[[], Drawn]:
         """A call that builds ``drawable`` (the groups as the receiver would train on them,
         keyed by its draw key) and runs the policy's SQL over it: the drawn groups in draw
         order, with the completions kept of each."""
-        chosen = parse_policy(policy)
+        r = request
+        node_id, n_groups, rows_per_group, standing = (
+            r.node_id, r.n_groups, r.rows_per_group, r.standing
+        )  # fmt: skip
+        chosen = parse_policy(r.policy)
         if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:
             raise ValueError(f"n_groups must be in [0, {MAX_GROUPS_PER_SAMPLE}], got {n_groups}")
         if rows_per_group is not None and rows_per_group < 2:
             raise ValueError(f"rows_per_group must be at least 2, got {rows_per_group}")
         check_id("node_id", node_id)
-        key = check_draw_key(draw_key) if draw_key is not None else public_draw_key(node_id, seed)
+        key = (
+            check_draw_key(r.draw_key)
+            if r.draw_key is not None
+            else public_draw_key(node_id, r.seed)
+        )
         # One set of parameters: building `drawable` and the policy's query each take the
         # ones they name.
         params = {
             "node_id": node_id,
-            "swarm_id": swarm_id,
+            "swarm_id": r.swarm_id,
             "draw_key": key,
             "rows_per_group": None if rows_per_group is None else int(rows_per_group),
             "remember": chosen.remembers,
             "n_groups": int(n_groups),
-            "excluded": [check_id("node_id", n) for n in exclude_nodes],
-            "known": None if known_nodes is None else [check_id("node_id", n) for n in known_nodes],
-            "node_round": None if for_round is None else int(for_round),
-            "tasks": None if tasks is None else [str(t) for t in tasks],
+            "excluded": [check_id("node_id", n) for n in r.exclude_nodes],
+            "known": None
+            if r.known_nodes is None
+            else [check_id("node_id", n) for n in r.known_nodes],
+            "node_round": None if r.for_round is None else int(r.for_round),
+            "tasks": None if r.tasks is None else [str(t) for t in r.tasks],
             "standing": [check_id("node_id", n) for n in (standing or {})] or None,
             "standing_rows": [int(v) for v in (standing or {}).values()] or None,
             **chosen.caps(int(n_groups)),

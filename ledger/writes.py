@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -223,7 +223,7 @@ class LedgerWrites(LedgerHandle):
         swarm_id: str,
         node_id: str,
         node_round: int,
-        rows: list[dict[str, Any]],
+        rows: Sequence[Mapping[str, Any]],
         *,
         now: datetime | None = None,
     ) -> str:
@@ -244,7 +244,7 @@ class LedgerWrites(LedgerHandle):
         swarm_id: str,
         node_id: str,
         node_round: int,
-        rows: list[dict[str, Any]],
+        rows: Sequence[Mapping[str, Any]],
         *,
         now: datetime | None = None,
     ) -> str:
@@ -319,7 +319,7 @@ class LedgerWrites(LedgerHandle):
         swarm_id: str,
         node_id: str,
         node_round: int,
-        rows: list[dict[str, Any]],
+        rows: Sequence[Mapping[str, Any]],
         now: datetime | None,
     ) -> str:
         prefix = node_log.node_prefix(swarm_id, node_id)  # checks both ids

@@ -9,11 +9,37 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from sapo_core.grpo.offpolicy import Drift
 from sapo_core.reputation import PeerEvidence
 from sapo_core.rewards import ScoredGroup
 from sapo_core.rollouts import Group
+
+
+class DriftColumns(TypedDict, total=False):
+    """A group's drift in the training log: present when a row of it carried a claim."""
+
+    drift_tokens: int
+    drift_kl: float
+    drift_weight_mean: float
+    drift_weight_sq_mean: float
+    drift_capped: float
+
+
+class TrainingRecord(DriftColumns):
+    """One line of the ledger's training log (ledger/node_logs.py ``TRAININGS``), less what
+    the writer stamps (swarm, node, round, time): the columns are held equal by a test."""
+
+    group_id: str
+    origin: str
+    peer_node_id: str
+    task: str
+    completions: int
+    reward_mean: float
+    informative: bool
+    trained: bool
+    loss_share: float
 
 
 @dataclass(frozen=True)
@@ -45,7 +71,7 @@ class TrainingSet:
         self,
         loss_shares: Mapping[str, float] | None = None,
         drift: Mapping[str, Drift] | None = None,
-    ) -> list[dict[str, object]]:
+    ) -> list[TrainingRecord]:
         """One row per selected group, for the ledger's training log: where it came from,
         whether it carried a gradient, whether it was trained on, its share of the
         update's loss weight (``loss_shares``, by group id: RoundReport's) and how far its
@@ -53,23 +79,25 @@ class TrainingSet:
         shares = loss_shares or {}
         drifts = drift or {}
         return [
-            {
-                "group_id": g.group.group_id,
-                "origin": g.group.source,
-                "peer_node_id": g.rollouts[0].node_id,
-                "task": g.group.question.task,
-                "completions": len(g.rewards),
-                "reward_mean": g.mean_reward,
-                "informative": not g.zero_variance,
-                "trained": self.is_trained(g),
-                "loss_share": min(shares.get(g.group.group_id, 0.0), 1.0),  # float sums
-                **drift_record(drifts.get(g.group.group_id)),
-            }
+            TrainingRecord(
+                {
+                    "group_id": g.group.group_id,
+                    "origin": g.group.source,
+                    "peer_node_id": g.rollouts[0].node_id,
+                    "task": g.group.question.task,
+                    "completions": len(g.rewards),
+                    "reward_mean": g.mean_reward,
+                    "informative": not g.zero_variance,
+                    "trained": self.is_trained(g),
+                    "loss_share": min(shares.get(g.group.group_id, 0.0), 1.0),  # float sums
+                    **drift_record(drifts.get(g.group.group_id)),
+                }
+            )
             for g in self.selected
         ]
 
 
-def drift_record(drift: Drift | None) -> dict[str, object]:
+def drift_record(drift: Drift | None) -> DriftColumns:
     """A group's drift as the training log's columns (none when no row had a claim)."""
     if drift is None or not drift.tokens:
         return {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from sapo_core.config import EvaluationConfig, RewardConfig, TaskConfig
 from sapo_core.rewards import verify_answer
@@ -28,6 +29,37 @@ class TaskScore:
     @property
     def accuracy(self) -> float:
         return self.correct / self.completions if self.completions else 0.0
+
+
+class EvaluationRecord(TypedDict):
+    """One line of the ledger's evaluation log (ledger/node_logs.py ``EVALUATIONS``), less
+    what the writer stamps (swarm, node, round, time): the columns are held equal by a test."""
+
+    task: str
+    questions: int
+    completions: int
+    correct: float
+    accuracy: float
+    policy_version: int
+    eval_seed: int
+
+
+def evaluation_records(
+    scores: Sequence[TaskScore], policy_version: int, eval_seed: int
+) -> list[EvaluationRecord]:
+    """An evaluation's scores as the evaluation log's lines, one per task."""
+    return [
+        EvaluationRecord(
+            task=s.task,
+            questions=s.questions,
+            completions=s.completions,
+            correct=s.correct,
+            accuracy=s.accuracy,
+            policy_version=policy_version,
+            eval_seed=eval_seed,
+        )
+        for s in scores
+    ]
 
 
 def heldout_questions(config: EvaluationConfig, node_tasks: TaskConfig) -> list[Question]:

@@ -132,7 +132,7 @@ def receiver_round(
     secret: bytes = RECEIVER_SECRET,
 ) -> tuple[list[Group], JudgedPeers]:
     """One round of the receiver's draw as a node makes it (flows/node/steps.py
-    ``draw_arguments``: keyed by its ``secret``, excluded and known peers from
+    ``draw_request``: keyed by its ``secret``, excluded and known peers from
     ``reputation``, only tasks it judges, at most its group size of each group), its sample
     log, and its verdicts, added to ``reputation``: the groups drawn and what judging them
     showed."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,13 +91,23 @@ class Backlog:
         return path
 
     def add_log(
-        self, kind: str, swarm_id: str, node_id: str, node_round: int, rows: list[dict[str, Any]]
+        self,
+        kind: str,
+        swarm_id: str,
+        node_id: str,
+        node_round: int,
+        rows: Sequence[Mapping[str, Any]],
     ) -> Path:
         """Keep a node log write (``Ledger.write_training`` / ``write_evaluation``)."""
         if kind not in LOG_KINDS:
             raise ValueError(f"unknown node log {kind!r}")
         path = self.root / f"r{node_round:08d}-{kind}.json"
-        record = {"swarm_id": swarm_id, "node_id": node_id, "node_round": node_round, "rows": rows}
+        record = {
+            "swarm_id": swarm_id,
+            "node_id": node_id,
+            "node_round": node_round,
+            "rows": [dict(row) for row in rows],
+        }
         self._write(path, lambda tmp: Path(tmp).write_text(json.dumps(record, default=str)))
         log.warning("ledger unreachable: round %d's %s log kept in %s", node_round, kind, path)
         return path

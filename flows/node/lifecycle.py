@@ -114,7 +114,9 @@ def check_resume(
     blocked = []  # finished with only their final models, but asked for more rounds
     for node_id in node_ids:
         saved_one = newest[node_id]
-        asked = saved_one is not None and (more_rounds or saved_one.next_round < swarm.rounds)
+        asked = saved_one is not None and (
+            more_rounds or not reached_the_end(saved_one.next_round, swarm.rounds)
+        )
         if saved_one is not None and not saved_one.resumable and asked:
             blocked.append((node_id, saved_one))
     if blocked:
@@ -246,7 +248,9 @@ def finished_line(node_id: str, saved: checkpoint.Checkpoint) -> str:
 
 def reached_the_end(next_round: int, rounds: int) -> bool:
     """Whether a node whose next round is `next_round` has run all of its swarm's rounds:
-    then its policy is scored once more (the final evaluation, unless recorded already)."""
+    then its policy is scored once more (the final evaluation, unless recorded already),
+    it keeps what `checkpoint_keep` says, and it may be marked finished. The one test of
+    "the last round" (issue 59 found it written five ways)."""
     return next_round >= rounds
 
 
@@ -285,7 +289,9 @@ def late_nodes(
     is asked to start new ones (`--nodes 3` on a finished 2-node swarm): they would train
     alone against a ledger that no longer changes, and the swarm's model be registered
     again. None otherwise. ``saved``: each node's newest checkpoint (None: a new node)."""
-    done = [n for n, c in saved.items() if c is not None and c.next_round >= swarm.rounds]
+    done = [
+        n for n, c in saved.items() if c is not None and reached_the_end(c.next_round, swarm.rounds)
+    ]
     new = [n for n, c in saved.items() if c is None]
     if not done or not new or len(done) + len(new) < len(saved):
         return None
@@ -303,7 +309,7 @@ def is_complete(
     )
     for spec in swarm.nodes:
         found = newest.get(spec.node_id)
-        if found is None or found.next_round < swarm.rounds:
+        if found is None or not reached_the_end(found.next_round, swarm.rounds):
             return False
     wanted = {s.node_id for s in swarm.nodes if s.node.evaluation.due(swarm.rounds, swarm.rounds)}
     if not wanted:

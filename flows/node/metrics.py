@@ -57,9 +57,7 @@ def round_metrics(
         metrics["training_reward_local"] = report.training_reward_local
     if report.training_reward_external is not None:
         metrics["training_reward_external"] = report.training_reward_external
-    for key, name in UPDATE_METRICS.items():
-        if key in report.update:
-            metrics[name] = report.update[key]
+    metrics.update(report.update)  # the update's figures, named where they are computed
     metrics.update(state.evaluation)
     for step, seconds in state.seconds.items():
         metrics[f"seconds_{step}"] = seconds
@@ -85,24 +83,6 @@ def drift_metrics(by_publisher: dict[str, Drift], own_id: str) -> dict[str, floa
         out[f"peer_kl/{peer}"] = drift.kl
         out[f"peer_ess/{peer}"] = drift.ess_fraction
     return out
-
-
-# The update's figures under their MLflow names.
-UPDATE_METRICS = {
-    "loss": "loss",
-    "clip_fraction": "clip_fraction",
-    "clip_low_fraction": "clip_low_fraction",
-    "clip_high_fraction": "clip_high_fraction",
-    "ratio_mean": "ratio_mean",
-    "kl": "kl",
-    "grad_norm": "grad_norm",
-    "tokens_per_s": "update_tokens_per_s",
-    # The plan the update ran (sapo_core/grpo/plan.py): its passes, its cap on tokens per
-    # pass (0: none), whether it checkpointed.
-    "passes": "update_passes",
-    "tokens_per_pass": "update_tokens_per_pass",
-    "checkpointing": "update_checkpointing",
-}
 
 
 SAMPLE_GROUPS = 2

@@ -1,8 +1,8 @@
 """Prefect flows: one node's round ([evaluate ->] generate -> publish -> sample -> reward ->
 update, then checkpoint and track), and a node that runs rounds until its budget is spent.
 
-Each task is a step of flows/node/steps.py's ``ROUND`` (tested there without Prefect), and how a
-run starts and finishes is decided by flows/node/lifecycle.py.
+Each task is a step of flows/node/steps.py's ``ROUND`` (tested there without Prefect); how a
+run starts is decided by flows/node/lifecycle.py, and how it finishes is flows/node/finish.py.
 The node's runtime and the round's state live in this process (the model, the round's
 groups) and are handed to the tasks as arguments; flow runs record only the node id and
 the round, and find the runtime in the context `node_flow` opens (`running`).
@@ -28,7 +28,8 @@ from prefect.utilities.annotations import quote
 
 from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
 from flows.env import apply_offline_defaults
-from flows.node import checkpoint, lifecycle, steps
+from flows.node import lifecycle, steps
+from flows.node.finish import finish_run
 from flows.node.metrics import describe
 from flows.node.runtime import NodeRuntime, open_node
 from flows.node.state import RoundState
@@ -69,6 +70,11 @@ TASKS: dict[str, Any] = {step.name: _as_task(step) for step in steps.ROUND}
 @task(name="final-evaluation", cache_policy=NONE)
 def final_evaluation_task(node: NodeRuntime) -> dict[str, float]:
     return steps.final_evaluation(node)
+
+
+def _final_evaluation(node: NodeRuntime) -> None:
+    quoted: Any = quote(node)  # as _as_task_run: Prefect need not walk the runtime
+    final_evaluation_task(quoted)
 
 
 def _as_task_run(step: steps.Step, node: NodeRuntime, state: RoundState) -> Any:
@@ -153,26 +159,13 @@ def node_flow(
                     progress.emit("done", round=round_)
                     print(describe(metrics, node_id, round_), flush=True)
                     history.append(metrics)
-                dog.entering("the final evaluation")
-                if lifecycle.reached_the_end(node.next_round, swarm.rounds) and not steps.evaluated(
-                    node, swarm.rounds
-                ):
-                    # After the last checkpoint, so the score is that checkpoint's; a node
-                    # killed before it is scored by the next run, whose loop is then empty.
-                    quoted: Any = quote(node)
-                    final_evaluation_task(quoted)
-            dog.entering("closing the node's run (logging its model)")
-            log_model = lifecycle.logs_its_model(
-                log_models=swarm.logs_models,
-                next_round=node.next_round,
-                rounds=swarm.rounds,
+            finish_run(
+                node,
                 until_round=until_round,
                 ran_rounds=stop > first,
-                model_missing=node.final_model_missing,
+                evaluate=_final_evaluation,
+                entering=dog.entering,
             )
-            node.finish(log_model=log_model)
-            if lifecycle.finished(node.next_round, swarm.rounds, node.final_model_missing):
-                checkpoint.mark_finished(swarm.workdir, node_id, node.next_round)
             return {"node_id": node_id, "rounds": list(rounds), "metrics": history}
         except BaseException as stopped:
             if node.run is not None:  # its MLflow run says how it ended, never "running"

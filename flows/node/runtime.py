@@ -2,7 +2,8 @@
 
 `open_node` opens the ledger and writes the node's manifest to it (who it is, its I, J and
 sampling policy), restores the node from its newest checkpoint (or starts it fresh) and
-opens its MLflow run; `NodeRuntime.finish` logs the final model and closes the run.
+opens its MLflow run; flows/node/finish.py finishes a run (evaluates, logs the final
+model, keeps what `checkpoint_keep` says, closes the run, marks the node finished).
 What a round does with it lives in flows/node/steps.py; the Prefect flows in flows/node/round.py
 only call those steps.
 """
@@ -22,7 +23,6 @@ from flows.progress import NodeProgress
 from flows.tracking import MODEL_PATH_TAG, Tracker, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
-from sapo_core.prompts import serving_template, stop_texts
 
 log = logging.getLogger(__name__)
 
@@ -71,40 +71,6 @@ class NodeRuntime:
         saved = self.writer.wait()
         if saved is not None:
             self.next_round = saved.next_round
-
-    def finish(self, *, log_model: bool) -> None:
-        """Close the node's run; log its final model (the newest checkpoint). A node done
-        with its rounds under `checkpoint_keep: final-model` then keeps only that model:
-        in MLflow when it was logged there, else in its checkpoint directory; under
-        `nothing`, only the record that it finished (and the model in MLflow if logged)."""
-        self.wait_for_checkpoint()
-        saved = checkpoint.latest(self.workdir, self.node_id)
-        if saved is not None:
-            logged_at = None
-            if self.run is not None and log_model:
-                # The policy in memory is the newest checkpoint's (saved after the last
-                # update); only the model goes, the optimizer state would triple it.
-                policy = self.learner.policy
-                logged_at = self.run.tracker.log_model(
-                    self.run.run_id,
-                    policy.model,
-                    policy.tokenizer,
-                    scratch=saved.path.parent,
-                    path=model_path(saved.next_round),
-                    # Served, it is prompted as the node trained it.
-                    prompt_template=serving_template(
-                        policy.tokenizer, self.learner.config.prompt, self.learner.prompt_format
-                    ),
-                    stop=stop_texts(self.learner.prompt_format),
-                )
-            done = saved.next_round >= self.swarm.rounds
-            keep = self.swarm.checkpoint_keep
-            if done and saved.resumable and keep != "resume":
-                kept = checkpoint.keep_final_model(saved, logged_at, weights=keep == "final-model")
-                where = logged_at or (kept.path if keep == "final-model" else "nowhere")
-                log.info("%s keeps %s; its final model: %s", self.node_id, keep, where)
-        if self.run is not None:
-            self.run.tracker.finish(self.run.run_id)
 
     def final_model_missing(self) -> bool:
         """Whether the model of the node's newest checkpoint belongs in MLflow (tracking on,

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -27,9 +27,10 @@ from flows.node.lifecycle import node_config
 from flows.node.metrics import round_metrics, sample_completions
 from flows.node.runtime import NodeRuntime
 from flows.node.state import RoundState, require
-from ledger import StorageError
+from ledger import DrawRequest, StorageError
 from ledger.draws import round_draw_key
-from sapo_core.evaluation import overall_accuracy
+from sapo_core.assembly import TrainingRecord
+from sapo_core.evaluation import EvaluationRecord, evaluation_records, overall_accuracy
 from sapo_core.learner import round_seed
 from sapo_core.rollouts import RECORD_FIELDS, Group, from_records, group_rollouts
 
@@ -89,18 +90,7 @@ def evaluation_metrics(node: NodeRuntime, round_: int) -> dict[str, float]:
     if not config.due(round_, node.swarm.rounds):
         return {}
     scores = node.learner.evaluate()
-    rows = [
-        {
-            "task": s.task,
-            "questions": s.questions,
-            "completions": s.completions,
-            "correct": s.correct,
-            "accuracy": s.accuracy,
-            "policy_version": node.learner.policy_version,
-            "eval_seed": config.seed,
-        }
-        for s in scores
-    ]
+    rows = evaluation_records(scores, node.learner.policy_version, config.seed)
     write_node_log(node, "evaluation", round_, rows)
     metrics = {f"eval_accuracy/{s.task}": s.accuracy for s in scores}
     metrics["eval_accuracy"] = overall_accuracy(scores)
@@ -194,20 +184,20 @@ def draw_peers(node: NodeRuntime, round_: int) -> pl.DataFrame | None:
     """The node's draw for ``round_`` as the ledger returned it, after a bounded wait for
     enough peers' groups, and recorded there (which groups it drew, with which policy and
     seed); None when the ledger did not answer."""
-    draw = draw_arguments(node, round_)
+    request = draw_request(node, round_)
     with riding_out() as down:
         # A retry of a round whose draw is logged trains on what it drew (and logged).
         frame = node.ledger.logged_draw(node.swarm.swarm_id, node.node_id, round_)
         if frame is None:
-            wait_for_peers(node, draw)
-            frame = node.ledger.sample(**draw)
+            wait_for_peers(node, request)
+            frame = node.ledger.draw(request)
             node.ledger.write_sample(
                 node.swarm.swarm_id,
                 node.node_id,
                 round_,
                 frame,
                 policy=node.spec.sampling.kind,
-                seed=draw["seed"],
+                seed=request.seed,
             )
     if down:
         log.warning("ledger unreachable (%s): round %d trains with J = 0", down.error, round_)
@@ -215,35 +205,35 @@ def draw_peers(node: NodeRuntime, round_: int) -> pl.DataFrame | None:
     return frame
 
 
-def draw_arguments(node: NodeRuntime, round_: int) -> dict[str, Any]:
+def draw_request(node: NodeRuntime, round_: int) -> DrawRequest:
     """What the node's draw of peers' groups for ``round_`` asks of the ledger: the one
-    set of arguments its warm-up wait and its draw both use."""
+    request its warm-up wait and its draw both use."""
     config = node.spec.node
     reputation = node.learner.reputation  # through the last round trained
     swarm_id = node.swarm.swarm_id
-    return {
-        "node_id": node.node_id,
-        "n_groups": config.external_groups,
-        "policy": node.spec.sampling,
-        "seed": round_seed(config.seed, round_),
+    return DrawRequest(
+        node_id=node.node_id,
+        n_groups=config.external_groups,
+        policy=node.spec.sampling,
+        seed=round_seed(config.seed, round_),
         # Where a peer's group falls is keyed by the node's secret: no peer can compute it
         # (ledger/draws.py). The seed stays in the sample log, as before.
-        "draw_key": round_draw_key(node.draw_secret, swarm_id, node.node_id, round_)
+        draw_key=round_draw_key(node.draw_secret, swarm_id, node.node_id, round_)
         if node.draw_secret
         else None,
         # Of each group the rows the node trains on: at most its own group size, chosen by
         # that key, none it published itself.
-        "rows_per_group": config.generation.completions_per_question,
-        "swarm_id": swarm_id,
-        "exclude_nodes": reputation.excluded(),
+        rows_per_group=config.generation.completions_per_question,
+        swarm_id=swarm_id,
+        exclude_nodes=reputation.excluded(),
         # Until it knows anyone, a node treats every peer alike (no Sybil ordering).
-        "known_nodes": reputation.known() or None,
+        known_nodes=reputation.known() or None,
         # Within the unknown-peer budget, peers it is coming to know first.
-        "standing": reputation.standing(),
-        "for_round": round_,
+        standing=reputation.standing(),
+        for_round=round_,
         # Groups this node's verifier cannot judge would take a slot and teach nothing.
-        "tasks": node.learner.judged_tasks,
-    }
+        tasks=node.learner.judged_tasks,
+    )
 
 
 def peer_groups(frame: pl.DataFrame) -> tuple[list[Group], int]:
@@ -263,12 +253,12 @@ def peer_groups(frame: pl.DataFrame) -> tuple[list[Group], int]:
     return group_rollouts(rows, "external"), dropped
 
 
-def wait_for_peers(node: NodeRuntime, draw: dict[str, Any]) -> None:
+def wait_for_peers(node: NodeRuntime, request: DrawRequest) -> None:
     """Up to peer_wait_s for J qualifying peer groups to exist (a bounded warm-up), as the
-    draw (``draw_arguments``) would find them: excluded peers' groups do not count."""
+    draw (``draw_request``) would find them: excluded peers' groups do not count."""
     deadline = time.monotonic() + node.swarm.peer_wait_s
     while time.monotonic() < deadline:
-        if len(node.ledger.sample_group_ids(**draw)) >= draw["n_groups"]:
+        if len(node.ledger.draw_group_ids(request)) >= request.n_groups:
             return
         time.sleep(PEER_POLL_S)
 
@@ -293,7 +283,12 @@ def train(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     return node.learner.totals.as_metrics()
 
 
-def write_node_log(node: NodeRuntime, kind: str, round_: int, rows: list[dict[str, Any]]) -> None:
+def write_node_log(
+    node: NodeRuntime,
+    kind: str,
+    round_: int,
+    rows: Sequence[TrainingRecord] | Sequence[EvaluationRecord],
+) -> None:
     """Write a training or evaluation log; to the backlog while the ledger is unreachable."""
     with riding_out() as down:
         log_writer(node.ledger, kind)(node.swarm.swarm_id, node.node_id, round_, rows)

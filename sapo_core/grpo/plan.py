@@ -89,11 +89,12 @@ class UpdatePlan:
     """Device memory the passes were sized from; None where constants chose."""
 
     def metrics(self, passes: int) -> dict[str, float]:
-        """The plan as a round's metrics (MLflow), with the passes it made."""
+        """The plan as a round's metrics, by their MLflow names: the passes it made, its
+        cap on tokens per pass (0: none), whether it checkpointed."""
         return {
-            "passes": float(passes),
-            "tokens_per_pass": float(self.tokens_per_pass or 0),
-            "checkpointing": float(self.checkpointing),
+            "update_passes": float(passes),
+            "update_tokens_per_pass": float(self.tokens_per_pass or 0),
+            "update_checkpointing": float(self.checkpointing),
         }
 
 

@@ -38,6 +38,9 @@ class UpdateResult:
     """What one update did, for tracking."""
 
     metrics: dict[str, float]
+    """By their MLflow names, given here once (flows logs them as they are): the loss's
+    (`loss`, `ratio_mean`, `clip_fraction`, `clip_low_fraction`, `clip_high_fraction`, `kl`
+    where beta > 0), `grad_norm`, `update_tokens_per_s` and the plan's (`UpdatePlan.metrics`)."""
     seconds: float
     tokens: int
     drift: dict[str, Drift] = field(default_factory=dict)
@@ -205,7 +208,7 @@ def grpo_update(
     if plan.release_memory:
         release_free_memory()  # ... nor their pages, which generation's peak would sit on
     seconds = time.perf_counter() - started
-    sums["tokens_per_s"] = total_tokens * config.iterations / max(seconds, 1e-9)
+    sums["update_tokens_per_s"] = total_tokens * config.iterations / max(seconds, 1e-9)
     sums.update(plan.metrics(len(batches)))
     return UpdateResult(sums, seconds, int(total_tokens), drift)
 

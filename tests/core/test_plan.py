@@ -171,8 +171,8 @@ def test_with_room_64_sequences_of_640_tokens_take_at_most_4_passes_unchecked(wi
     counts = _passes(wide_model)
     result, _ = _update(wide_model, segments, plan)
     assert counts["decoder"] <= 4 and counts["layer"] == counts["decoder"]  # no recompute
-    assert result.metrics["passes"] == counts["decoder"]
-    assert result.metrics["checkpointing"] == 0.0
+    assert result.metrics["update_passes"] == counts["decoder"]
+    assert result.metrics["update_checkpointing"] == 0.0
     assert not is_checkpointing(wide_model)
 
 
@@ -184,7 +184,7 @@ def test_under_a_small_budget_the_plan_splits_and_checkpoints(wide_model) -> Non
     counts = _passes(wide_model)
     result, _ = _update(wide_model, segments, plan)
     assert counts["decoder"] >= 3 and counts["layer"] == 2 * counts["decoder"]  # recomputed
-    assert result.metrics["checkpointing"] == 1.0
+    assert result.metrics["update_checkpointing"] == 1.0
 
 
 def test_loss_and_gradient_are_the_plain_paths_whatever_the_plan(wide_model) -> None:

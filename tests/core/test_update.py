@@ -306,7 +306,7 @@ def test_learner_round_with_peers(tiny_model_dir: Any) -> None:
     assert peer == liar.rollouts[0].node_id and record.judged == 6 and record.bad > 0
     assert me.totals.cumulative_own_reward == own.own_reward
     assert report.external_groups_used == 1 and report.groups_trained == 3
-    assert me.policy_version == 1 and report.update["tokens_per_s"] > 0
+    assert me.policy_version == 1 and report.update["update_tokens_per_s"] > 0
 
 
 def test_silo_node_trains_on_its_own_groups(tiny_model_dir: Any) -> None:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.config import SwarmConfig
 from flows.node import checkpoint
+from flows.node.finish import close_run
 from flows.node.runtime import open_node
 from tests.integration.test_round_steps import make_swarm, run_round
 
@@ -33,7 +34,7 @@ def test_without_mlflow_the_checkpoint_keeps_the_model_and_drops_the_training_st
         assert before is not None and before.resumable
         assert {"optimizer.pt", "rng.pt"} <= set(sizes(before.path))
         weights = {k: v.clone() for k, v in node.learner.policy.model.state_dict().items()}
-        node.finish(log_model=True)
+        close_run(node, log_model=True)
     finally:
         node.close()
     after = checkpoint.latest(swarm.workdir, "a")
@@ -61,7 +62,7 @@ def test_keeping_nothing_leaves_the_record_that_the_node_finished(tmp_path: Path
     node = open_node(swarm, "a")
     try:
         run_round(node, 0, force=True)
-        node.finish(log_model=True)
+        close_run(node, log_model=True)
     finally:
         node.close()
     after = checkpoint.latest(swarm.workdir, "a")
@@ -82,7 +83,7 @@ def test_with_mlflow_the_model_lives_only_there(tmp_path: Path) -> None:
     try:
         run_round(node, 0, force=True)
         weights = {k: v.clone() for k, v in node.learner.policy.model.state_dict().items()}
-        node.finish(log_model=True)
+        close_run(node, log_model=True)
     finally:
         node.close()
     after = checkpoint.latest(swarm.workdir, "a")
@@ -100,7 +101,7 @@ def finish_one_round(swarm: SwarmConfig, node_id: str) -> None:
     node = open_node(swarm, node_id)
     try:
         run_round(node, 0, force=True)
-        node.finish(log_model=False)
+        close_run(node, log_model=False)
     finally:
         node.close()
 

@@ -212,8 +212,9 @@ def test_a_resumed_node_draws_what_it_would_have_drawn(tmp_path: Path) -> None:
     def draw(swarm: object, round_: int) -> tuple[str, list[str]]:
         node = open_node(swarm, "n")  # type: ignore[arg-type]
         try:
-            args = steps.draw_arguments(node, round_)
-            return args["draw_key"], node.ledger.sample_group_ids(**args)
+            request = steps.draw_request(node, round_)
+            assert request.draw_key is not None
+            return request.draw_key, node.ledger.draw_group_ids(request)
         finally:
             node.close()
 
@@ -227,7 +228,7 @@ def test_a_resumed_node_draws_what_it_would_have_drawn(tmp_path: Path) -> None:
     node = open_node(swarm, "n")
     try:
         node.learner.reputation.update({"p": PeerEvidence(rows=16)})
-        assert steps.draw_arguments(node, 4)["known_nodes"] == ["p"]
+        assert steps.draw_request(node, 4).known_nodes == ("p",)
     finally:
         node.close()
     assert draw(swarm, 3) == (key, drawn)

@@ -14,6 +14,7 @@ from flows.node import steps
 from flows.node.metrics import describe
 from flows.node.runtime import NodeRuntime, open_node
 from flows.node.state import RoundState
+from ledger import DrawRequest
 from tests.tiny_models import build_tiny_model
 
 
@@ -245,19 +246,19 @@ def test_the_warm_up_does_not_count_the_groups_of_peers_the_node_excluded(
         run_round(a, 0)  # a's groups are in the ledger
         monkeypatch.setattr(b.learner, "reputation", _Excluding("a"))
         polls = []
-        asked = b.ledger.sample_group_ids
+        asked = b.ledger.draw_group_ids
 
-        def counted(*args: object, **kwargs: object) -> list[str]:
-            polls.append(kwargs.get("exclude_nodes"))
-            return asked(*args, **kwargs)  # type: ignore[arg-type]
+        def counted(request: DrawRequest) -> list[str]:
+            polls.append(request.exclude_nodes)
+            return asked(request)
 
-        monkeypatch.setattr(b.ledger, "sample_group_ids", counted)
+        monkeypatch.setattr(b.ledger, "draw_group_ids", counted)
         state = RoundState(0)
         steps.generate(b, state)
         assert steps.sample(b, state) == []  # a is excluded: nothing drawn
         # The wait asked as the draw does, so it found nothing and waited out peer_wait_s
         # (polling every PEER_POLL_S), instead of stopping at a's groups.
-        assert len(polls) >= 2 and all(p == ["a"] for p in polls)
+        assert len(polls) >= 2 and all(p == ("a",) for p in polls)
     finally:
         a.close()
         b.close()

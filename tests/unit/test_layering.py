@@ -345,3 +345,37 @@ def test_the_ledger_package_names_load_on_first_use() -> None:
     probe = "import sys, flows.limits; print(sorted({'duckdb', 'pyarrow'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_node_logs_record_types_are_the_ledgers_log_columns() -> None:
+    """Issue 59: node-log rows are typed in sapo_core (TrainingRecord, EvaluationRecord),
+    and their keys are the ledger's log columns less what its writer stamps (the round and
+    the time); a key the ledger treats as optional is optional in the type too."""
+    from ledger.node_logs import EVALUATIONS, TRAININGS
+    from sapo_core.assembly import TrainingRecord
+    from sapo_core.evaluation import EvaluationRecord
+
+    for record, node_log in ((TrainingRecord, TRAININGS), (EvaluationRecord, EVALUATIONS)):
+        stamped = {"node_round", node_log.stamp}
+        columns = {c.name: c for c in node_log.columns if c.name not in stamped}
+        keys = record.__required_keys__ | record.__optional_keys__
+        assert keys == set(columns), record.__name__
+        assert all(columns[k].optional for k in record.__optional_keys__), record.__name__
+
+
+def test_a_nodes_finish_lives_in_one_module() -> None:
+    """Issue 59: how a run finishes (evaluate, log the model, keep, mark finished) is
+    flows/node/finish.py's alone; no other module of flows/ calls those steps."""
+    finishing = {"final_evaluation", "log_model", "keep_final_model", "mark_finished"}
+    callers: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "flows").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = node.func if isinstance(node, ast.Call) else None
+            if isinstance(called, ast.Attribute) and called.attr in finishing:
+                callers.setdefault(called.attr, set()).add(path.name)
+    assert callers == {
+        "log_model": {"finish.py"},
+        "keep_final_model": {"finish.py"},
+        "mark_finished": {"finish.py"},
+        "final_evaluation": {"round.py"},  # the Prefect task that finish_run is handed
+    }

@@ -353,3 +353,24 @@ def test_fresh_keeps_the_paper_filter_the_caps_and_a_window(ledger):
     got = _groups(ledger.sample("me", 100, recent, swarm_id="sw", now=now))
     assert got == {"sw.a.r0.g0", "sw.a.r0.g1", "sw.b.r0.g0"}
     assert parse_policy("fresh") == FreshPolicy()
+
+
+def test_a_typed_draw_request_draws_what_the_keyword_form_draws(ledger) -> None:
+    """Issue 59: the node's warm-up wait and its draw take one typed request (no splatted
+    dict); `sample`'s keywords stay the user's form and build the same request."""
+    from ledger import DrawRequest
+
+    excluded = ["a"]
+    request = DrawRequest(
+        node_id="me", n_groups=3, policy="paper", seed=7, swarm_id="sw", exclude_nodes=excluded
+    )
+    excluded.append("b")  # the caller's list changes: the request does not
+    assert request.exclude_nodes == ("a",)
+    assert ledger.draw_group_ids(request) == ledger.sample_group_ids(
+        "me", 3, "paper", seed=7, swarm_id="sw", exclude_nodes=["a"]
+    )
+    drawn = ledger.draw(request)
+    assert drawn.height > 0 and "a" not in set(drawn["node_id"])
+    assert drawn.equals(ledger.sample("me", 3, "paper", seed=7, swarm_id="sw", exclude_nodes=["a"]))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'exclude'"):
+        ledger.sample_group_ids("me", 3, exclude=["a"])
