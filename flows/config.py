@@ -39,6 +39,7 @@ from ledger.policies import PaperPolicy, SamplingPolicy
 from ledger.retrying import RetryPolicy
 from ledger.schema import MAX_COUNTER, check_id
 from sapo_core.config import NodeConfig, Strict
+from sapo_core.rollouts import group_id_of, rollout_id_of
 
 DEFAULT_SWARM = "cpu.yaml"
 DEFAULT_NODE_COUNT = 3
@@ -281,10 +282,11 @@ class SwarmConfig(Strict):
 
 
 def longest_rollout_id(swarm_id: str, node: NodeConfig) -> str:
-    """The longest rollout id the node can write (sapo_core/learner.py names them
-    ``<swarm>.<node>.r<round>.q<k>.c<j>``), at the largest round a ledger accepts."""
+    """The longest rollout id the node can write (sapo_core/rollouts.py ``group_id_of``,
+    ``rollout_id_of``), at the largest round a ledger accepts."""
     questions, completions = node.questions, node.generation.completions_per_question
-    return f"{swarm_id}.{node.node_id}.r{MAX_COUNTER}.q{questions - 1}.c{completions - 1}"
+    group = group_id_of(f"{swarm_id}.", node.node_id, MAX_COUNTER, questions - 1)
+    return rollout_id_of(group, completions - 1)
 
 
 def node_entries(data: dict[str, Any]) -> list[Any]:

@@ -50,7 +50,7 @@ from sapo_core.policy.loading import (
 from sapo_core.prompts import PromptFormat, prompt_ids, resolve_format, stop_texts
 from sapo_core.reputation import Reputation
 from sapo_core.rewards import ScoredGroup, own_verdicts, scored_own
-from sapo_core.rollouts import Group, Rollout
+from sapo_core.rollouts import Group, Rollout, group_id_of, rollout_id_of
 from sapo_core.round_report import RoundReport, by_publisher, loss_shares, peer_shares
 from sapo_core.tasks import Question, TaskSource
 
@@ -206,10 +206,10 @@ class Learner:
         sampled = self.backend.generate(prompts, cfg.generation, seed, on_progress)
         groups = []
         for k, (question, completions) in enumerate(zip(questions, sampled, strict=True)):
-            group_id = f"{self.id_prefix}{cfg.node_id}.r{round_}.q{k}"
+            group_id = group_id_of(self.id_prefix, cfg.node_id, round_, k)
             rollouts = [
                 Rollout(
-                    rollout_id=f"{group_id}.c{j}",
+                    rollout_id=rollout_id_of(group_id, j),
                     group_id=group_id,
                     node_id=cfg.node_id,
                     model_id=self.policy.model_id,

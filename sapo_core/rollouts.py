@@ -16,6 +16,18 @@ from sapo_core.tasks import Question
 Source = Literal["local", "external"]
 
 
+def group_id_of(prefix: str, node_id: str, round_: int, question: int) -> str:
+    """The id of a node's group: ``<prefix><node>.r<round>.q<k>`` (the prefix is the
+    swarm's, ``<swarm>.``, in a swarm): written here once, for the learner that names its
+    groups and the config that bounds the longest id."""
+    return f"{prefix}{node_id}.r{round_}.q{question}"
+
+
+def rollout_id_of(group_id: str, completion: int) -> str:
+    """The id of completion ``completion`` of a group: ``<group id>.c<j>``."""
+    return f"{group_id}.c{completion}"
+
+
 @dataclass(frozen=True)
 class Rollout:
     """One completion. ``logprobs`` (the behaviour log-probs GRPO's ratio divides by) are

@@ -9,8 +9,9 @@ from typing import Any
 from flows.experiments.progress import run_walls, wall_label
 from flows.experiments.sweep import ExperimentConfig
 from flows.node.lifecycle import is_complete
+from sapo_core.config import BUNDLED_MODEL
 
-SECONDS_PER_ROLLOUT_TOKEN = {"bundled:smollm2-135m-instruct": 0.0195}
+SECONDS_PER_ROLLOUT_TOKEN = {BUNDLED_MODEL: 0.0195}
 """Measured wall seconds a swarm spends per rollout and token of its max_new_tokens (generation
 and the update), by model, on an idle 2-core CPU machine: the paper-table sweep's 40 runs
 (3 nodes x 12 rounds x 4 groups of 8 completions of at most 48 tokens) took about 12 h, 18

@@ -8,6 +8,8 @@ from typing import Self
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from sapo_core.config.bundled import DEFAULT, PREFIX
+
 # The paper's nine reasoning-gym specialties, drawn uniformly with replacement.
 PAPER_SPECIALTIES = (
     "base_conversion",
@@ -21,7 +23,8 @@ PAPER_SPECIALTIES = (
     "binary_matrix",
 )
 
-BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
+BUNDLED_MODEL = f"{PREFIX}{DEFAULT.name}"
+"""The model a node trains unless told: the bundled catalogue's default (config/bundled.py)."""
 
 # The system prompt reasoning-gym ships as its default, so scores are comparable with its tools.
 DEFAULT_SYSTEM_PROMPT = (

@@ -76,6 +76,7 @@ BUNDLED: dict[str, BundledModel] = {
 }
 
 DEFAULT = BUNDLED["smollm2-135m-instruct"]
+"""The model a node trains unless told (config.BUNDLED_MODEL names it): written here once."""
 
 
 class BundledModelError(RuntimeError):

@@ -251,6 +251,11 @@ def test_the_bounds_declared_on_both_sides_of_the_wall_agree() -> None:
 
     assert DRIFT_LOG_LIMIT == LOG_RATIO_LIMIT
     assert math.exp(LOG_RATIO_LIMIT) <= DRIFT_WEIGHT_LIMIT
+    # The paper's nine tasks: the ledger's synthetic swarm draws the specialties a node does.
+    from ledger.synthetic import SPECIALTIES
+    from sapo_core.config import PAPER_SPECIALTIES
+
+    assert SPECIALTIES == PAPER_SPECIALTIES and len(SPECIALTIES) == 9
 
 
 @pytest.mark.parametrize("name", ["records", "statistics"])
