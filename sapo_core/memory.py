@@ -24,6 +24,14 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+def releases_memory(device_type: str) -> bool:
+    """Whether work on ``device_type`` hands freed pages back between phases (the update's
+    passes, generation before the update): on a CPU, whose tensors are the process's heap;
+    a GPU's memory is torch's caching allocator's, which glibc's trim does not touch. The
+    one rule both phases ask (the update through its plan, sapo_core/grpo/plan.py)."""
+    return device_type == "cpu"
+
+
 def release_free_memory() -> None:
     """Return the allocator's free pages to the operating system (glibc only)."""
     trim = _malloc_trim()

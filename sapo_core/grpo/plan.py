@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sapo_core.config import GRPOConfig
+from sapo_core.memory import releases_memory
 
 CPU_TOKENS_PER_PASS = 768
 """Tokens (sequences x the longest) of one pass on a CPU: measured best on 2 cores."""
@@ -172,7 +173,7 @@ def plan_update(
             shared_prompt=shared_prompt,
             overhead_tokens=CPU_PASS_OVERHEAD_TOKENS,
             checkpointing=_checkpointing(config, not plain),
-            release_memory=device == "cpu",
+            release_memory=releases_memory(device),
         )
         return _without_speed(planned) if plain else planned
     budget = int(max(free_bytes - reserved_bytes, 0) * GPU_BUDGET_SHARE)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from sapo_core.config import GenerationConfig
-from sapo_core.memory import release_free_memory
+from sapo_core.memory import release_free_memory, releases_memory
 from sapo_core.policy.backend import Completion, ProgressCallback, Prompt, stop_window
 from sapo_core.policy.compat import cache_argument, output_cache
 from sapo_core.policy.loading import Policy
@@ -146,7 +146,7 @@ class TransformersBackend:
         finally:
             model.train(was_training)  # whatever stopped the sampling
         del model  # a reduced copy's pages go back with the caches'
-        if self.policy.device.type == "cpu":
+        if releases_memory(self.policy.device.type):
             release_free_memory()  # before the update needs its own (glibc's pages)
         return groups
 
