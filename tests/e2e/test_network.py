@@ -177,3 +177,84 @@ def test_a_worker_cut_off_mid_publish_then_healed_loses_nothing_and_writes_nothi
     assert per_round == [[r, 6, 6] for r in range(rounds)]  # every row, once
     done = time.monotonic() - healed_at
     print(f"cut {healed_at - cut_at:.1f} s; the publisher done {done:.1f} s after the heal; {felt}")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny_models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.mark.timeout(900)
+def test_a_node_whose_bucket_is_unreachable_for_longer_than_a_round_loses_nothing(
+    network: netns.Network, tmp_path: Path, tiny: Path
+) -> None:
+    """node-0 on worker-a, node-1 on worker-b, sharing one bucket on the services host.
+    worker-a is cut off for 70 s after node-0's first round (longer than a publish's
+    retries, ~56 s here): its rounds go on alone (J = 0, its rows and logs to its backlog),
+    and once healed the backlog is written. Every row once, every round trained once."""
+    from tests.e2e.test_swarm import swarm_file
+
+    url = _bucket(network, "node-cut")
+    ledger = {"url": url, "storage_options": {**CREDENTIALS, "endpoint_url": _endpoint(network)}}
+    rounds = 4
+    procs = {}
+    for node, host in (("node-0", "worker-a"), ("node-1", "worker-b")):
+        home = tmp_path / host  # each machine's own folder: its checkpoints, keys, index
+        home.mkdir()
+        swarm = swarm_file(
+            home, tiny, ledger=ledger, swarm_id="cut-swarm", node_count=2, rounds=rounds,
+            peer_wait_s=0,
+        )  # fmt: skip
+        procs[node] = network[host].start(
+            [sys.executable, "-m", "flows.cli", "node", "-c", str(swarm), "--node-id", node],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home,
+        )  # fmt: skip
+    node0 = procs["node-0"]
+    assert node0.stdout is not None
+    seen = []
+    for line in node0.stdout:  # until its first round is done
+        seen.append(line)
+        if "node-0 round 0:" in line:
+            break
+    network.cut("worker-a")
+    cut_at = time.monotonic()
+    time.sleep(70)
+    network.heal("worker-a")
+    healed_at = time.monotonic()
+    outs = {}
+    for node, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        outs[node] = ("".join(seen) if node == "node-0" else "") + out
+        assert proc.returncode == 0, outs[node][-3000:]
+    finished = time.monotonic()
+    assert "ledger unreachable" in outs["node-0"], outs["node-0"][-3000:]
+    counted = network["worker-b"].python(
+        _ledger_code(
+            url,
+            _endpoint(network),
+            """
+            rows = led.query(
+                "SELECT node_id, node_round, count(*), count(DISTINCT rollout_id) "
+                "FROM rollouts GROUP BY 1, 2 ORDER BY 1, 2").rows()
+            trained = led.query(
+                "SELECT node_id, node_round, count(*), count(DISTINCT group_id) "
+                "FROM trainings GROUP BY 1, 2 ORDER BY 1, 2").rows()
+            print(json.dumps({"rows": rows, "trained": trained}, default=str))
+            """,
+        ),
+        timeout=120,
+    )
+    found = json.loads(counted.splitlines()[-1])
+    # Each round publishes every group it generated: I + J = 4 questions of 3 completions.
+    per_round = 4 * 3
+    expected = [[n, r, per_round, per_round] for n in ("node-0", "node-1") for r in range(rounds)]
+    assert found["rows"] == expected  # every row of every round, once
+    trained = {(n, r): (count, distinct) for n, r, count, distinct in found["trained"]}
+    assert set(trained) == {(n, r) for n in ("node-0", "node-1") for r in range(rounds)}
+    assert all(count == distinct for count, distinct in trained.values())  # trained once
+    print(
+        f"cut {healed_at - cut_at:.0f} s; both nodes done {finished - healed_at:.0f} s after "
+        "the heal"
+    )
