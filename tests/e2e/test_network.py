@@ -258,3 +258,52 @@ def test_a_node_whose_bucket_is_unreachable_for_longer_than_a_round_loses_nothin
         f"cut {healed_at - cut_at:.0f} s; both nodes done {finished - healed_at:.0f} s after "
         "the heal"
     )
+
+
+SLOW_LINK = """
+    from tests.factories import round_rows
+    timings = {}
+    for r in range(3):
+        began = time.monotonic()
+        led.publish(round_rows("slow", r, [[1, 0], [0, 1]]))
+        timings.setdefault("publish", []).append(time.monotonic() - began)
+        began = time.monotonic()
+        drawn = led.sample("reader", 2, swarm_id="sw", seed=r)  # another node draws
+        timings.setdefault("draw", []).append(time.monotonic() - began)
+    rows = led.query("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts "
+                     "WHERE node_id = 'slow'").rows()[0]
+    print(json.dumps({"timings": timings, "rows": rows, "drawn": drawn.height}))
+"""
+
+
+def test_a_slow_link_to_the_bucket_slows_a_hosts_publishes_and_draws_and_loses_nothing(
+    network: netns.Network,
+) -> None:
+    """worker-a reaches the bucket through a link that holds each chunk 0, 100 or 250 ms
+    (+-25%, a proxy on the services host: this kernel has no netem): its publishes and draws
+    take longer as the delay grows, every row lands once, the draws still find the groups."""
+    services = network["services"]
+    url = _bucket(network, "slow-link")
+    found = {}
+    for port, delay in ((S3_PORT + 1, 0.0), (S3_PORT + 2, 0.1), (S3_PORT + 3, 0.25)):
+        proxy = services.start(
+            [sys.executable, str(Path(__file__).resolve().parents[1] / "netns_proxy.py"),
+             services.address, str(port), services.address, str(S3_PORT), str(delay),
+             str(delay / 4)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proxy.stdout is not None and proxy.stdout.readline().strip() == "listening"
+        slow = f"http://{services.address}:{port}"
+        out = network["worker-a"].python(
+            _ledger_code(f"{url}-{port}", slow, SLOW_LINK), timeout=600
+        )
+        result = json.loads(out.splitlines()[-1])
+        assert result["rows"] == [12, 12] and result["drawn"] == 4, result  # once each
+        found[delay] = {step: sorted(t)[1] for step, t in result["timings"].items()}  # median
+        proxy.terminate()
+        proxy.wait(timeout=30)
+    print({f"{int(d * 1000)} ms": {k: round(v, 2) for k, v in f.items()} for d, f in found.items()})
+    for step in ("publish", "draw"):
+        assert found[0.0][step] < found[0.1][step] < found[0.25][step], found
+        # Each request crosses the link at least twice (there and back) at the delay.
+        assert found[0.25][step] >= 2 * 0.25 * 0.75, found
