@@ -195,38 +195,35 @@ class LedgerReads(LedgerHandle):
         """A call that builds ``drawable`` (the groups as the receiver would train on them,
         keyed by its draw key) and runs the policy's SQL over it: the drawn groups in draw
         order, with the completions kept of each."""
-        r = request
-        node_id, n_groups, rows_per_group, standing = (
-            r.node_id, r.n_groups, r.rows_per_group, r.standing
-        )  # fmt: skip
-        chosen = parse_policy(r.policy)
+        n_groups, rows_per_group = request.n_groups, request.rows_per_group
+        chosen = parse_policy(request.policy)
         if not 0 <= n_groups <= MAX_GROUPS_PER_SAMPLE:
             raise ValueError(f"n_groups must be in [0, {MAX_GROUPS_PER_SAMPLE}], got {n_groups}")
         if rows_per_group is not None and rows_per_group < 2:
             raise ValueError(f"rows_per_group must be at least 2, got {rows_per_group}")
-        check_id("node_id", node_id)
+        node_id = check_id("node_id", request.node_id)
         key = (
-            check_draw_key(r.draw_key)
-            if r.draw_key is not None
-            else public_draw_key(node_id, r.seed)
+            check_draw_key(request.draw_key)
+            if request.draw_key is not None
+            else public_draw_key(node_id, request.seed)
         )
+        known = request.known_nodes
         # One set of parameters: building `drawable` and the policy's query each take the
         # ones they name.
         params = {
             "node_id": node_id,
-            "swarm_id": r.swarm_id,
+            "swarm_id": request.swarm_id,
             "draw_key": key,
             "rows_per_group": None if rows_per_group is None else int(rows_per_group),
             "remember": chosen.remembers,
             "n_groups": int(n_groups),
-            "excluded": [check_id("node_id", n) for n in r.exclude_nodes],
-            "known": None
-            if r.known_nodes is None
-            else [check_id("node_id", n) for n in r.known_nodes],
-            "node_round": None if r.for_round is None else int(r.for_round),
-            "tasks": None if r.tasks is None else [str(t) for t in r.tasks],
-            "standing": [check_id("node_id", n) for n in (standing or {})] or None,
-            "standing_rows": [int(v) for v in (standing or {}).values()] or None,
+            "excluded": [check_id("node_id", n) for n in request.exclude_nodes],
+            "known": None if known is None else [check_id("node_id", n) for n in known],
+            "node_round": None if request.for_round is None else int(request.for_round),
+            "tasks": None if request.tasks is None else [str(t) for t in request.tasks],
+            # a request holds a dict here, possibly empty (DrawRequest.__post_init__)
+            "standing": [check_id("node_id", n) for n in request.standing] or None,
+            "standing_rows": [int(v) for v in request.standing.values()] or None,
             **chosen.caps(int(n_groups)),
             **chosen.parameters(when),
         }

@@ -51,9 +51,9 @@ class Checkpoint:
     resumable: bool = True
     """False once `keep_final_model` dropped the training state."""
     final_model: str | None = None
+    """Where the final model went when it is no longer in the directory (an MLflow URI)."""
     reputation: dict[str, Any] | None = None
     """The learner's reputation of its peers; None in checkpoints from before it held it."""
-    """Where the final model went when it is no longer in the directory (an MLflow URI)."""
 
 
 def node_dir(workdir: Path, node_id: str) -> Path:
