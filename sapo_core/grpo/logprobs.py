@@ -17,18 +17,20 @@ import torch
 from torch import Tensor
 
 from sapo_core.grpo.segments import Segment, padded
+from sapo_core.moved import moved_names
 
-_MOVED = {
-    "shared_prompt_logprobs", "supports_shared_prompt", "token_logprobs", "embedding_rows",
-    "LOGIT_CHUNK", "SHARED_PROMPT_MODEL_TYPES", "PACKED_ATTENTION", "LOGIT_POSTPROCESSING",
-}  # fmt: skip
-"""Names that lived here until issue 59 moved the speed code out."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:  # the old import says where the name went
-        raise ImportError(f"sapo_core.grpo.logprobs.{name} moved to sapo_core.grpo.shared_prompt")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The speed code lived here until issue 59 moved it out; its old imports say where it went.
+__getattr__ = moved_names(
+    __name__,
+    dict.fromkeys(
+        (
+            "shared_prompt_logprobs", "supports_shared_prompt", "token_logprobs",
+            "embedding_rows", "LOGIT_CHUNK", "SHARED_PROMPT_MODEL_TYPES", "PACKED_ATTENTION",
+            "LOGIT_POSTPROCESSING",
+        ),
+        "moved to sapo_core.grpo.shared_prompt",
+    ),
+)  # fmt: skip
 
 
 def plain_logprobs(

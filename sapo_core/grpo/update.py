@@ -24,13 +24,11 @@ from sapo_core.grpo.offpolicy import Drift, importance_weights, row_drift
 from sapo_core.grpo.plan import UpdatePlan, plan_for
 from sapo_core.grpo.segments import Segment, padded, split_segments
 from sapo_core.memory import release_free_memory
+from sapo_core.moved import moved_names
 from sapo_core.policy.compat import set_checkpointing
 
-
-def __getattr__(name: str) -> Any:
-    if name == "make_optimizer":  # its home until issue 59: the old import says where it went
-        raise ImportError("sapo_core.grpo.update.make_optimizer moved to sapo_core.grpo.optimizer")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# make_optimizer lived here until issue 59; the old import says where it went.
+__getattr__ = moved_names(__name__, {"make_optimizer": "moved to sapo_core.grpo.optimizer"})
 
 
 @dataclass

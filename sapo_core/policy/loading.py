@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from sapo_core.config import AdapterConfig, ComputeConfig
 from sapo_core.config.bundled import BundledModel, lookup
+from sapo_core.moved import moved_names
 
 
 @dataclass
@@ -183,12 +184,8 @@ def model_problem(model: str) -> str | None:
     )
 
 
-def __getattr__(name: str) -> Any:
-    if name == "resolve":  # removed in issue 59, unused: the old import says what replaces it
-        raise ImportError(
-            "sapo_core.policy.loading.resolve(model) is gone: use resolve_model(model).weights()"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# resolve(model) was removed in issue 59, unused; the old import says what replaces it.
+__getattr__ = moved_names(__name__, {"resolve": "is gone: use resolve_model(model).weights()"})
 
 
 def load_tokenizer(model: str | ModelSource) -> Any:
