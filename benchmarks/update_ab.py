@@ -22,20 +22,11 @@ import random
 import resource
 import statistics
 import time
-from typing import Any
 
 import torch
 
 # Nothing of the checkout is imported at module level (no sibling script either: vs_trl.py
 # puts its own checkout first on sys.path), so PYTHONPATH decides which build is measured.
-
-
-def setting(text: str) -> tuple[str, Any]:
-    key, _, value = text.partition("=")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def segments(seed: int, groups: int, completions: int, vocab: int) -> list:
@@ -58,9 +49,21 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--completions", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--grpo", type=setting, action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--grpo",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a GRPOConfig field, its value read as the command line's --set reads it",
+    )
     args = p.parse_args()
     from flows.env import apply_offline_defaults
+    from flows.yaml_config import ConfigError, apply_overrides
+
+    try:
+        grpo = apply_overrides({}, args.grpo)
+    except ConfigError as exc:
+        p.error(str(exc))
 
     apply_offline_defaults()
     import sapo_core
@@ -70,9 +73,10 @@ def main() -> None:
     from sapo_core.learner import Learner
 
     torch.manual_seed(args.seed)
-    config = NodeConfig.model_validate(
-        {"node_id": "bench", "seed": args.seed, "grpo": dict(args.grpo)}
-    )
+    try:
+        config = NodeConfig.model_validate({"node_id": "bench", "seed": args.seed, "grpo": grpo})
+    except ValueError as exc:  # pydantic's ValidationError: name the field and the problem
+        p.error("--grpo: " + " ".join(line.strip() for line in str(exc).splitlines()[1:3]))
     learner = Learner(config)
     model = learner.policy.model
     start = {k: v.clone() for k, v in model.state_dict().items()}
@@ -101,7 +105,7 @@ def main() -> None:
                 "s_per_1k_tokens": round(1000 * statistics.median(timed) / tokens, 2),
                 "loss": losses[-1],
                 "peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-                "grpo": dict(args.grpo),
+                "grpo": grpo,
                 "checkout": sapo_core.__file__,
             }
         )

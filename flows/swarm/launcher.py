@@ -228,8 +228,9 @@ def share_priority(pid: int) -> None:
     session of its own (its process group is what a stop signals), and under Linux's
     ``sched_autogroup`` each session is one scheduling group, across which nice counts for
     nothing: `nice -n 19 sapo experiment` beside a person's work would still take a full
-    share per node (measured: an update that takes 2.3 s beside an idle sweep took 60 s
-    beside a niced one). Nothing to do at niceness 0, or where there is no autogroup."""
+    share per node (measured on 2 cores: an update that took 2.3 s once the sweep's node
+    groups were niced took 48 to 60 s beside the same sweep under `nice -n 19` alone).
+    Nothing to do at niceness 0, or where there is no autogroup."""
     niceness = os.nice(0)
     if niceness <= 0:
         return
