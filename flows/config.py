@@ -123,7 +123,9 @@ class SwarmConfig(Strict):
         None, description="The sweep this swarm belongs to (set by `sapo experiment`)."
     )
     workdir: Path = Field(
-        DEFAULT_WORKDIR, description="Where ledger, MLflow store, checkpoints live."
+        DEFAULT_WORKDIR,
+        description="Where ledger, MLflow store, checkpoints live.",
+        validate_default=True,  # the default, relative, is made absolute like a given one
     )
     rounds: int = Field(3, ge=1, description="Rounds each node runs (in total, across resumes).")
     checkpoint_every: int = Field(

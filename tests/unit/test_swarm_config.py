@@ -241,3 +241,19 @@ def test_a_bad_value_given_with_set_is_blamed_on_set_not_on_the_file() -> None:
     with pytest.raises(ConfigError) as from_file:
         load_swarm(None, ["swarm_id=x"], text="rounds: 0\nnodes: [{node_id: a, model: m}]\n")
     assert str(from_file.value).startswith("swarm text: rounds: ")
+
+
+def test_a_swarm_without_a_workdir_takes_the_default_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded swarm names no workdir (issue 59 wrote it once, in ledger.config): the
+    default must be resolved as a given one is, or MLflow's artifact URI cannot be built
+    (`sapo demo` failed: "relative path can't be expressed as a file URI")."""
+    from flows.config import load_swarm
+    from ledger.config import DEFAULT_WORKDIR
+
+    monkeypatch.chdir(tmp_path)
+    swarm = load_swarm(text="swarm_id: s\nnode_count: 2\n")
+    assert swarm.workdir == tmp_path / DEFAULT_WORKDIR
+    assert swarm.ledger.url == str(tmp_path / DEFAULT_WORKDIR / "ledger")
+    assert swarm.artifact_location() == (tmp_path / DEFAULT_WORKDIR / "mlartifacts").as_uri()
