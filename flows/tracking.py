@@ -9,6 +9,7 @@ calls, under a ``RetryPolicy`` (ledger/retrying.py says which layer retries what
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,13 @@ T = TypeVar("T")
 
 HEAVY_ATTEMPTS = 2
 """Uploading artifacts and registering models: a second try at most, they are slow."""
+AWAY_S = 60.0
+"""After a call failed every attempt, the tracker's later calls fail at once for this long:
+a server that is down costs a round one call's retries, not every call's."""
+CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
+"""MLflow's own HTTP retries (7, backing off to ~4 minutes a call) under `attempt`'s would
+hold a round for an hour against a server that is down: this module retries, the client
+tries once, and waits at most a minute for an answer. A user's own settings win."""
 
 
 MODEL_PATH_TAG = "sapo.model_path"
@@ -102,6 +110,21 @@ class Tracker:
         self.retry = retry
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = self._experiment(experiment, artifact_location)
+        self._away_until = 0.0
+
+    def _attempt(
+        self, call: Callable[[], T], what: str, policy: RetryPolicy, *, even_if_away: bool = False
+    ) -> tuple[bool, T | None]:
+        """`attempt`: whether the call succeeded, and what it returned. Skipped (failed at
+        once) while the store is known to be away (`AWAY_S`), unless ``even_if_away``."""
+        if not even_if_away and time.monotonic() < self._away_until:
+            log.debug("tracking: %s skipped, the store is away", what)
+            return False, None
+        done = attempt(lambda: (call(),), what, policy)
+        if done is None:
+            self._away_until = time.monotonic() + AWAY_S
+            return False, None
+        return True, done[0]
 
     def _experiment(self, name: str, artifact_location: str | None) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -129,11 +152,11 @@ class Tracker:
     ) -> str | None:
         """The run with these identifying tags, created (with params) if new; None, with a
         warning, when the store stays unreachable (the caller goes on untracked)."""
-        return attempt(
+        return self._attempt(
             lambda: self._find_or_create(name, tags, params, parent_id),
             f"open run {name}",
             self.retry,
-        )
+        )[1]
 
     def _find_or_create(
         self,
@@ -159,18 +182,32 @@ class Tracker:
                 self.client.log_batch(run_id, params=items[lo : lo + 100])
         return run_id
 
-    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+    def log_metrics(
+        self,
+        run_id: str,
+        metrics: Mapping[str, float],
+        step: int,
+        timestamp_ms: int | None = None,
+    ) -> bool:
+        """Whether the store took them (flows/node/unlogged.py keeps those it did not).
+        ``timestamp_ms``: when they were measured (default: now)."""
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
-        attempt(lambda: self.client.log_batch(run_id, metrics=batch), "log metrics", self.retry)
+        stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        batch = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if v is not None]
+
+        def log() -> None:
+            self.client.log_batch(run_id, metrics=batch)
+
+        # Tried even while the store is away: a node logs metrics once a round, and a
+        # round's first call is what finds the store back.
+        return self._attempt(log, "log metrics", self.retry, even_if_away=True)[0]
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
         batch = [RunTag(k, v) for k, v in tags.items()]
-        attempt(lambda: self.client.log_batch(run_id, tags=batch), "set tags", self.retry)
+        self._attempt(lambda: self.client.log_batch(run_id, tags=batch), "set tags", self.retry)
 
     def log_artifacts(self, run_id: str, local_dir: str, path: str) -> str | None:
         """Upload a directory; the URI of what was logged, or None when it failed."""
@@ -179,7 +216,7 @@ class Tracker:
             self.client.log_artifacts(run_id, local_dir, path)
             return f"runs:/{run_id}/{path}"
 
-        return attempt(upload, "log artifacts", _heavy(self.retry))
+        return self._attempt(upload, "log artifacts", _heavy(self.retry))[1]
 
     def log_model(
         self,
@@ -254,7 +291,7 @@ class Tracker:
 
     def tag(self, run_id: str, key: str) -> str | None:
         """A tag of the run (None: not set, or the store did not answer)."""
-        run = attempt(lambda: self.client.get_run(run_id), "read the run", self.retry)
+        run = self._attempt(lambda: self.client.get_run(run_id), "read the run", self.retry)[1]
         return None if run is None else run.data.tags.get(key)
 
     def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
@@ -263,14 +300,18 @@ class Tracker:
         if not rows:
             return
         columns = {key: [row[key] for row in rows] for key in rows[0]}
-        attempt(
+        self._attempt(
             lambda: self.client.log_table(run_id, columns, artifact_file),
             "log table",
             self.retry,
         )
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)
+
+        def finish() -> None:
+            self.client.set_terminated(run_id, status)
+
+        self._attempt(finish, "finish run", self.retry)
 
     def children(self, parent_id: str) -> list[Any]:
         """The nested runs of a parent run."""
@@ -333,10 +374,13 @@ def open_tracker(
     artifact_location: str | None,
     retry: RetryPolicy = TRACKING_RETRY,
 ) -> Tracker:
-    """A tracker, with telemetry off before MLflow is imported."""
+    """A tracker, with telemetry off before MLflow is imported and MLflow's client set to
+    try each request once (`CLIENT_DEFAULTS`)."""
     from flows.env import apply_offline_defaults
 
     apply_offline_defaults()
+    for name, value in CLIENT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     tracker = attempt(
         lambda: Tracker(uri, experiment, artifact_location, retry), "open tracking", retry
     )

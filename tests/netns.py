@@ -16,10 +16,12 @@ runs (`tests/netns_proxy.py`).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,16 @@ def refusal() -> str | None:
     return None
 
 
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"setns: {os.strerror(errno)}")
+
+
 @dataclass
 class Host:
     """One machine of the test's network."""
@@ -63,6 +75,23 @@ class Host:
         process = subprocess.Popen(self.command(argv), **popen)
         self.processes.append(process)
         return process
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """The calling thread on this host's network (setns): the test's own checks, and the
+        processes it starts meanwhile, reach the others as a process of this host does.
+        Back on this machine's network when the block ends."""
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        target = os.open(f"/run/netns/{self.netns}", os.O_RDONLY)
+        try:
+            _setns(target)
+            try:
+                yield
+            finally:
+                _setns(own)
+        finally:
+            os.close(own)
+            os.close(target)
 
     def python(self, code: str, *, timeout: float, env: dict[str, str] | None = None) -> str:
         """Run ``code`` with this interpreter on this host; its stdout (CalledProcessError

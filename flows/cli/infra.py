@@ -1,4 +1,4 @@
-"""`sapo infra up|down|status`: the production-shaped stack from packages
+"""`sapo infra up|down|status|restart`: the production-shaped stack from packages
 (flows/services/stack.py)."""
 
 from __future__ import annotations
@@ -62,6 +62,21 @@ def down(home: HomeOpt = DEFAULT_WORKDIR / "stack") -> None:
     except stack.StackError as exc:
         raise fail(str(exc)) from exc
     print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@app.command()
+def restart(
+    service: Annotated[str, typer.Argument(help="prefect or mlflow.")],
+    home: HomeOpt = DEFAULT_WORKDIR / "stack",
+) -> None:
+    """Stop a service of the stack at --home (if it runs) and start it again, same port."""
+    from flows.services import stack
+
+    try:
+        stack.restart(home, service)
+    except stack.StackError as exc:
+        raise fail(str(exc)) from exc
+    print(f"restarted: {service}")
 
 
 @app.command()

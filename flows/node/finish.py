@@ -44,7 +44,7 @@ def finish_run(
         model_missing=node.final_model_missing,
     )
     close_run(node, log_model=log_model)
-    if lifecycle.finished(node.next_round, swarm.rounds, node.final_model_missing):
+    if lifecycle.finished(node.next_round, swarm.rounds, node.tracking_incomplete):
         checkpoint.mark_finished(swarm.workdir, node.node_id, node.next_round)
 
 
@@ -79,5 +79,6 @@ def close_run(node: NodeRuntime, *, log_model: bool) -> None:
             kept = checkpoint.keep_final_model(saved, logged_at, weights=keep == "final-model")
             where = logged_at or (kept.path if keep == "final-model" else "nowhere")
             log.info("%s keeps %s; its final model: %s", node.node_id, keep, where)
+    node.log_unlogged()
     if node.run is not None:
         node.run.tracker.finish(node.run.run_id)

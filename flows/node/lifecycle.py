@@ -272,11 +272,11 @@ def logs_its_model(
     return log_models and reached and (ran_rounds or model_missing())
 
 
-def finished(next_round: int, rounds: int, model_missing: Callable[[], bool]) -> bool:
+def finished(next_round: int, rounds: int, tracking_incomplete: Callable[[], bool]) -> bool:
     """Whether the node is marked finished (later runs asked for no more rounds stop at
-    once): all rounds run and, where a model is due in MLflow, its model there (asked only
-    then)."""
-    return reached_the_end(next_round, rounds) and not model_missing()
+    once): all rounds run and MLflow holds what it is due (the model, where one is due,
+    and every round's metrics; asked only then)."""
+    return reached_the_end(next_round, rounds) and not tracking_incomplete()
 
 
 # -- a swarm ----------------------------------------------------------------------------

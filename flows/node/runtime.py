@@ -11,7 +11,9 @@ only call those steps.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -19,8 +21,9 @@ from flows.config import NodeSpec, SwarmConfig
 from flows.node import checkpoint
 from flows.node.backlog import Backlog
 from flows.node.lifecycle import node_config, not_resumable
+from flows.node.unlogged import FOLDER, UnloggedMetrics
 from flows.progress import NodeProgress
-from flows.tracking import MODEL_PATH_TAG, Tracker, open_tracker, sharing_tags
+from flows.tracking import AWAY_S, MODEL_PATH_TAG, Tracker, open_tracker, sharing_tags
 from ledger import Ledger, NodeKey, NodeManifest
 from sapo_core.learner import Learner
 
@@ -51,6 +54,9 @@ class NodeRuntime:
     """What keys the node's draws of peers' groups (ledger/draws.py): from its signing key,
     so kept with its checkpoints and known to no peer. Empty: draws keyed by the public
     round seed (a runtime built by hand)."""
+    parent_run_id: str | None = None
+    """The swarm's MLflow run, for opening the node's run again after an outage."""
+    _reopen_after: float = 0.0
 
     @property
     def node_id(self) -> str:
@@ -64,6 +70,37 @@ class NodeRuntime:
     def backlog(self) -> Backlog:
         """What this node could not write to an unreachable ledger (flows/node/backlog.py)."""
         return Backlog(checkpoint.node_dir(self.workdir, self.node_id) / "backlog")
+
+    @property
+    def unlogged(self) -> UnloggedMetrics:
+        """Rounds' metrics MLflow has not taken yet (flows/node/unlogged.py)."""
+        return UnloggedMetrics(checkpoint.node_dir(self.workdir, self.node_id) / FOLDER)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """``metrics`` to the node's MLflow run at ``step``, after every round kept while
+        MLflow was away; kept for a later try when it does not take them (a node that
+        started untracked opens its run again, at most once every `AWAY_S`). Nothing when
+        tracking is off."""
+        if not self.swarm.tracking.enabled:
+            return
+        # Kept first, logged from the folder: a kill between the two logs it next run.
+        self.unlogged.keep(step, metrics, int(time.time() * 1000))
+        if self.run is None and time.monotonic() >= self._reopen_after:
+            self._reopen_after = time.monotonic() + AWAY_S
+            prompt_format = self.learner.prompt_format
+            self.run = open_node_run(self.swarm, self.spec, self.parent_run_id, prompt_format)
+        self.log_unlogged()
+
+    def log_unlogged(self) -> None:
+        """Log the rounds' metrics kept while MLflow was away, if the node has its run."""
+        if self.run is not None:
+            self.unlogged.replay(partial(self.run.tracker.log_metrics, self.run.run_id))
+
+    def tracking_incomplete(self) -> bool:
+        """Whether MLflow lacks something of the node's: its final model, or metrics kept
+        while it was away. A run that ends so does not mark the node finished: a later one
+        logs what is missing."""
+        return self.final_model_missing() or bool(self.unlogged.steps())
 
     def wait_for_checkpoint(self) -> None:
         """Wait for the checkpoint being written in the background, if any; from then on
@@ -146,12 +183,14 @@ def open_node(
             ledger=ledger,
             progress=progress or NodeProgress(node_id, None),
             draw_secret=key.draw_secret(),
+            parent_run_id=parent_run_id,
         )
         if saved is not None:
             runtime.next_round = saved.next_round
             log.info("%s resumes at round %d from %s", node_id, saved.next_round, saved.path)
         if swarm.tracking.enabled:
             runtime.run = open_node_run(swarm, spec, parent_run_id, learner.prompt_format)
+            runtime.log_unlogged()  # rounds a run before could not log
     except BaseException:
         ledger.close()
         raise

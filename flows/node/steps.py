@@ -119,8 +119,8 @@ def final_evaluation(node: NodeRuntime) -> dict[str, float]:
         log.warning(
             "ledger unreachable (%s): %d files stay in the backlog", down.error, len(node.backlog)
         )
-    if metrics and node.run is not None:
-        node.run.tracker.log_metrics(node.run.run_id, metrics, step=node.swarm.rounds)
+    if metrics:
+        node.log_metrics(metrics, step=node.swarm.rounds)
     return metrics
 
 
@@ -334,8 +334,8 @@ def track(node: NodeRuntime, state: RoundState) -> dict[str, float]:
     """The round's metrics, logged to the node's MLflow run (when tracking is on)."""
     fault_point("track", state.round)
     metrics = round_metrics(node, state)
+    node.log_metrics(metrics, step=state.round)
     if node.run is not None:
-        node.run.tracker.log_metrics(node.run.run_id, metrics, step=state.round)
         report = require(state.report, state, "track", "train")
         chosen = require(report.chosen, state, "track", "train_round")
         node.run.tracker.log_table(

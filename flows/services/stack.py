@@ -200,6 +200,11 @@ def _start_postgres(stack: Stack) -> None:
     auth = ["--auth-host=scram-sha-256", "--auth-local=trust", f"--pwfile={password}"]
     initdb = [*run, _pg_bin("initdb"), "-D", str(cluster), "-U", user, *auth]
     _run([*initdb, "-E", "UTF8", "--locale=C"], "initdb")
+    # Prefect and MLflow connect from this machine, to the address PostgreSQL binds: initdb
+    # admits loopback alone, so `--host 10.0.0.5` was refused ("no pg_hba.conf entry").
+    # `samehost`: any of this machine's own addresses, with the password, no one else.
+    with open(cluster / "pg_hba.conf", "a") as hba:
+        hba.write("host all all samehost scram-sha-256\n")
     options = f"-h {stack.host} -p {port} -k {data}"
     pg_ctl = [*run, _pg_bin("pg_ctl"), "-D", str(cluster), "-l", str(data / "server.log")]
     _run([*pg_ctl, "-o", options, "-w", "-t", "120", "start"], "pg_ctl start")
@@ -312,6 +317,25 @@ def down(home: str | Path) -> list[str]:
         shutil.rmtree(stack.pg_data, ignore_errors=True)
     (Path(stack.home) / STATE).unlink(missing_ok=True)
     return stopped
+
+
+RESTARTABLE = ("prefect", "mlflow")
+"""The services `restart` starts again: their state is in PostgreSQL, so a restart loses
+nothing (the S3 server and PostgreSQL hold the data; restart those with the stack)."""
+
+
+def restart(home: str | Path, name: str) -> Stack:
+    """Stop the stack's ``name`` service if it runs, and start it again on its port: after
+    a crash, or to apply new settings. Clients reconnect (docs/running.md, "What a fault
+    costs")."""
+    if name not in RESTARTABLE:
+        raise StackError(f"only {' and '.join(RESTARTABLE)} restart alone, not {name!r}")
+    stack = Stack.load(home)
+    pid = stack.pids.get(name)
+    if pid is not None:
+        _stop_group(pid)
+    (_start_prefect if name == "prefect" else _start_mlflow)(stack)
+    return stack
 
 
 def status(home: str | Path) -> dict[str, bool]:

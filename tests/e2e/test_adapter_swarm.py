@@ -1,5 +1,5 @@
 """End to end: a LoRA node and a full fine-tuning node in one swarm (issue 31), stopped by
-Ctrl-C and resumed.
+Ctrl-C and resumed (in one decision: tests/e2e/one_decision.py).
 
 They share the ledger as any two nodes do (text is text); Ctrl-C stops the swarm within
 seconds, leaving no process (tests/e2e/interrupting.py), and the same command resumes it
@@ -16,6 +16,7 @@ import yaml
 
 from flows.reports.report import report_ledger
 from tests.e2e.interrupting import check_clean_stop, interrupted
+from tests.e2e.one_decision import check_one_decision, counting_env
 from tests.e2e.test_swarm import node_metrics, sapo, tiny_model  # noqa: F401 - fixture
 from tests.factories import open_ledger
 
@@ -60,9 +61,12 @@ def test_a_lora_node_and_a_full_node_share_stop_on_ctrl_c_resume_and_register(
     check_clean_stop(stopped, took, work, ["a-lora", "b-full"])
     assert list((work / "nodes" / "a-lora" / "checkpoints").glob("round-*"))
 
-    out = sapo("swarm", "-c", str(path), "--rounds", "3", timeout=900)
+    # Resumed in one decision (issue 59), counted in the launcher and the node processes.
+    counting = tmp_path / "counting"
+    out = sapo("swarm", "-c", str(path), "--rounds", "3", timeout=900, env=counting_env(counting))
     assert "a-lora round 2: own_reward" in out, out[-3000:]  # resumed, not restarted
     assert "a-lora round 0: own_reward" not in out
+    check_one_decision(counting, nodes=2)
 
     with open_ledger(str(work / "ledger")) as ledger:
         manifests = ledger.query("SELECT node_id, adapter FROM manifests ORDER BY node_id").rows()

@@ -1,8 +1,8 @@
 """`sapo infra up|status|down`: PostgreSQL, an S3 server, Prefect on PostgreSQL and MLflow
 on PostgreSQL with artifacts in the bucket, from packages on 127.0.0.1, each checked through
-its own API; three nodes deployed on a work pool run their scheduled rounds on two workers
-("machines": separate folders that share nothing but the services); nothing is left running
-after `down`."""
+its own API; deployments registered on a work pool; nothing is left running after `down`.
+Three nodes running their scheduled rounds on two worker machines: tests/e2e/test_hosts_stack.py
+(on a network of hosts), with the checks defined here."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import pytest
 
 from flows.services import deploy
 from flows.services import stack as stack_module
-from tests.conftest import stop_process_group
 from tests.e2e.interrupting import processes_mentioning
 from tests.e2e.test_deploy import _wait
 from tests.e2e.test_swarm import swarm_file, tiny_model  # noqa: F401  (fixture)
@@ -185,72 +184,8 @@ def _check_deployments(stack: stack_module.Stack, env: dict[str, str], swarm: Pa
 
 POOL = "swarm-pool"
 MACHINES = {"machine-a": ["node-0", "node-1"], "machine-b": ["node-2"]}
-"""Each "machine" (a folder of its own, with its own worker) and the nodes pinned to it."""
-
-
-@pytest.mark.timeout(1500)  # rounds have 900 s to land, and the services to stop after
-def test_two_workers_run_scheduled_rounds_of_three_nodes_sharing_only_the_services(
-    stack: tuple[stack_module.Stack, dict[str, str]],
-    tmp_path: Path,
-    tiny_model: Path,  # noqa: F811
-) -> None:
-    started, env = stack
-    deployer = tmp_path / "deployer"  # the machine `sapo deploy` runs on
-    deployer.mkdir()
-    swarm = swarm_file(
-        deployer, tiny_model, swarm_id="pool-swarm", node_count=3, rounds=2, peer_wait_s=0,
-        ledger={"url": started.ledger_url},
-    )  # fmt: skip
-    pins = [f"--pin={node}={machine}" for machine, nodes in MACHINES.items() for node in nodes]
-    registered = _sapo(
-        "deploy", "-c", str(swarm), "--work-pool", POOL, "--interval", "20", *pins, env=env
-    )
-    assert registered.returncode == 0, registered.stderr[-2000:]
-    workers = {machine: _start_worker(tmp_path / machine, machine, env) for machine in MACHINES}
-    try:
-        # machine-b goes away in node-2's first round: its worker and the run, killed. The
-        # run's heartbeats stop, the server marks it Crashed, which frees the node's one-run
-        # slot, and once machine-b is back the node's next scheduled run does the round.
-        _wait(lambda: _running(started, "node-2-round-0"), 600, "node-2's first round")
-        _stop_processes_mentioning([str(tmp_path / "machine-b")], (signal.SIGKILL,))
-        workers["machine-b"].wait()
-        workers["machine-b"] = _start_worker(tmp_path / "machine-b", "machine-b", env)
-        nodes = [node for pinned in MACHINES.values() for node in pinned]
-        _wait(lambda: _models_logged(started, workers) == set(nodes), 900, "3 nodes' 2 rounds")
-        _check_crashed(started)
-        _check_prefect(started, nodes)
-        _check_mlflow(started, nodes)
-        _check_ledger(started, nodes)
-        _check_compare(started, env)
-    finally:
-        for worker in workers.values():
-            stop_process_group(worker)
-        # Flow runs are started by their worker in sessions of their own.
-        _stop_processes_mentioning([str(tmp_path / machine) for machine in MACHINES])
-    for machine, pinned in MACHINES.items():
-        # Each machine holds its own nodes' state, and nothing of the others'.
-        assert sorted(p.name for p in (tmp_path / machine / "work" / "nodes").iterdir()) == pinned
-        assert processes_mentioning(str(tmp_path / machine)) == []
-    assert not (deployer / "work").exists()  # nothing ran on the deployer's machine
-
-
-def _start_worker(home: Path, machine: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`prefect worker start` as on a machine of its own: its own folder (the node's
-    workdir, Prefect's home, the worker's log) and its own work queue."""
-    home.mkdir(exist_ok=True)  # a machine that comes back keeps its folder
-    with open(home / "worker.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL,
-             "--work-queue", machine, "--name", machine],
-            cwd=home,
-            env={
-                **os.environ, **env,
-                "SAPO_WORKDIR": str(home / "work"),
-                "PREFECT_HOME": str(home / "prefect"),
-                "PREFECT_WORKER_QUERY_SECONDS": "2",
-            },
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+"""Each worker machine (a host of tests/e2e/test_hosts_stack.py) and the nodes pinned to it.
+The checks below are that test's: the deployed swarm runs there, on a network of hosts."""
 
 
 def _models_logged(

@@ -65,13 +65,13 @@ def test_when_a_run_logs_the_nodes_model(
 
 
 def test_a_node_is_finished_when_its_rounds_ran_and_its_model_is_where_it_should_be() -> None:
-    assert finished(3, 3, model_missing=lambda: False)
-    assert not finished(3, 3, model_missing=lambda: True)  # the next run logs it, then finishes
+    assert finished(3, 3, tracking_incomplete=lambda: False)
+    assert not finished(3, 3, tracking_incomplete=lambda: True)  # the next run logs what is missing
 
     def never() -> bool:
         raise AssertionError("MLflow asked about a node that has rounds to run")
 
-    assert not finished(2, 3, model_missing=never)
+    assert not finished(2, 3, tracking_incomplete=never)
 
 
 def test_the_tracking_store_is_the_files_else_the_environments_else_a_local_file(

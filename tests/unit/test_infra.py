@@ -86,3 +86,19 @@ def test_the_compose_walkthrough_exports_every_service_the_swarm_file_needs() ->
     assert exported["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"  # the compose file's ports
     assert exported["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
     assert exported["PREFECT_API_URL"] == "http://127.0.0.1:4200/api"
+
+
+def test_restart_takes_prefect_or_mlflow_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """`sapo infra restart` (issue 60): the services whose state is in PostgreSQL; anything
+    else, or a home with no stack, is one line and exit 2 (the restart itself runs in
+    tests/e2e/test_hosts_stack.py)."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    wrong = runner.invoke(app, ["infra", "restart", "s3", "--home", str(tmp_path)])
+    assert wrong.exit_code == 2
+    assert wrong.output.strip().endswith("only prefect and mlflow restart alone, not 's3'")
+    none = runner.invoke(app, ["infra", "restart", "mlflow", "--home", str(tmp_path)])
+    assert none.exit_code == 2 and "no stack at" in none.output and "infra up" in none.output

@@ -78,14 +78,14 @@ def test_paper_policy_reaches_every_subset_evenly(ledger):
     """Uniform over subsets, not only per group: all 20 draws of 3 of the 6 candidates occur
     about equally often (a weakly mixed hash once reached only 8 of them). Without the
     per-peer cap: that is the paper's draw exactly."""
-    seeds = 600
+    seeds = 400
     counts: dict[tuple[str, ...], int] = {}
     uncapped = {"kind": "paper", "max_peer_share": 1.0}
     for seed in range(seeds):
         drawn = tuple(sorted(ledger.sample_group_ids("me", 3, uncapped, seed=seed, swarm_id="sw")))
         counts[drawn] = counts.get(drawn, 0) + 1
     assert len(counts) == 20
-    assert all(12 <= c <= 50 for c in counts.values()), counts  # expected 30 each
+    assert all(5 <= c <= 35 for c in counts.values()), counts  # expected 20 each (sd 4.4)
 
 
 def test_the_default_cap_holds_every_peer_to_half_the_draw_while_others_have_groups(ledger):
@@ -144,14 +144,15 @@ def test_variance_weighted_draws_in_proportion_to_reward_variance(ledger):
     policy = VarianceWeightedPolicy()
     assert _groups(ledger.sample("me", 100, policy, swarm_id="sw")) == MIXED_PEERS
     # The first pick of a weighted draw without replacement is w_i / sum(w).
-    seeds = 1000
+    seeds = 500
     counts = dict.fromkeys(MIXED_PEERS, 0)
     for seed in range(seeds):
         (first,) = ledger.sample_group_ids("me", 1, policy, seed=seed, swarm_id="sw")
         counts[first] += 1
     total = sum(VARIANCE.values())
     for group, weight in VARIANCE.items():
-        assert abs(counts[group] / seeds - weight / total) < 0.04, (group, counts)
+        # within 3 standard errors (at most 0.018 here) of its share
+        assert abs(counts[group] / seeds - weight / total) < 0.055, (group, counts)
     # Replayable, and a half/half group beats a 3:1 one far more often than uniform would.
     assert ledger.sample_group_ids("me", 3, policy, seed=5, swarm_id="sw") == (
         ledger.sample_group_ids("me", 3, policy, seed=5, swarm_id="sw")
@@ -260,7 +261,7 @@ def test_a_draw_from_the_lowest_draws_is_the_draw_over_every_candidate(tmp_path,
         (policy, n, seed, known)
         for policy in policies
         for n in (1, 3, 8, 40)
-        for seed in range(4)
+        for seed in range(2)
         for known in (None, ["p11", "p10", "p3"], [f"p{p}" for p in range(1, 12)])
     ]
 

@@ -1,22 +1,18 @@
-"""Issue 59: a node starts in one decision. With 3 nodes resumed by `sapo swarm`, the launcher
-reads each node's checkpoint once and checks their resume once; each node process then
-reads its own checkpoint once before its first round and does not check again (the launcher
-told it which checkpoint it checked); the swarm's rules are declared once per process.
+"""Issue 59: a node starts in one decision. A resumed `sapo swarm`'s launcher reads each
+node's checkpoint once and checks their resume once; each node process then reads its own
+checkpoint once before its first round and does not check again (the launcher told it which
+checkpoint it checked); the swarm's rules are declared once per process.
 
 Counted in the real processes: a ``sitecustomize`` on their PYTHONPATH wraps the functions
-that do each (reading them, not replacing them) and writes each process's counts at exit."""
+that do each (reading them, not replacing them) and writes each process's counts at exit.
+`counting_env` gives a run the hooks; `check_one_decision` reads what they counted
+(tests/e2e/test_adapter_swarm.py's resume)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-
-import pytest
-
-from tests.e2e.test_swarm import sapo, swarm_file, tiny_model  # noqa: F401 - fixture
-
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,32 +63,25 @@ if "flows.cli" in sys.orig_argv:
 """
 
 
-def test_three_nodes_each_read_their_checkpoint_once_and_check_their_resume_once(
-    tmp_path: Path,
-    tiny_model: Path,  # noqa: F811
-) -> None:
-    path = swarm_file(
-        tmp_path, tiny_model, rounds=1, peer_wait_s=1, checkpoint_every=1,
-        tracking={"enabled": False},
-    )  # fmt: skip
-    sapo("swarm", "-c", str(path))  # round 0, checkpointed: the next run resumes
-    hooks, counts = tmp_path / "hooks", tmp_path / "counts"
-    hooks.mkdir()
+def counting_env(folder: Path) -> dict[str, str]:
+    """The environment that makes a `sapo swarm` run count (under ``folder``)."""
+    hooks, counts = folder / "hooks", folder / "counts"
+    hooks.mkdir(parents=True)
     counts.mkdir()
     (hooks / "sitecustomize.py").write_text(COUNTING)
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT)]),
-        "SAPO_TEST_COUNTS": str(counts),
-    }
-    sapo("swarm", "-c", str(path), "--rounds", "2", env=env)
-    found = [json.loads(p.read_text()) for p in counts.glob("*.json")]
+    return {"PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT)]), "SAPO_TEST_COUNTS": str(counts)}
+
+
+def check_one_decision(folder: Path, nodes: int) -> None:
+    """The counts of a resumed swarm of ``nodes`` nodes run with `counting_env(folder)`."""
+    found = [json.loads(p.read_text()) for p in (folder / "counts").glob("*.json")]
     launcher = [f for f in found if "swarm" in f["argv"]]
-    nodes = [f for f in found if "node" in f["argv"]]
-    assert len(launcher) == 1 and len(nodes) == 3, [f["argv"] for f in found]
-    # The launcher: each of the 3 checkpoints read once, the resume checked once, the
-    # swarm's rules declared once.
-    assert launcher[0]["counts"] == {"latest": 3, "check_resume": 1, "declare_swarm": 1}
+    processes = [f for f in found if "node" in f["argv"]]
+    assert len(launcher) == 1 and len(processes) == nodes, [f["argv"] for f in found]
+    # The launcher: each checkpoint read once, the resume checked once, the swarm's rules
+    # declared once.
+    assert launcher[0]["counts"] == {"latest": nodes, "check_resume": 1, "declare_swarm": 1}
     # Each node before its first round: its checkpoint read once, no second check, the
     # rules declared once (as it opens the ledger).
-    for node in nodes:
+    for node in processes:
         assert node["counts"] == {"latest": 1, "check_resume": 0, "declare_swarm": 1}, node
