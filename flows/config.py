@@ -51,6 +51,21 @@ WORKDIR_ENV = "SAPO_WORKDIR"
 """Where a worker machine's nodes keep their state, over the deployed swarm's workdir."""
 
 
+class HomeConfig(Strict):
+    """A store beyond the node's machine that holds each node's newest checkpoint and its
+    signing key (flows/node/home.py): a node whose machine is lost continues on another."""
+
+    url: str = Field(
+        description="An fsspec URL: s3://bucket/prefix (a bucket no peer can read: it holds "
+        "the nodes' private keys), or a folder every machine mounts."
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options for the store (s3fs: endpoint_url, key, secret); default: the "
+        "environment's (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).",
+    )
+
+
 class TrackingConfig(Strict):
     """MLflow: where runs go. Null uri: a SQLite file under the working directory."""
 
@@ -133,6 +148,12 @@ class SwarmConfig(Strict):
     )
     checkpoint_keep: Literal["resume", "final-model", "nothing"] = Field(
         "resume", description=CHECKPOINT_KEEP_HELP
+    )
+    checkpoint_home: HomeConfig | None = Field(
+        None,
+        description="Copy each node's newest checkpoint and signing key there after each "
+        "checkpoint, and start a node from there when it is newer than this machine's: a "
+        "node continues on another machine (docs/running.md). Null: this machine only.",
     )
     peer_wait_s: float = Field(
         0.0,

@@ -19,6 +19,7 @@ import json
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -176,16 +177,22 @@ def write(pending: Pending) -> Checkpoint:
     return pending.checkpoint
 
 
+AfterWrite = Callable[[Checkpoint], None]
+"""What a `Writer` does with each checkpoint once written (flows/node/home.py copies it)."""
+
+
 class Writer:
     """A node's checkpoints written in the background, off the round's critical path.
 
     `start` captures what could change (RNG states, counters) and returns; a thread then
     writes the weights and optimizer state, which only the next update changes: callers
-    `wait` before it (and before reading the newest checkpoint). One write at a time; a
+    `wait` before it (and before reading the newest checkpoint); ``after`` is then given
+    each checkpoint written, in the same thread. One write at a time; a
     write that fails raises from `wait`; a process killed mid-write leaves the previous
     checkpoint complete (the new one is a .tmp- folder, removed by the next save)."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: AfterWrite | None = None) -> None:
+        self._after = after
         self._thread: threading.Thread | None = None
         self._result: Checkpoint | None = None
         self._error: BaseException | None = None
@@ -198,6 +205,8 @@ class Writer:
         def run() -> None:
             try:
                 self._result = write(pending)
+                if self._after is not None:
+                    self._after(self._result)
             except BaseException as exc:  # handed to the caller by wait()
                 self._error = exc
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from flows.config import NodeSpec, SwarmConfig
 from flows.env import CHECKED_ENV, FORCE_ENV
-from flows.node import checkpoint
+from flows.node import checkpoint, home
 from flows.tracking import flatten
 from sapo_core.config import NodeConfig
 
@@ -96,6 +96,8 @@ def newest_checkpoints(
     swarm: SwarmConfig, node_ids: Sequence[str]
 ) -> dict[str, checkpoint.Checkpoint | None]:
     """Each node's newest checkpoint (None: it has none), read once for a start's checks."""
+    for node_id in node_ids:
+        home.restore(swarm, node_id)
     return {node_id: checkpoint.latest(swarm.workdir, node_id) for node_id in node_ids}
 
 
@@ -192,6 +194,7 @@ def decide(
     resume (`check_resume`: ``force``, or $SAPO_RESUME_FORCE, lets a changed configuration
     through); else the rounds to run (`rounds_to_run`: up to ``until_round``, default the
     swarm's rounds, or ``more_rounds`` past the checkpoint)."""
+    home.restore(swarm, node_id)  # under `checkpoint_home`, a newer state from there
     saved = checkpoint.latest(swarm.workdir, node_id)
     end = until_round or swarm.rounds
     first = 0 if saved is None else saved.next_round

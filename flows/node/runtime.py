@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from flows.config import NodeSpec, SwarmConfig
-from flows.node import checkpoint
+from flows.node import checkpoint, home
 from flows.node.backlog import Backlog
 from flows.node.lifecycle import node_config, not_resumable
 from flows.node.unlogged import FOLDER, UnloggedMetrics
@@ -146,8 +146,7 @@ UNREAD = Unread()
 
 def node_key(swarm: SwarmConfig, node_id: str) -> NodeKey:
     """The node's signing key, made on its first start and kept with its checkpoints."""
-    path = swarm.workdir / "keys" / swarm.swarm_id / f"{node_id}.pem"
-    return NodeKey.load_or_create(path, swarm.swarm_id, node_id)
+    return NodeKey.load_or_create(home.key_path(swarm, node_id), swarm.swarm_id, node_id)
 
 
 def open_node(
@@ -161,6 +160,8 @@ def open_node(
     """A node ready for its next round: restored from its newest checkpoint if it has one
     (``saved``, where the caller read it already; None: it has none)."""
     spec = swarm.node(node_id)
+    if isinstance(saved, Unread):  # else the caller decided, after `home.restore`
+        home.restore(swarm, node_id)
     key = node_key(swarm, node_id)
     index = swarm.workdir / "reader-index" / swarm.swarm_id / f"{node_id}.duckdb"
     ledger = Ledger(
@@ -184,6 +185,7 @@ def open_node(
             progress=progress or NodeProgress(node_id, None),
             draw_secret=key.draw_secret(),
             parent_run_id=parent_run_id,
+            writer=checkpoint.Writer(after=home.keeper(swarm, node_id)),
         )
         if saved is not None:
             runtime.next_round = saved.next_round

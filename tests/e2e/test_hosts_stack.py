@@ -8,7 +8,9 @@ nothing lost (every node's rows once in the ledger, every round trained once, ev
 metrics in MLflow) and each recovery timed:
 - machine-b lost in node-2's first round (cut off, its worker and run killed), back later;
 - the Prefect server restarted (`sapo infra restart prefect`) while rounds run;
-- the MLflow server down (killed) until a round has ended without it, then restarted.
+- the MLflow server down (killed) until a round has ended without it, then restarted;
+- machine-b lost for good in node-2's second round: node-2 pinned to machine-a (`sapo deploy`
+  again), where it continues from its home (`checkpoint_home`, flows/node/home.py).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _completed_rounds(started: stack_module.Stack) -> set[str]:
 
 
 @pytest.mark.timeout(1500)  # rounds have 900 s to land, and the services to stop after
-def test_a_deployed_swarm_on_hosts_rides_out_a_lost_machine_and_restarted_services(
+def test_a_deployed_swarm_on_hosts_rides_out_lost_machines_and_restarted_services(
     tmp_path: Path,
     tiny_model: Path,  # noqa: F811
 ) -> None:
@@ -128,6 +130,7 @@ def _run_the_swarm(
     swarm = swarm_file(
         deployer, model, swarm_id="pool-swarm", node_count=3, rounds=2,
         peer_wait_s=0, ledger={"url": started.ledger_url},
+        checkpoint_home={"url": f"s3://{started.env['SAPO_BUCKET']}/homes"},
     )  # fmt: skip
     pins = [f"--pin={node}={machine}" for machine, nodes in MACHINES.items() for node in nodes]
     registered = _sapo(
@@ -150,11 +153,22 @@ def _run_the_swarm(
         workers["machine-b"] = _start_worker(net["machine-b"], tmp_path / "machine-b", env)
         _wait(lambda: "node-2-round-0" in _completed_rounds(started), 600, "node-2 round 0")
         times["machine-b lost to node-2's round done"] = time.monotonic() - lost
-        # MLflow down until a round begun without it has ended (node-2's second: its run
-        # starts on the next tick of its schedule); then back.
+        # MLflow down until a round begun without it has ended; meanwhile machine-b is lost
+        # for good in node-2's second round, and node-2 is pinned to machine-a, where it
+        # continues from its home (`checkpoint_home`: its checkpoint and key in the bucket).
         before = _completed_rounds(started) | _rounds(started, "RUNNING")
         os.killpg(started.pids["mlflow"], signal.SIGKILL)
         down = time.monotonic()
+        _wait(lambda: _running(started, "node-2-round-1"), 300, "node-2's second round")
+        gone = time.monotonic()
+        net.cut("machine-b")
+        _stop_processes_mentioning([str(tmp_path / "machine-b")], (signal.SIGKILL,))
+        workers.pop("machine-b").wait()
+        moved = [p.replace("node-2=machine-b", "node-2=machine-a") for p in pins]
+        redeployed = _sapo(
+            "deploy", "-c", str(swarm), "--work-pool", POOL, "--interval", "20", *moved, env=env
+        )
+        assert redeployed.returncode == 0, redeployed.stderr[-2000:]
         _wait(lambda: _completed_rounds(started) - before, 600, "a round without MLflow")
         _on(net["services"], "infra", "restart", "mlflow", "--home", started.home)
         times["mlflow down"] = time.monotonic() - down
@@ -162,7 +176,8 @@ def _run_the_swarm(
         back = time.monotonic()
         _wait(lambda: _models_logged(started, workers) == set(nodes), 900, "3 nodes' 2 rounds")
         times["mlflow back to every model logged"] = time.monotonic() - back
-        _check_crashed(started)
+        times["machine-b lost for good to node-2 done on machine-a"] = time.monotonic() - gone
+        _check_crashed(started, crashed=2)  # node-2's run on machine-b, twice
         _check_prefect(started, nodes)
         _check_mlflow(started, nodes)
         _check_ledger(started, nodes)
@@ -172,8 +187,12 @@ def _run_the_swarm(
         for worker in workers.values():
             stop_process_group(worker)
         _stop_processes_mentioning([str(tmp_path / machine) for machine in MACHINES])
-    for machine, pinned in MACHINES.items():
-        assert sorted(p.name for p in (tmp_path / machine / "work" / "nodes").iterdir()) == pinned
+    # Each machine holds the state of the nodes it ran: machine-a node-2's too, since it
+    # took over (machine-b's copy is what was left when it was lost).
+    ran = {"machine-a": ["node-0", "node-1", "node-2"], "machine-b": ["node-2"]}
+    for machine, nodes_there in ran.items():
+        found = sorted(p.name for p in (tmp_path / machine / "work" / "nodes").iterdir())
+        assert found == nodes_there
         assert processes_mentioning(str(tmp_path / machine)) == []
     assert not (deployer / "work").exists()  # nothing ran on the deployer's machine
     return times
