@@ -9,6 +9,7 @@ refuses them.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -307,3 +308,59 @@ def test_a_slow_link_to_the_bucket_slows_a_hosts_publishes_and_draws_and_loses_n
         assert found[0.0][step] < found[0.1][step] < found[0.25][step], found
         # Each request crosses the link at least twice (there and back) at the delay.
         assert found[0.25][step] >= 2 * 0.25 * 0.75, found
+
+
+LOAD = """
+    node, start_at = sys.argv[1], float(sys.argv[2])
+    time.sleep(max(start_at - time.time(), 0))  # every node begins at once
+    timings = {"publish": [], "draw": []}
+    drawn = []
+    for r in range(3):
+        began = time.monotonic()
+        led.publish(round_rows(node, r, [[1, 0], [0, 1]], swarm_id="load"))
+        timings["publish"].append(time.monotonic() - began)
+        began = time.monotonic()
+        drawn.append(led.sample(node, 2, swarm_id="load", seed=r).height)
+        timings["draw"].append(time.monotonic() - began)
+    print(json.dumps({"node": node, "timings": timings, "drawn": drawn}))
+"""
+
+
+def test_a_dozen_nodes_publish_and_draw_at_once_over_two_hosts(network: netns.Network) -> None:
+    """Six node processes on each worker host publish a round and draw two peer groups,
+    three times, all beginning at the same instant: every row lands once, every draw after
+    the first round finds its groups, and each host's latencies are measured."""
+    url = _bucket(network, "load")
+    endpoint = _endpoint(network)
+    start_at = time.time() + 25  # after every process has imported the ledger
+    code = _ledger_code(url, endpoint, LOAD)
+    nodes = {f"n{i:02d}": network["worker-a" if i < 6 else "worker-b"] for i in range(12)}
+    procs = {
+        node: host.start(
+            [sys.executable, "-c", code, node, str(start_at)], stdout=subprocess.PIPE, text=True
+        )
+        for node, host in nodes.items()
+    }
+    results = {}
+    for node, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, (node, out)
+        results[node] = json.loads(out.splitlines()[-1])
+    count = """
+        print(json.dumps(led.query(
+            "SELECT node_id, node_round, count(*), count(DISTINCT rollout_id) FROM rollouts "
+            "GROUP BY ALL ORDER BY ALL").rows()))
+    """
+    check = network["worker-a"].python(_ledger_code(url, endpoint, count), timeout=300)
+    rows = json.loads(check.splitlines()[-1])
+    assert rows == [[n, r, 4, 4] for n in sorted(nodes) for r in range(3)]  # each row once
+    for node, result in results.items():
+        assert result["drawn"][1:] == [4, 4], (node, result)  # 2 groups of 2, once peers exist
+    medians = {}
+    for host in ("worker-a", "worker-b"):
+        mine = [results[n] for n, h in nodes.items() if h.name == host]
+        medians[host] = {
+            step: round(statistics.median(t for r in mine for t in r["timings"][step]), 2)
+            for step in ("publish", "draw")
+        }
+    print(f"12 nodes at once, medians (s): {medians}")
