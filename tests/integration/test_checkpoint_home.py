@@ -6,6 +6,7 @@ round, as the same node (same key, same weights, same totals), writing nothing t
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,9 @@ def test_a_node_continues_on_another_machine_from_its_home(tmp_path: Path, s3_se
     shutil.rmtree(tmp_path / "a")
     second = make_swarm(tmp_path / "b", rounds=3, checkpoint_every=1, **shared)
     assert checkpoint.latest(second.workdir, "a") is None
+    began = time.monotonic()
     start = decide(second, "a")  # what a run decides first: from the home
+    print(f"checkpoint and key from the home: {time.monotonic() - began:.1f} s")
     assert start.saved is not None and start.saved.next_round == 2
     moved = open_node(second, "a", saved=start.saved)
     try:
