@@ -16,12 +16,10 @@ runs (`tests/netns_proxy.py`).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,16 +43,6 @@ def refusal() -> str | None:
     return None
 
 
-CLONE_NEWNET = 0x40000000
-
-
-def _setns(fd: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"setns: {os.strerror(errno)}")
-
-
 @dataclass
 class Host:
     """One machine of the test's network."""
@@ -75,23 +63,6 @@ class Host:
         process = subprocess.Popen(self.command(argv), **popen)
         self.processes.append(process)
         return process
-
-    @contextlib.contextmanager
-    def entered(self) -> Iterator[None]:
-        """The calling thread on this host's network (setns): the test's own checks, and the
-        processes it starts meanwhile, reach the others as a process of this host does.
-        Back on this machine's network when the block ends."""
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        target = os.open(f"/run/netns/{self.netns}", os.O_RDONLY)
-        try:
-            _setns(target)
-            try:
-                yield
-            finally:
-                _setns(own)
-        finally:
-            os.close(own)
-            os.close(target)
 
     def python(self, code: str, *, timeout: float, env: dict[str, str] | None = None) -> str:
         """Run ``code`` with this interpreter on this host; its stdout (CalledProcessError
@@ -127,20 +98,34 @@ class Network:
             raise
         return self
 
+    @classmethod
+    def attach(cls, tag: str, names: Sequence[str]) -> Network:
+        """A handle on the network another process of this test built (its ``tag``, the
+        same ``names``): for starting processes on its hosts, cutting and healing them.
+        Removing the network stays with the process that built it."""
+        net = cls(names)
+        net.tag, net.switch = tag, f"{tag}-switch"
+        net.hosts = {name: net._host(name, i) for i, name in enumerate(names)}
+        return net
+
+    def _host(self, name: str, i: int) -> Host:
+        # interface names hold at most 15 characters
+        return Host(name, f"{self.tag}-{name}", f"{SUBNET}.{10 + i}", f"{self.tag}p{i}")
+
     def _add_host(self, name: str, i: int) -> Host:
-        netns = f"{self.tag}-{name}"
-        inside, port = f"{self.tag}h{i}", f"{self.tag}p{i}"  # at most 15 characters
+        host = self._host(name, i)
+        netns, port, address = host.netns, host.port, host.address
+        inside = f"{self.tag}h{i}"
         _ip("netns", "add", netns)
         _ip("link", "add", inside, "type", "veth", "peer", "name", port)
         _ip("link", "set", inside, "netns", netns)
         _ip("link", "set", port, "netns", self.switch)
         _ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
         _ip("-n", netns, "link", "set", inside, "name", "eth0")
-        address = f"{SUBNET}.{10 + i}"
         _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
         _ip("-n", netns, "link", "set", "eth0", "up")
         _ip("-n", netns, "link", "set", "lo", "up")
-        return Host(name, netns, address, port)
+        return host
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]

@@ -1,7 +1,8 @@
 """Issue 60: the deployed swarm on a network of hosts, configured as docs/running.md ("Many
 machines") tells a user. The stack (`sapo infra up --host`) on a services host; `sapo deploy`
-and every check from an operator host; a Prefect worker on each of two worker hosts pulling
-its pinned nodes' scheduled rounds. No host reaches another through loopback (tests/netns.py).
+and every check from an operator host (a process there: `operate`); a Prefect worker on each
+of two worker hosts pulling its pinned nodes' scheduled rounds. No host reaches another
+through loopback (tests/netns.py).
 
 While the three nodes run their two rounds, the faults a stack meets, each recovered with
 nothing lost (every node's rows once in the ledger, every round trained once, every round's
@@ -15,6 +16,7 @@ metrics in MLflow) and each recovery timed:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -110,16 +112,39 @@ def test_a_deployed_swarm_on_hosts_rides_out_lost_machines_and_restarted_service
             services, "infra", "up", "--home", str(home), "--host", services.address,
             "--free-ports", env={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"},
         )  # fmt: skip
-        started, env = stack_module.Stack.load(home), _exports(up)
+        env = _exports(up)
         assert services.address in env["PREFECT_API_URL"] and "127.0.0.1" not in up
+        # The operator: a process on its host, as a person's shell on their machine.
+        args = {"tag": net.tag, "names": names, "home": str(home), "tmp": str(tmp_path),
+                "model": str(tiny_model), "env": env}  # fmt: skip
         try:
-            with operator.entered():
-                times = _run_the_swarm(net, started, env, tmp_path, tiny_model)
+            done = subprocess.run(
+                operator.command([sys.executable, "-c", OPERATE, json.dumps(args)]),
+                capture_output=True, text=True, timeout=1400, cwd=ROOT,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr[-6000:]
+            times = json.loads(done.stdout.splitlines()[-1])
         finally:
             stopped = _on(services, "infra", "down", "--home", str(home))
         assert "prefect" in stopped and "mlflow" in stopped
         assert processes_mentioning(str(home)) == []
     print("recovery:", ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATE = (
+    "import json, sys; from tests.e2e.test_hosts_stack import operate; "
+    "print(json.dumps(operate(**json.loads(sys.argv[1]))))"
+)
+
+
+def operate(
+    tag: str, names: list[str], home: str, tmp: str, model: str, env: dict[str, str]
+) -> dict[str, float]:
+    """What the operator host does (run there by the test): deploy, run the faults, check;
+    the recovery times."""
+    net = Network.attach(tag, names)
+    return _run_the_swarm(net, stack_module.Stack.load(home), env, Path(tmp), Path(model))
 
 
 def _run_the_swarm(
