@@ -97,6 +97,9 @@ def flatten(prefix: str, value: Any) -> dict[str, str]:
 class Tracker:
     """A thin client over one experiment."""
 
+    _away_until = 0.0
+    """Until when (time.monotonic) the store is taken to be away (`AWAY_S`)."""
+
     def __init__(
         self,
         uri: str,
@@ -110,7 +113,6 @@ class Tracker:
         self.retry = retry
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = self._experiment(experiment, artifact_location)
-        self._away_until = 0.0
 
     def _attempt(
         self, call: Callable[[], T], what: str, policy: RetryPolicy, *, even_if_away: bool = False

@@ -69,7 +69,7 @@ def restart(
     service: Annotated[str, typer.Argument(help="prefect or mlflow.")],
     home: HomeOpt = DEFAULT_WORKDIR / "stack",
 ) -> None:
-    """Stop a service of the stack at --home (if it runs) and start it again, same port."""
+    """Restart prefect or mlflow of the stack at --home, on the same port."""
     from flows.services import stack
 
     try:

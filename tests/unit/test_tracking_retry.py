@@ -64,6 +64,23 @@ def test_a_dead_store_costs_attempts_calls_and_one_warning(
     ]
 
 
+def test_a_store_found_away_is_not_asked_again_for_a_while_but_metrics_are() -> None:
+    """Issue 60: after a call failed every attempt, the tracker's other calls fail at once
+    for `AWAY_S` (a round costs one call's retries, not every call's); logging metrics,
+    once a round, still tries, and finds the store back."""
+    client = BusyClient(failures=99)
+    dead = tracker(client)
+    dead.set_tags("run", {"a": "b"})
+    dead.set_tags("run", {"a": "b"})  # skipped: no call
+    dead.log_artifacts("run", "/nowhere", "model")  # skipped too
+    assert client.calls == {"log_batch": 3}
+    assert not dead.log_metrics("run", {"own_reward": 1.0}, step=0)  # tried: 3 more calls
+    assert client.calls == {"log_batch": 6}
+    client.failures = 0  # back
+    assert dead.log_metrics("run", {"own_reward": 1.0}, step=0, timestamp_ms=5)
+    assert client.calls == {"log_batch": 7}
+
+
 def test_attempt_returns_the_value_or_none() -> None:
     assert attempt(lambda: 7, "seven", FAST) == 7
     assert attempt(lambda: 1 / 0, "divide", FAST) is None
