@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,10 +302,10 @@ def wait_for_http(url: str, alive: Callable[[], bool], timeout_s: float) -> bool
 def down(home: str | Path) -> list[str]:
     """Stop what the stack at ``home`` started; the names of the services stopped."""
     stack = Stack.load(home)
-    stopped = []
-    for name, pid in reversed(list(stack.pids.items())):
-        if _stop_group(pid):
-            stopped.append(name)
+    # All at once: each may take its grace period to go (Prefect's and MLflow's servers
+    # often use all of it), and one after another that was a minute.
+    running = _stop_groups(stack.pids.values())
+    stopped = [name for name, pid in stack.pids.items() if pid in running]
     if stack.pg_data:
         cluster = Path(stack.pg_data) / "cluster"
         if (cluster / "postmaster.pid").exists():
@@ -380,22 +380,32 @@ def _alive(pid: int) -> bool:
 
 def _stop_group(pid: int, timeout: float = 20.0) -> bool:
     """SIGTERM the process group ``pid`` leads, then SIGKILL what is left."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
+    return pid in _stop_groups([pid], timeout)
+
+
+def _stop_groups(pids: Iterable[int], timeout: float = 20.0) -> set[int]:
+    """SIGTERM the process groups ``pids`` lead, together; SIGKILL what is left of them
+    after ``timeout``. The groups that were running."""
+    running = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+            running.add(pid)
+    left = set(running)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return True
-        _reap(pid)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            _reap(pid)
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                left.discard(pid)
         time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    _reap(pid)
-    return True
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        _reap(pid)
+    return running
 
 
 def _reap(pid: int) -> None:
