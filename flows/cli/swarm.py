@@ -131,8 +131,12 @@ def check_resume(
     """`lifecycle.check_resume`, said on the terminal: what was forced, or the refusal;
     the nodes' newest checkpoints it read (once), for the caller's own decisions."""
     from flows.node import lifecycle
+    from flows.node.home import HomeUnreachable
 
-    saved = lifecycle.newest_checkpoints(cfg, node_ids)
+    try:
+        saved = lifecycle.newest_checkpoints(cfg, node_ids)
+    except HomeUnreachable as exc:
+        raise fail(str(exc)) from exc
     checked = lifecycle.check_resume(cfg, node_ids, force, more_rounds, saved)
     for line in checked.forced:
         typer.secho(line, err=True)
@@ -231,9 +235,14 @@ def node(
 
     until_round = None if more_rounds else cfg.rounds  # --more-rounds may go past it
     # Decided once, here, and handed to the flow (which would otherwise decide itself).
-    start = lifecycle.decide(
-        cfg, node_id, force=force, until_round=until_round, more_rounds=more_rounds
-    )
+    from flows.node.home import HomeUnreachable
+
+    try:
+        start = lifecycle.decide(
+            cfg, node_id, force=force, until_round=until_round, more_rounds=more_rounds
+        )
+    except HomeUnreachable as exc:
+        raise fail(str(exc)) from exc
     for line in start.forced:
         typer.secho(line, err=True)
     if start.refusal:

@@ -19,6 +19,13 @@ from tests.integration.test_round_steps import make_swarm, run_round
 
 pytestmark = pytest.mark.s3
 
+NOWHERE = {
+    "endpoint_url": "http://127.0.0.1:9",
+    "key": "x",
+    "secret": "y",
+    "config_kwargs": {"retries": {"max_attempts": 1}},  # refused at once: no need to insist
+}
+
 
 def _weights(node) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in node.learner.policy.model.state_dict().items()}
@@ -75,9 +82,30 @@ def test_an_unreachable_home_stops_the_start_in_one_line(tmp_path: Path) -> None
     key: the start is refused instead (the next scheduled run tries again)."""
     homes = {
         "url": "s3://nowhere/homes",
-        "storage_options": {"endpoint_url": "http://127.0.0.1:9", "key": "x", "secret": "y"},
+        "storage_options": NOWHERE,
     }
     swarm = make_swarm(tmp_path, checkpoint_home=homes)
     with pytest.raises(home.HomeUnreachable, match=r"a: its checkpoint home s3://nowhere/homes"):
         decide(swarm, "a")
     assert not home.key_path(swarm, "a").exists()  # no key was made
+
+
+def test_the_commands_say_an_unreachable_home_in_one_line(tmp_path: Path) -> None:
+    """`sapo swarm` (the launcher's decision) and `sapo node` (the node's own) alike."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    homes = {
+        "url": "s3://nowhere/homes",
+        "storage_options": NOWHERE,
+    }
+    swarm = make_swarm(tmp_path, checkpoint_home=homes)
+    path = tmp_path / "swarm.yaml"
+    path.write_text(yaml.safe_dump(swarm.model_dump(mode="json")))
+    for args in (["swarm", "-c", str(path)], ["node", "-c", str(path), "--node-id", "a"]):
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code == 2, done.output
+        assert "its checkpoint home s3://nowhere/homes did not answer" in done.output
+        assert "Traceback" not in done.output
