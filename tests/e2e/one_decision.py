@@ -1,7 +1,8 @@
 """Issue 59: a node starts in one decision. A resumed `sapo swarm`'s launcher reads each
 node's checkpoint once and checks their resume once; each node process then reads its own
-checkpoint once before its first round and does not check again (the launcher told it which
-checkpoint it checked); the swarm's rules are declared once per process.
+checkpoint once before its first round (or before it finishes, when it has no round left)
+and does not check again (the launcher told it which checkpoint it checked); the swarm's
+rules are declared once per process.
 
 Counted in the real processes: a ``sitecustomize`` on their PYTHONPATH wraps the functions
 that do each (reading them, not replacing them) and writes each process's counts at exit.
@@ -40,13 +41,21 @@ def _install():
     _counted(checkpoint, "latest", "latest")
     _counted(lifecycle, "check_resume", "check_resume")
     _counted(Ledger, "declare_swarm", "declare_swarm")
-    real_round = steps.run_round
+    from flows.node import round as node_round
 
-    def run_round(*args, **kwargs):
-        _before_round_0.setdefault("counts", dict(_counts))
-        return real_round(*args, **kwargs)
+    # The counts as the node's first round begins, or as it finishes when it has no round
+    # left to run (a resumed node that had run them all before the stop: it only finishes).
+    def snapshot_before(owner, name):
+        real = getattr(owner, name)
 
-    steps.run_round = run_round
+        def wrapper(*args, **kwargs):
+            _before_round_0.setdefault("counts", dict(_counts))
+            return real(*args, **kwargs)
+
+        setattr(owner, name, wrapper)
+
+    snapshot_before(steps, "run_round")
+    snapshot_before(node_round, "finish_run")
 
 
 def _write():
@@ -81,7 +90,7 @@ def check_one_decision(folder: Path, nodes: int) -> None:
     # The launcher: each checkpoint read once, the resume checked once, the swarm's rules
     # declared once.
     assert launcher[0]["counts"] == {"latest": nodes, "check_resume": 1, "declare_swarm": 1}
-    # Each node before its first round: its checkpoint read once, no second check, the
-    # rules declared once (as it opens the ledger).
+    # Each node before its first round (or its finish): its checkpoint read once, no second
+    # check, the rules declared once (as it opens the ledger).
     for node in processes:
         assert node["counts"] == {"latest": 1, "check_resume": 0, "declare_swarm": 1}, node
