@@ -197,13 +197,14 @@ class Tracker:
 
         stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         batch = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if v is not None]
-
-        def log() -> None:
-            self.client.log_batch(run_id, metrics=batch)
-
         # Tried even while the store is away: a node logs metrics once a round, and a
         # round's first call is what finds the store back.
-        return self._attempt(log, "log metrics", self.retry, even_if_away=True)[0]
+        return self._attempt(
+            lambda: self.client.log_batch(run_id, metrics=batch),
+            "log metrics",
+            self.retry,
+            even_if_away=True,
+        )[0]
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -309,11 +310,7 @@ class Tracker:
         )
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
-
-        def finish() -> None:
-            self.client.set_terminated(run_id, status)
-
-        self._attempt(finish, "finish run", self.retry)
+        self._attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)
 
     def children(self, parent_id: str) -> list[Any]:
         """The nested runs of a parent run."""

@@ -43,18 +43,21 @@ def key_path(swarm: SwarmConfig, node_id: str) -> Path:
     return swarm.workdir / "keys" / swarm.swarm_id / f"{node_id}.pem"
 
 
-def restore(swarm: SwarmConfig, node_id: str) -> None:
-    """Before a node's start is decided: under `checkpoint_home`, its newest state from
-    there when newer than this machine's (`pull`)."""
+def newest(swarm: SwarmConfig, node_id: str) -> checkpoint.Checkpoint | None:
+    """The node's newest checkpoint on this machine, once that is the newest anywhere:
+    under `checkpoint_home`, the home's is taken first when newer (`pull`). This machine's
+    checkpoints are read once, unless one came from the home."""
+    local = checkpoint.latest(swarm.workdir, node_id)
     home = swarm.checkpoint_home
     if home is None:
-        return
+        return local
     try:
-        pull(home, swarm.swarm_id, node_id, swarm.workdir, key_path(swarm, node_id))
+        pulled = pull(home, swarm.swarm_id, node_id, swarm.workdir, key_path(swarm, node_id), local)
     except Exception as exc:  # each store raises its own kinds (botocore's, OSError, ...)
         raise HomeUnreachable(
             f"{node_id}: its checkpoint home {home.url} did not answer: {first_line(exc)}"
         ) from exc
+    return checkpoint.latest(swarm.workdir, node_id) if pulled else local
 
 
 def keeper(swarm: SwarmConfig, node_id: str) -> checkpoint.AfterWrite | None:
@@ -110,9 +113,16 @@ def push(home: HomeConfig, swarm_id: str, node_id: str, saved: Path, key: Path) 
     log.info("%s: checkpoint %s copied to its home %s", node_id, saved.name, home.url)
 
 
-def pull(home: HomeConfig, swarm_id: str, node_id: str, workdir: Path, key: Path) -> bool:
-    """Bring the home's newest checkpoint to this machine when it is newer than the newest
-    here (and the key, when this machine has none); whether a checkpoint came."""
+def pull(
+    home: HomeConfig,
+    swarm_id: str,
+    node_id: str,
+    workdir: Path,
+    key: Path,
+    local: checkpoint.Checkpoint | None,
+) -> bool:
+    """Bring the home's newest checkpoint to this machine when it is newer than ``local``
+    (the newest here), and the key when this machine has none; whether a checkpoint came."""
     fs, folder = _store(home, swarm_id, node_id)
     if not key.exists() and fs.exists(f"{folder}/{KEY}"):
         key.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +131,6 @@ def pull(home: HomeConfig, swarm_id: str, node_id: str, workdir: Path, key: Path
     if not rounds:
         return False
     newest, source = rounds[-1]
-    local = checkpoint.latest(workdir, node_id)
     if local is not None and local.next_round >= newest:
         return False
     root = checkpoint.node_dir(workdir, node_id) / "checkpoints"

@@ -96,9 +96,7 @@ def newest_checkpoints(
     swarm: SwarmConfig, node_ids: Sequence[str]
 ) -> dict[str, checkpoint.Checkpoint | None]:
     """Each node's newest checkpoint (None: it has none), read once for a start's checks."""
-    for node_id in node_ids:
-        home.restore(swarm, node_id)
-    return {node_id: checkpoint.latest(swarm.workdir, node_id) for node_id in node_ids}
+    return {node_id: home.newest(swarm, node_id) for node_id in node_ids}
 
 
 def check_resume(
@@ -194,8 +192,7 @@ def decide(
     resume (`check_resume`: ``force``, or $SAPO_RESUME_FORCE, lets a changed configuration
     through); else the rounds to run (`rounds_to_run`: up to ``until_round``, default the
     swarm's rounds, or ``more_rounds`` past the checkpoint)."""
-    home.restore(swarm, node_id)  # under `checkpoint_home`, a newer state from there
-    saved = checkpoint.latest(swarm.workdir, node_id)
+    saved = home.newest(swarm, node_id)  # under `checkpoint_home`, the home's when newer
     end = until_round or swarm.rounds
     first = 0 if saved is None else saved.next_round
     rounds = rounds_to_run(first, end, until_round, more_rounds)

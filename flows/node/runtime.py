@@ -160,8 +160,8 @@ def open_node(
     """A node ready for its next round: restored from its newest checkpoint if it has one
     (``saved``, where the caller read it already; None: it has none)."""
     spec = swarm.node(node_id)
-    if isinstance(saved, Unread):  # else the caller decided, after `home.restore`
-        home.restore(swarm, node_id)
+    if isinstance(saved, Unread):  # before the key: under `checkpoint_home` it may come too
+        saved = home.newest(swarm, node_id)
     key = node_key(swarm, node_id)
     index = swarm.workdir / "reader-index" / swarm.swarm_id / f"{node_id}.duckdb"
     ledger = Ledger(
@@ -173,8 +173,6 @@ def open_node(
         # manifest: a restart with the same config writes nothing.
         ledger.declare_swarm(swarm.swarm_id, swarm.signatures, swarm.members())
         ledger.register_key(key)
-        if isinstance(saved, Unread):
-            saved = checkpoint.latest(swarm.workdir, node_id)
         learner = restore_learner(swarm, spec, saved)
         ledger.write_manifest(manifest(swarm, spec, learner.prompt_format))
         runtime = NodeRuntime(

@@ -319,22 +319,26 @@ def down(home: str | Path) -> list[str]:
     return stopped
 
 
-RESTARTABLE = ("prefect", "mlflow")
-"""The services `restart` starts again: their state is in PostgreSQL, so a restart loses
-nothing (the S3 server and PostgreSQL hold the data; restart those with the stack)."""
+RESTARTABLE: dict[str, Callable[[Stack], None]] = {
+    "prefect": _start_prefect,
+    "mlflow": _start_mlflow,
+}
+"""The services `restart` starts again, and how: their state is in PostgreSQL, so a restart
+loses nothing (the S3 server and PostgreSQL hold the data; restart those with the stack)."""
 
 
 def restart(home: str | Path, name: str) -> Stack:
     """Stop the stack's ``name`` service if it runs, and start it again on its port: after
     a crash, or to apply new settings. Clients reconnect (docs/running.md, "What a fault
     costs")."""
-    if name not in RESTARTABLE:
+    start = RESTARTABLE.get(name)
+    if start is None:
         raise StackError(f"only {' and '.join(RESTARTABLE)} restart alone, not {name!r}")
     stack = Stack.load(home)
     pid = stack.pids.get(name)
     if pid is not None:
         _stop_group(pid)
-    (_start_prefect if name == "prefect" else _start_mlflow)(stack)
+    start(stack)
     return stack
 
 

@@ -31,7 +31,9 @@ def _weights(node) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in node.learner.policy.model.state_dict().items()}
 
 
-def test_a_node_continues_on_another_machine_from_its_home(tmp_path: Path, s3_server) -> None:
+def test_a_node_continues_on_another_machine_from_its_home(
+    tmp_path: Path, s3_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bucket = s3_server.new_bucket()
     homes = {"url": f"s3://{bucket}/homes", "storage_options": s3_server.storage_options}
     shared = {
@@ -67,6 +69,14 @@ def test_a_node_continues_on_another_machine_from_its_home(tmp_path: Path, s3_se
         now = _weights(moved)
         assert all(torch.equal(now[k], weights[k]) for k in weights)
         run_round(moved, 2)
+        moved.wait_for_checkpoint()
+        # Deciding again here, where the home has nothing newer: this machine's checkpoints
+        # are read once (issue 59's one decision holds under a home too).
+        reads = []
+        real = checkpoint.latest
+        monkeypatch.setattr(checkpoint, "latest", lambda *a: reads.append(a) or real(*a))
+        assert decide(second, "a").saved.next_round == 3  # type: ignore[union-attr]
+        assert len(reads) == 1
         rows = moved.ledger.query(
             "SELECT node_round, count(*), count(DISTINCT rollout_id) FROM rollouts "
             "WHERE node_id = 'a' GROUP BY 1 ORDER BY 1"
