@@ -271,8 +271,6 @@ LEGACY_REPUTATION = "reputation.json"
 
 def read_state(saved: Checkpoint) -> dict[str, Any]:
     """The learner's `state_dict()` as ``saved`` holds it, for `Learner.from_checkpoint`."""
-    import torch
-
     return {
         "policy_version": saved.policy_version,
         "totals": saved.totals.as_metrics(),
@@ -280,9 +278,26 @@ def read_state(saved: Checkpoint) -> dict[str, Any]:
         "reputation": saved.reputation
         if saved.reputation is not None
         else _legacy_reputation(saved),
-        "optimizer": torch.load(saved.path / OPTIMIZER),
-        "rng": torch.load(saved.path / RNG, weights_only=False),
+        "optimizer": _tensors(saved.path / OPTIMIZER),
+        "rng": _tensors(saved.path / RNG),
     }
+
+
+def _tensors(path: Path) -> Any:
+    """A training-state file's tensors and plain values, and nothing else (torch's
+    weights_only): a checkpoint home that another party could write must not run code here
+    through a pickle."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NotResumable(
+            f"{path} holds more than tensors and plain values; refused to load it ({first})"
+        ) from exc
 
 
 def _legacy_reputation(saved: Checkpoint) -> dict[str, Any]:
