@@ -9,6 +9,8 @@ after the first are reported (the first draws nothing: no peer has published yet
 
     sudo python benchmarks/slow_link.py                     # delays 0, 100, 250, 500 ms
     sudo python benchmarks/slow_link.py --delays 0 0.25 --rounds 4
+    sudo python benchmarks/slow_link.py --ask-first    # writes check for the key first
+                                                       # (conditional_writes=false)
 
 Figures and their reading: benchmarks/README.md, `slow_link.py`.
 """
@@ -81,7 +83,13 @@ def step_seconds(tracking_uri: str) -> dict[int, list[dict[str, float]]]:
 
 
 def measure(
-    net: netns.Network, folder: Path, model: Path, delay: float, port: int, rounds: int
+    net: netns.Network,
+    folder: Path,
+    model: Path,
+    delay: float,
+    port: int,
+    rounds: int,
+    ask_first: bool = False,
 ) -> tuple[float, dict[str, float]]:
     """The swarm's wall time and the median seconds per step of rounds after the first."""
     services, worker = net["services"], net["worker"]
@@ -93,6 +101,8 @@ def measure(
     assert proxy.stdout is not None and proxy.stdout.readline().strip() == "listening"
     endpoint = f"http://{services.address}:{port}"
     options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+    if ask_first:
+        options["conditional_writes"] = "false"
     folder.mkdir()
     swarm = swarm_yaml(folder, model, {"url": f"s3://bench/ledger-{port}",
                                        "storage_options": options}, rounds)  # fmt: skip
@@ -116,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 0.1, 0.25, 0.5])
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--ask-first", action="store_true", help="conditional_writes=false")
     args = parser.parse_args()
     refused = netns.refusal()
     if refused:
@@ -144,12 +155,16 @@ for _ in range(120):
         time.sleep(0.5)
 """
         net["worker"].python(create, timeout=120)
-        print(f"2 nodes x {args.rounds} rounds (tiny model), medians of rounds 1.. over nodes, s")
+        writes = "asking first" if args.ask_first else "conditional"
+        print(f"2 nodes x {args.rounds} rounds (tiny model), {writes} writes; medians of rounds")
+        print("1.. over nodes, s")
         heads = " ".join(f"{s:>8}" for s in STEPS)
         print(f"{'delay ms':>8} {'round':>7} {heads}  swarm wall")
         for i, delay in enumerate(args.delays):
             port = S3_PORT + 1 + i
-            wall, med = measure(net, Path(tmp) / f"d{i}", model, delay, port, args.rounds)
+            wall, med = measure(
+                net, Path(tmp) / f"d{i}", model, delay, port, args.rounds, args.ask_first
+            )
             cells = " ".join(f"{med[s]:8.2f}" for s in STEPS)
             print(f"{delay * 1000:8.0f} {med['round']:7.2f} {cells}  {wall:8.1f}", flush=True)
 

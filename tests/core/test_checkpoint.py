@@ -315,13 +315,16 @@ def test_a_checkpoint_from_before_the_learner_held_its_reputation_resumes_the_ol
     )
 
 
+@dataclasses.dataclass
 class _RunsCode:
     """What a hostile pickle carries: unpickling it calls a function of the attacker's."""
+
+    target: str
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         import os
 
-        return (os.mkdir, ("/tmp/sapo-pickle-ran",))
+        return (os.mkdir, (self.target,))
 
 
 @pytest.mark.parametrize("name", [checkpoint.RNG, checkpoint.OPTIMIZER])
@@ -330,13 +333,10 @@ def test_a_training_state_file_that_would_run_code_is_refused_not_loaded(
 ) -> None:
     """A checkpoint home another party can write (or a tampered disk) holds a pickle that
     runs code when loaded: it is refused with the file's name, and nothing of it runs."""
-    import shutil
-
-    ran = Path("/tmp/sapo-pickle-ran")
-    shutil.rmtree(ran, ignore_errors=True)
+    ran = tmp_path / "the-pickle-ran"
     me = learner(tiny_model_dir)
-    saved = checkpoint.write(checkpoint.capture(tmp_path, "n", me, 1))
-    torch.save({"state": _RunsCode()}, saved.path / name)
+    saved = checkpoint.write(checkpoint.capture(tmp_path / "checkpoints", "n", me, 1))
+    torch.save({"state": _RunsCode(str(ran))}, saved.path / name)
     with pytest.raises(checkpoint.NotResumable, match=rf"{name} holds more than tensors"):
         checkpoint.read_state(saved)
     assert not ran.exists()
