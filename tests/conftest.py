@@ -313,11 +313,7 @@ def pytest_runtest_logfinish(nodeid: str) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Fail the run if a process that a test started is still running; stop them all.
-    Under pytest-xdist each worker checks its own tests' processes; the controller's own
-    descendants are those workers, on their way out."""
-    if session.config.pluginmanager.hasplugin("dsession"):
-        return
+    """Fail the run if a process that a test started is still running; stop them all."""
     _stop_prefect_servers()
     leftovers = _descendants()
     _stop_all([pid for pid, _ in leftovers])
