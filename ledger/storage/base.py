@@ -4,6 +4,7 @@ protocol, and bounded, key-checked reads."""
 from __future__ import annotations
 
 import builtins
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,11 @@ S3_READ_THREADS = 8
 _MTIME_SLACK_NS = 2_000_000_000
 A = TypeVar("A")
 R = TypeVar("R")
+
+
+LEDGER_ENTRY = re.compile(r"^(swarm_id=[^/]+|_[a-z]+)$")
+"""A ledger's top-level names: its partitions (``swarm_id=S``) and its own folders
+(``_manifests``, ``_keys``, ``_samples``, ...)."""
 
 
 class StorageError(RuntimeError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import builtins
 import errno
 import os
-import re
 import stat
 import time
 import uuid
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
 
 from ledger.storage.base import (
     _MTIME_SLACK_NS,
+    LEDGER_ENTRY,
     MAX_UNSAFE_KEYS,
     NotRegularFile,
     ObjectInfo,
@@ -231,11 +231,6 @@ class LocalStore:
         raise StoreUnusable(
             f"{self.root} is not a ledger (none of its entries is a ledger's){where}"
         )
-
-
-LEDGER_ENTRY = re.compile(r"^(swarm_id=[^/]+|_[a-z]+)$")
-"""A ledger's top-level names: its partitions (``swarm_id=S``) and its own folders
-(``_manifests``, ``_keys``, ``_samples``, ...)."""
 
 
 def looks_like_ledger(folder: Path) -> bool:

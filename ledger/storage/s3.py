@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 from ledger.storage.base import (
+    LEDGER_ENTRY,
     MAX_UNSAFE_KEYS,
     OBJECT_READS,
     S3_READ_THREADS,
@@ -150,7 +151,32 @@ class S3Store:
         return [k for k in keys if is_safe_key(k) and (stop_after is None or k <= stop_after)]
 
     def check_exists(self) -> None:
+        """The bucket exists and, under a prefix, the prefix holds a ledger's entries. A
+        prefix exists only once something is written under it, so a mistyped one would
+        read as an empty ledger and exit 0; a bucket named alone may be empty (a ledger no
+        one wrote yet), as a folder may."""
         self._check_bucket()
+        if not self.prefix:
+            return
+        names = self._top_level_names()
+        if not names:
+            raise StoreUnusable(f"no ledger at {self.url}: nothing is stored under that prefix")
+        if not any(LEDGER_ENTRY.match(name) for name in names):
+            shown = ", ".join(sorted(names)[:5])
+            raise StoreUnusable(
+                f"{self.url} is not a ledger (none of its entries is a ledger's: {shown})"
+            )
+
+    def _top_level_names(self) -> set[str]:
+        """The first names below the prefix (folders and objects), from one listing page."""
+        root = f"{self.prefix}/"
+        page = self._call(
+            "list", self.fs.call_s3, "list_objects_v2",
+            Bucket=self.bucket, Prefix=root, Delimiter="/", MaxKeys=self.page_keys,
+        )  # fmt: skip
+        found = [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+        found += [item["Key"] for item in page.get("Contents", [])]
+        return {key[len(root) :].strip("/") for key in found if key.startswith(root)} - {""}
 
     def _check_bucket(self) -> None:
         """StoreUnusable unless the bucket exists: an empty listing of a missing bucket

@@ -280,13 +280,14 @@ SLOW_LINK = """
 def test_a_slow_link_to_the_bucket_slows_a_hosts_publishes_and_draws_and_loses_nothing(
     network: netns.Network,
 ) -> None:
-    """worker-a reaches the bucket through a link that holds each chunk 0, 100 or 250 ms
-    (+-25%, a proxy on the services host: this kernel has no netem): its publishes and draws
-    take longer as the delay grows, every row lands once, the draws still find the groups."""
+    """worker-a reaches the bucket through a link that holds each chunk 0 or 250 ms (+-25%,
+    a proxy on the services host: this kernel has no netem): its publishes and draws take
+    longer, every row lands once, the draws still find the groups. (A whole round against
+    the delay, at more delays: benchmarks/slow_link.py.)"""
     services = network["services"]
     url = _bucket(network, "slow-link")
     found = {}
-    for port, delay in ((S3_PORT + 1, 0.0), (S3_PORT + 2, 0.1), (S3_PORT + 3, 0.25)):
+    for port, delay in ((S3_PORT + 1, 0.0), (S3_PORT + 2, 0.25)):
         proxy = services.start(
             [sys.executable, str(Path(__file__).resolve().parents[1] / "netns_proxy.py"),
              services.address, str(port), services.address, str(S3_PORT), str(delay),
@@ -305,7 +306,7 @@ def test_a_slow_link_to_the_bucket_slows_a_hosts_publishes_and_draws_and_loses_n
         proxy.wait(timeout=30)
     print({f"{int(d * 1000)} ms": {k: round(v, 2) for k, v in f.items()} for d, f in found.items()})
     for step in ("publish", "draw"):
-        assert found[0.0][step] < found[0.1][step] < found[0.25][step], found
+        assert found[0.0][step] < found[0.25][step], found
         # Each request crosses the link at least twice (there and back) at the delay.
         assert found[0.25][step] >= 2 * 0.25 * 0.75, found
 

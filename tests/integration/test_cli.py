@@ -286,6 +286,33 @@ def test_a_missing_bucket_is_an_error_for_readers(s3_server):
     assert out.exit_code == 2 and "bucket 'no-such-bucket' does not exist" in out.output
 
 
+@pytest.mark.s3
+def test_a_mistyped_s3_prefix_is_an_error_for_readers_as_a_mistyped_folder_is(s3_server):
+    """Issue 61: `sapo ledger query s3://bucket/typo` printed 0 and exited 0. A prefix
+    exists only once something is written under it, so nothing under it is no ledger; one
+    whose entries are not a ledger's (a folder above it, say) is refused too."""
+    from tests.factories import open_ledger, round_rows
+
+    bucket = s3_server.new_bucket()
+    opts = [f"--storage-option={k}={v}" for k, v in s3_server.storage_options.items()]
+    with open_ledger(f"s3://{bucket}/runs/ledger", s3_server.storage_options) as led:
+        led.publish(round_rows("a", 0, [[1, 0]]))
+    query = ["ledger", "query", "SELECT count(*) AS n FROM rollouts", "-f", "json", *opts]
+    typo = runner.invoke(app, [*query[:2], f"s3://{bucket}/runs/ledgr", *query[2:]])
+    assert typo.exit_code == 2, typo.output
+    assert typo.output.strip() == (
+        f"error: no ledger at s3://{bucket}/runs/ledgr: nothing is stored under that prefix"
+    )
+    above = runner.invoke(app, [*query[:2], f"s3://{bucket}/runs", *query[2:]])
+    assert above.exit_code == 2, above.output
+    assert f"s3://{bucket}/runs is not a ledger" in above.output and "ledger" in above.output
+    right = runner.invoke(app, [*query[:2], f"s3://{bucket}/runs/ledger", *query[2:]])
+    assert right.exit_code == 0 and json.loads(right.output) == [{"n": 2}], right.output
+    # a bucket named alone may be empty: a ledger no one wrote yet
+    empty = runner.invoke(app, ["ledger", "validate", f"s3://{s3_server.new_bucket()}", *opts])
+    assert empty.exit_code == 0 and "files    0" in empty.output, empty.output
+
+
 def test_version_and_unexpected_errors(monkeypatch, capsys):
     from importlib.metadata import version
 
