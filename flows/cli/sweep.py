@@ -3,9 +3,11 @@ ledger, and the nodes of an MLflow tracking store side by side."""
 
 from __future__ import annotations
 
+import json
 import os
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -148,6 +150,13 @@ def report(
     print(f"report: {made.html}")
 
 
+class CompareTable(StrEnum):
+    """Which of `sapo compare`'s tables `-f csv` prints (a CSV holds one)."""
+
+    nodes = "nodes"
+    configurations = "configurations"
+
+
 def compare(
     mlflow: Annotated[
         str,
@@ -161,9 +170,16 @@ def compare(
     ] = None,
     register: Annotated[
         str | None,
-        typer.Option(help="Register the best node's logged model under this name."),
+        typer.Option(
+            help="Register the best node's logged model under this name (once: again, it "
+            "names the version it already is)."
+        ),
     ] = None,
     fmt: FormatOpt = Format.table,
+    table: Annotated[
+        CompareTable,
+        typer.Option(help="With -f csv, the one table to print (json holds both)."),
+    ] = CompareTable.nodes,
 ) -> None:
     """Nodes and sharing configurations side by side, from MLflow. Best first by
     cumulative_own_reward; optionally register the best node's model."""
@@ -171,19 +187,37 @@ def compare(
     from flows.reports.compare import read_comparison, register_best_model
 
     made = guarded(lambda: read_comparison(mlflow, experiment_name))
-    print("nodes:")
-    # A terminal table without the run ids (csv and json keep them).
-    print_frame(made.nodes.drop("run_id") if fmt == "table" else made.nodes, fmt)
-    print("configurations (means over their nodes):")
-    print_frame(made.configurations, fmt)
-    if register is None:
+    registered: dict[str, Any] | None = None
+    if register is not None:
+        found = guarded(lambda: register_best_model(mlflow, made.nodes, register))
+        if found is None:
+            raise fail("no node run logged a model: nothing to register")
+        best, version, new = found
+        registered = {"name": register, "version": version, "new": new,
+                      **{k: best[k] for k in ("node_id", "swarm_id", "run_id", "logged_model")},
+                      "cumulative_own_reward": best["cumulative_own_reward"]}  # fmt: skip
+    if fmt == "json":  # one document: both tables and what was registered
+        document = {
+            "nodes": json.loads(made.nodes.write_json()),
+            "configurations": json.loads(made.configurations.write_json()),
+        }
+        if register is not None:
+            document["registered"] = registered
+        print(json.dumps(document, default=str))
         return
-    found = guarded(lambda: register_best_model(mlflow, made.nodes, register))
-    if found is None:
-        raise fail("no node run logged a model: nothing to register")
-    best, version = found
-    print(
-        f"registered {best['node_id']} of {best['swarm_id']} ({best['logged_model']}, "
-        f"cumulative_own_reward {best['cumulative_own_reward']:.3f}) as {register!r} "
-        f"version {version}"
-    )
+    if fmt == "csv":  # one table; what was registered goes to stderr
+        print_frame(made.nodes if table == "nodes" else made.configurations, fmt)
+    else:
+        print("nodes:")
+        print_frame(made.nodes.drop("run_id"), fmt)  # a terminal table without run ids
+        print("configurations (means over their nodes):")
+        print_frame(made.configurations, fmt)
+    if registered is not None:
+        line = (
+            f"{'registered' if registered['new'] else 'already registered:'} "
+            f"{registered['node_id']} of {registered['swarm_id']} "
+            f"({registered['logged_model']}, cumulative_own_reward "
+            f"{registered['cumulative_own_reward']:.3f}) as {register!r} "
+            f"version {registered['version']}"
+        )
+        typer.echo(line, err=fmt == "csv")

@@ -164,9 +164,10 @@ def _all_pages(search: Callable[..., Any]) -> list[Any]:
 
 def register_best_model(
     tracking_uri: str, nodes: pl.DataFrame, name: str
-) -> tuple[dict[str, Any], str] | None:
-    """Register the model of the best node run that logged one as a new version of
-    ``name``; returns that node's row and the version (None: no run logged a model)."""
+) -> tuple[dict[str, Any], str, bool] | None:
+    """Register the model of the best node run that logged one as a version of ``name``,
+    unless it already is one; returns that node's row, the version and whether it was new
+    (None: no run logged a model)."""
     from flows.tracking import open_tracker
 
     best = best_with_model(nodes)
@@ -174,4 +175,8 @@ def register_best_model(
         return None
     with _one_line(tracking_uri):
         tracker = open_tracker(tracking_uri, best["experiment"], None)
-        return best, tracker.register(name, best["run_id"], best["logged_model"])
+        run_id, path = best["run_id"], best["logged_model"]
+        existing = tracker.registered_version(name, run_id, path)
+        if existing is not None:
+            return best, existing, False
+        return best, tracker.register(name, run_id, path), True

@@ -338,9 +338,9 @@ def _check_compare(started: stack_module.Stack, env: dict[str, str]) -> None:
     )
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert compared.stdout.count("pool-swarm,node-") == 3
-    first = compared.stdout.splitlines()[2].split(",")  # nodes are listed best first
+    first = compared.stdout.splitlines()[1].split(",")  # one table, best node first
     best, best_run = first[2], first[-1]
-    assert f"registered {best} of pool-swarm" in compared.stdout
+    assert f"registered {best} of pool-swarm" in compared.stderr
     (version,) = MlflowClient(started.mlflow_url).search_model_versions("name = 'pool-policy'")
     assert version.version == "1" and version.run_id == best_run
     assert version.source.startswith("mlflow-artifacts:") and "model-round-1" in version.source

@@ -4,6 +4,7 @@ configuration's mean, and the best node that logged a model registered."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import polars as pl
@@ -52,35 +53,46 @@ def test_nodes_best_first_configurations_averaged_best_model_registered(tmp_path
     from mlflow.tracking import MlflowClient
 
     uri = _store(tmp_path)
-    done = runner.invoke(
-        app, ["compare", "--mlflow", uri, "--experiment", "cmp", "--register", "best", "-f", "csv"]
-    )
+    base = ["compare", "--mlflow", uri, "--experiment", "cmp"]
+    done = runner.invoke(app, [*base, "--register", "best", "-f", "csv"])
     assert done.exit_code == 0, done.output
-    nodes_csv, configurations_csv = done.output.split("configurations")
-    nodes = pl.read_csv(io.StringIO(nodes_csv.split("\n", 1)[1]))
+    # -f csv is one table (issue 61: it printed labels and both tables); the registration
+    # is said on stderr
+    nodes = pl.read_csv(io.StringIO(done.stdout))
     assert nodes["node_id"].to_list() == ["a", "b", "c"]
     assert nodes["cumulative_own_reward"].to_list() == pytest.approx([2.1, 1.6, 0.6])
     assert nodes["rounds"].to_list() == [3, 3, 3]
     assert nodes["sharing"].to_list() == ["4/4", "4/4", "8/0"]
     assert nodes["model"].to_list()[1:] == ["bundled:smollm2-135m-instruct", "bundled:gemma3-270m"]
-    configs = pl.read_csv(
-        io.StringIO(configurations_csv.split("\n", 1)[1].rsplit("registered", 1)[0])
-    )
+    by_config = runner.invoke(app, [*base, "-f", "csv", "--table", "configurations"])
+    assert by_config.exit_code == 0, by_config.output
+    configs = pl.read_csv(io.StringIO(by_config.stdout))
     assert configs["sharing"].to_list() == ["4/4", "8/0"]
     assert configs["nodes"].to_list() == [2, 1]
     assert configs["models"].to_list() == ["bundled:smollm2-135m-instruct", "bundled:gemma3-270m"]
     assert configs["cumulative_own_reward"].to_list() == pytest.approx([1.85, 0.6])
     # a ranks first but logged no model: b's is registered
-    assert (
-        "registered b of s (model-round-2, cumulative_own_reward 1.600) as 'best' version 1"
-        in done.output
-    )
+    said = "b of s (model-round-2, cumulative_own_reward 1.600) as 'best' version 1"
+    assert done.stderr.strip() == f"registered {said}"
+    # Registering again is a no-op that names the version (it made versions 2 and 3).
+    for _ in range(2):
+        again = runner.invoke(app, [*base, "--register", "best"])
+        assert again.exit_code == 0 and f"already registered: {said}" in again.stdout
     (version,) = MlflowClient(uri).search_model_versions("name = 'best'")
     assert version.run_id == nodes.filter(pl.col("node_id") == "b")["run_id"][0]
     assert version.source.endswith("/model-round-2")
+    # -f json is one document: both tables, and what --register registered.
+    document = runner.invoke(app, [*base, "-f", "json", "--register", "best"])
+    assert document.exit_code == 0, document.output
+    parsed = json.loads(document.stdout)
+    assert [n["node_id"] for n in parsed["nodes"]] == ["a", "b", "c"]
+    assert [c["sharing"] for c in parsed["configurations"]] == ["4/4", "8/0"]
+    assert parsed["registered"]["version"] == "1" and parsed["registered"]["new"] is False
+    assert parsed["registered"]["node_id"] == "b"
     # Without --experiment, every experiment's node runs.
     every = runner.invoke(app, ["compare", "--mlflow", uri, "-f", "json"])
-    assert every.exit_code == 0 and '"node_id":"z"' in every.output
+    assert every.exit_code == 0
+    assert "z" in [n["node_id"] for n in json.loads(every.stdout)["nodes"]]
 
 
 def test_nothing_to_compare_is_one_line(tmp_path: Path) -> None:
