@@ -329,12 +329,21 @@ LOAD = """
 
 def test_a_dozen_nodes_publish_and_draw_at_once_over_two_hosts(network: netns.Network) -> None:
     """Six node processes on each worker host publish a round and draw two peer groups,
-    three times, all beginning at the same instant: every row lands once, every draw after
-    the first round finds its groups, and each host's latencies are measured."""
+    three times, all beginning at the same instant, through an endpoint that sheds load as
+    S3 does (a fifth of new connections answered 503 SlowDown): every row lands once, every
+    draw after the first round finds its groups, and each host's latencies are measured."""
+    services = network["services"]
     url = _bucket(network, "load")
-    endpoint = _endpoint(network)
+    port = S3_PORT + 10
+    shedding = services.start(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "netns_proxy.py"),
+         services.address, str(port), services.address, str(S3_PORT), "0", "0", "0.2"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert shedding.stdout is not None and shedding.stdout.readline().strip() == "listening"
+    busy = f"http://{services.address}:{port}"
     start_at = time.time() + 25  # after every process has imported the ledger
-    code = _ledger_code(url, endpoint, LOAD)
+    code = _ledger_code(url, busy, LOAD)
     nodes = {f"n{i:02d}": network["worker-a" if i < 6 else "worker-b"] for i in range(12)}
     procs = {
         node: host.start(
@@ -347,12 +356,15 @@ def test_a_dozen_nodes_publish_and_draw_at_once_over_two_hosts(network: netns.Ne
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, (node, out)
         results[node] = json.loads(out.splitlines()[-1])
+    shedding.terminate()
+    shed = [line for line in shedding.communicate(timeout=30)[0].splitlines() if "shed" in line]
+    assert shed, "no connection was shed: the load test's fault did not happen"
     count = """
         print(json.dumps(led.query(
             "SELECT node_id, node_round, count(*), count(DISTINCT rollout_id) FROM rollouts "
             "GROUP BY ALL ORDER BY ALL").rows()))
     """
-    check = network["worker-a"].python(_ledger_code(url, endpoint, count), timeout=300)
+    check = network["worker-a"].python(_ledger_code(url, _endpoint(network), count), timeout=300)
     rows = json.loads(check.splitlines()[-1])
     assert rows == [[n, r, 4, 4] for n in sorted(nodes) for r in range(3)]  # each row once
     for node, result in results.items():
@@ -364,4 +376,4 @@ def test_a_dozen_nodes_publish_and_draw_at_once_over_two_hosts(network: netns.Ne
             step: round(statistics.median(t for r in mine for t in r["timings"][step]), 2)
             for step in ("publish", "draw")
         }
-    print(f"12 nodes at once, medians (s): {medians}")
+    print(f"12 nodes at once ({shed[-1]} connections), medians (s): {medians}")
