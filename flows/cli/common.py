@@ -192,10 +192,17 @@ def open_ledger(
     return led
 
 
-def print_frame(frame: pl.DataFrame, fmt: str) -> None:
+CELL_WIDTH = 60
+"""Characters of a text cell a table shows; the rest is cut (`--cell-width`)."""
+
+
+def print_frame(frame: pl.DataFrame, fmt: str, cell_width: int = CELL_WIDTH) -> None:
     """Print a frame of ledger values: table and CSV made inert (flows/cli/inert.py: no
     control character reaches the terminal, no cell runs as a spreadsheet formula); JSON
-    escapes by itself."""
+    escapes by itself. A table cuts text cells at ``cell_width`` characters; 0 shows them
+    whole, wrapped within their column to the terminal's width."""
+    import shutil
+
     import polars as pl
 
     from flows.cli.inert import inert_frame
@@ -205,7 +212,12 @@ def print_frame(frame: pl.DataFrame, fmt: str) -> None:
     elif fmt == "json":
         sys.stdout.write(frame.write_json() + "\n")
     elif fmt == "table":
-        with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+        if cell_width:
+            shown = {"fmt_str_lengths": cell_width, "tbl_width_chars": 200}
+        else:  # whole cells, wrapped in their columns
+            width = shutil.get_terminal_size((200, 50)).columns
+            shown = {"fmt_str_lengths": 1_000_000, "tbl_width_chars": width}
+        with pl.Config(tbl_rows=200, tbl_cols=-1, **shown):
             print(inert_frame(frame, for_csv=False))
     else:
         raise fail(f"unknown format {fmt!r}: use table, csv or json")

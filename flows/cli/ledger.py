@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ledger import NodeKey
 
 from flows.cli.common import (
+    CELL_WIDTH,
     Format,
     FormatOpt,
     StorageOpt,
@@ -65,6 +66,14 @@ def query(
     dashboard: Annotated[str | None, typer.Option(metavar="NAME", help=_dashboard_help())] = None,
     fmt: FormatOpt = Format.table,
     storage_option: StorageOpt = None,
+    cell_width: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=0,
+            help="A table's text cells are cut at N characters; 0 shows them whole, wrapped.",
+        ),
+    ] = CELL_WIDTH,
 ) -> None:
     """SQL over the ledger. Its views: rollouts, groups, samples, manifests, evaluations,
     trainings, ledger_files."""
@@ -84,7 +93,7 @@ def query(
                 text = Path(text[1:]).read_text()
             except OSError as exc:
                 raise fail(f"cannot read the query file {text[1:]}: {exc.strerror or exc}") from exc
-        print_frame(guarded(lambda: led.query(text)), fmt)
+        print_frame(guarded(lambda: led.query(text)), fmt, cell_width)
 
 
 @app.command("sample")

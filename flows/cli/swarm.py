@@ -294,15 +294,22 @@ def deploy(
             "worker polls (--work-pool only; repeatable).",
         ),
     ] = None,
+    nodes: Annotated[
+        int | None, typer.Option(metavar="N", min=1, max=MAX_NODES, help="Number of nodes.")
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(metavar="N", min=1, help="Rounds per node (total).")
+    ] = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
 ) -> None:
-    """One Prefect deployment per node, on a schedule. Give it --cron or --interval."""
+    """One Prefect deployment per node, on a schedule. Give it --cron or --interval.
+    --nodes and --rounds size the swarm as they do for `sapo swarm`."""
     require("flows")
     from flows.services import deploy as deploying
     from ledger.storage import is_local_url
 
-    cfg = load(config, overrides, workdir=workdir)
+    cfg = load(config, overrides, nodes, rounds, workdir)
     if (cron is None) == (interval is None):
         raise fail("give exactly one of --cron or --interval")
     if serve == (work_pool is not None):

@@ -194,8 +194,11 @@ class S3Store:
         if not self.settings.conditional_writes and self.exists(key):
             return False
         mode = "create" if self.settings.conditional_writes else "overwrite"
+        bound = self.settings.put_timeout_s(len(data))
         try:
-            self._call("put", self.fs.pipe_file, path, data, mode=mode)
+            self._call(
+                "put", sync, self.fs.loop, self.fs._pipe_file, path, data, mode=mode, timeout=bound
+            )
         except FileExistsError:  # lost a race with an identical retry
             return False
         except FileNotFoundError:

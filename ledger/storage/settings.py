@@ -136,6 +136,17 @@ class S3Settings:
         )
         return kwargs
 
+    def put_timeout_s(self, size: int) -> float:
+        """The longest a PUT of ``size`` bytes may take, botocore's tries included. A read
+        timeout does not bound a PUT: the client waits for the server's `100 Continue`
+        before it sends the body, with no timeout of its own, so a server that takes the
+        request and never answers would hold the node for good. Each try gets its connect
+        and read timeouts, and the body time at 50 kB/s (a slow link, not a stalled one)."""
+        retries = self.s3fs_kwargs()["config_kwargs"].get("retries") or {}
+        tries = int(retries.get("max_attempts", retries.get("total_max_attempts", 2)))
+        per_try = self.connect_timeout_s + self.read_timeout_s + size / 50_000
+        return max(tries, 1) * per_try
+
     @property
     def s3fs_retries(self) -> int:
         """Tries of s3fs's own loop around each call (an attribute, not a constructor

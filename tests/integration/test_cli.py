@@ -50,6 +50,19 @@ def test_query_formats(filled):
     assert "p2" in out.output and "│" in out.output
 
 
+def test_a_table_shows_long_text_whole_when_asked(filled):
+    """Issue 61: a table cut every long cell at its first 60 characters, so completions that
+    begin alike could not be told apart; `--cell-width 0` shows them whole (wrapped)."""
+    long = "x" * 55 + "-the-end-that-differs"
+    sql = f"SELECT '{long}' AS completion"
+    cut = runner.invoke(app, args_for(filled, "ledger", "query", sql))
+    assert cut.exit_code == 0 and "the-end-that-differs" not in cut.output, cut.output
+    whole = runner.invoke(app, args_for(filled, "ledger", "query", sql, "--cell-width", "0"))
+    assert whole.exit_code == 0, whole.output
+    shown = "".join(c for c in whole.output if c not in "│ \n")
+    assert "the-end-that-differs" in shown, whole.output
+
+
 OSC52 = "\x1b]52;c;c3VkbyBybSAtcmYgfg==\x07"  # sets the terminal's clipboard
 FORGED = "\x1b[2J\x1b[31mFORGED: node-1 reward 1.0\x1b[0m"  # clears the screen, red text
 
