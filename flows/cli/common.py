@@ -213,11 +213,10 @@ def print_frame(frame: pl.DataFrame, fmt: str, cell_width: int = CELL_WIDTH) -> 
         sys.stdout.write(frame.write_json() + "\n")
     elif fmt == "table":
         if cell_width:
-            shown = {"fmt_str_lengths": cell_width, "tbl_width_chars": 200}
+            lengths, width = cell_width, 200
         else:  # whole cells, wrapped in their columns
-            width = shutil.get_terminal_size((200, 50)).columns
-            shown = {"fmt_str_lengths": 1_000_000, "tbl_width_chars": width}
-        with pl.Config(tbl_rows=200, tbl_cols=-1, **shown):
+            lengths, width = 1_000_000, shutil.get_terminal_size((200, 50)).columns
+        with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=lengths, tbl_width_chars=width):
             print(inert_frame(frame, for_csv=False))
     else:
         raise fail(f"unknown format {fmt!r}: use table, csv or json")
