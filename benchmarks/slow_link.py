@@ -24,40 +24,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests import netns  # noqa: E402
+from tests.e2e.test_swarm import swarm_file  # noqa: E402
 
 S3_PORT = 5000
 STEPS = ("generate", "publish", "sample", "reward", "update")
-
-
-def swarm_yaml(folder: Path, model: Path, ledger: dict[str, Any], rounds: int) -> Path:
-    data = {
-        "swarm_id": "slow-link",
-        "workdir": str(folder / "work"),
-        "rounds": rounds,
-        "peer_wait_s": 0,
-        "node_count": 2,
-        "sampling": {"kind": "reward_filtered", "require_variance": False},
-        "ledger": ledger,
-        "defaults": {
-            "model": str(model),
-            "local_groups": 2,
-            "external_groups": 2,
-            "tasks": {"specs": [{"name": "chain_sum", "config": {"max_terms": 2}}]},
-            "generation": {"completions_per_question": 3, "max_new_tokens": 5},
-            "grpo": {"drop_zero_variance": False},
-        },
-    }
-    path = folder / "swarm.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def step_seconds(tracking_uri: str) -> dict[int, list[dict[str, float]]]:
@@ -104,8 +79,11 @@ def measure(
     if ask_first:
         options["conditional_writes"] = "false"
     folder.mkdir()
-    swarm = swarm_yaml(folder, model, {"url": f"s3://bench/ledger-{port}",
-                                       "storage_options": options}, rounds)  # fmt: skip
+    # The e2e tests' swarm (2 + 2 groups of 3 completions, tiny model), two nodes.
+    ledger = {"url": f"s3://bench/ledger-{port}", "storage_options": options}
+    swarm = swarm_file(
+        folder, model, ledger, swarm_id="slow-link", node_count=2, rounds=rounds, peer_wait_s=0
+    )
     began = time.monotonic()
     done = subprocess.run(
         worker.command([sys.executable, "-m", "flows.cli", "swarm", "-c", str(swarm)]),

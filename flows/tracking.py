@@ -321,29 +321,25 @@ class Tracker:
         """The version of registered model `name` that holds the artifacts a run logged at
         path: a new one, unless that model is already a version of `name` (registering it
         again is a no-op, not another copy)."""
+        return self.ensure_registered(name, run_id, path)[0]
+
+    def ensure_registered(self, name: str, run_id: str, path: str = "model") -> tuple[str, bool]:
+        """`register`, and whether the version is new (False: the model already was one)."""
         from mlflow.exceptions import MlflowException
 
-        existing = self.registered_version(name, run_id, path)
-        if existing is not None:
-            return existing
+        source = f"{self.client.get_run(run_id).info.artifact_uri}/{path}"
+        # run ids are hex: safe in a filter string; names are compared here, not quoted
+        found = self.client.search_model_versions(f"run_id = '{run_id}'")
+        same = [v for v in found if v.name == name and v.source == source]
+        if same:
+            return str(min(int(v.version) for v in same)), False
         try:
             self.client.create_registered_model(name)
         except MlflowException as exc:
             if "already exists" not in str(exc).lower():
                 raise
-        version = self.client.create_model_version(name, self._source(run_id, path), run_id=run_id)
-        return str(version.version)
-
-    def registered_version(self, name: str, run_id: str, path: str = "model") -> str | None:
-        """The version of `name` registered from this run's model at path, if any."""
-        source = self._source(run_id, path)
-        # run ids are hex: safe in a filter string; names are compared here, not quoted
-        found = self.client.search_model_versions(f"run_id = '{run_id}'")
-        same = [v for v in found if v.name == name and v.source == source]
-        return str(min(int(v.version) for v in same)) if same else None
-
-    def _source(self, run_id: str, path: str) -> str:
-        return f"{self.client.get_run(run_id).info.artifact_uri}/{path}"
+        version = self.client.create_model_version(name, source, run_id=run_id)
+        return str(version.version), True
 
 
 def sharing_tags(local_groups: int, external_groups: int, policy: str) -> dict[str, str]:

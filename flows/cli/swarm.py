@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from flows.node.checkpoint import Checkpoint
 
 
+NodesOpt = Annotated[
+    int | None, typer.Option(metavar="N", min=1, max=MAX_NODES, help="Number of nodes.")
+]
+RoundsOpt = Annotated[int | None, typer.Option(metavar="N", min=1, help="Rounds per node (total).")]
+"""`sapo swarm`'s and `sapo deploy`'s sizes of the swarm, over the file's."""
+
+
 def load(
     config: Path | None,
     overrides: list[str] | None,
@@ -156,12 +163,8 @@ def where(cfg: SwarmConfig) -> str:
 
 def swarm(
     config: SwarmFileOpt = None,
-    nodes: Annotated[
-        int | None, typer.Option(metavar="N", min=1, max=MAX_NODES, help="Number of nodes.")
-    ] = None,
-    rounds: Annotated[
-        int | None, typer.Option(metavar="N", min=1, help="Rounds per node (total).")
-    ] = None,
+    nodes: NodesOpt = None,
+    rounds: RoundsOpt = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
     force: ForceOpt = False,
@@ -294,12 +297,8 @@ def deploy(
             "worker polls (--work-pool only; repeatable).",
         ),
     ] = None,
-    nodes: Annotated[
-        int | None, typer.Option(metavar="N", min=1, max=MAX_NODES, help="Number of nodes.")
-    ] = None,
-    rounds: Annotated[
-        int | None, typer.Option(metavar="N", min=1, help="Rounds per node (total).")
-    ] = None,
+    nodes: NodesOpt = None,
+    rounds: RoundsOpt = None,
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
 ) -> None:

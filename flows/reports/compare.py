@@ -175,8 +175,5 @@ def register_best_model(
         return None
     with _one_line(tracking_uri):
         tracker = open_tracker(tracking_uri, best["experiment"], None)
-        run_id, path = best["run_id"], best["logged_model"]
-        existing = tracker.registered_version(name, run_id, path)
-        if existing is not None:
-            return best, existing, False
-        return best, tracker.register(name, run_id, path), True
+        version, new = tracker.ensure_registered(name, best["run_id"], best["logged_model"])
+        return best, version, new

@@ -120,13 +120,7 @@ class S3Settings:
         client_kwargs = dict(self.extra.get("client_kwargs", {}))
         client_kwargs.setdefault("region_name", self.region)
         kwargs["client_kwargs"] = client_kwargs
-        config_kwargs = dict(self.extra.get("config_kwargs", {}))
-        config_kwargs.setdefault("connect_timeout", self.connect_timeout_s)
-        config_kwargs.setdefault("read_timeout", self.read_timeout_s)
-        # botocore's own retries multiply the ledger's (ledger/retrying.py): two tries
-        # per request bound a silent server to attempts x 2 x read_timeout_s.
-        config_kwargs.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
-        kwargs["config_kwargs"] = config_kwargs
+        kwargs["config_kwargs"] = self._config_kwargs()
         kwargs.update(
             {
                 k: v
@@ -136,13 +130,23 @@ class S3Settings:
         )
         return kwargs
 
+    def _config_kwargs(self) -> dict[str, Any]:
+        """botocore's Config: the timeouts, and its tries, under what the user passed."""
+        config_kwargs = dict(self.extra.get("config_kwargs", {}))
+        config_kwargs.setdefault("connect_timeout", self.connect_timeout_s)
+        config_kwargs.setdefault("read_timeout", self.read_timeout_s)
+        # botocore's own retries multiply the ledger's (ledger/retrying.py): two tries
+        # per request bound a silent server to attempts x 2 x read_timeout_s.
+        config_kwargs.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
+        return config_kwargs
+
     def put_timeout_s(self, size: int) -> float:
         """The longest a PUT of ``size`` bytes may take, botocore's tries included. A read
         timeout does not bound a PUT: the client waits for the server's `100 Continue`
         before it sends the body, with no timeout of its own, so a server that takes the
         request and never answers would hold the node for good. Each try gets its connect
         and read timeouts, and the body time at 50 kB/s (a slow link, not a stalled one)."""
-        retries = self.s3fs_kwargs()["config_kwargs"].get("retries") or {}
+        retries = self._config_kwargs()["retries"] or {}
         tries = int(retries.get("max_attempts", retries.get("total_max_attempts", 2)))
         per_try = self.connect_timeout_s + self.read_timeout_s + size / 50_000
         return max(tries, 1) * per_try
