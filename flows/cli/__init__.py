@@ -1,8 +1,8 @@
 """The `sapo` command line: a thin layer over the ledger and the flows.
 
-One module per command group (ledger, swarm, sweep, infra, vllm). Heavy libraries are imported
-inside the commands, so `sapo --help` stays quick and `sapo ledger ...` runs on the base install
-(no torch, Prefect or MLflow).
+One module per command group (ledger, swarm, deploy, sweep, infra, vllm). Heavy libraries are
+imported inside the commands, so `sapo --help` stays quick and `sapo ledger ...` runs on the base
+install (no torch, Prefect or MLflow).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import infra, ledger, swarm, sweep, vllm
+from flows.cli import deploy, infra, ledger, swarm, sweep, vllm
 from flows.cli.common import parse_storage_options
 from flows.cli.inert import inert_logs, inert_text
 from flows.env import apply_offline_defaults
@@ -36,7 +36,8 @@ app.add_typer(vllm.app, name="vllm")
 for command in (
     swarm.swarm,
     swarm.node,
-    swarm.deploy,
+    deploy.deploy,
+    deploy.deployments,
     sweep.experiment,
     sweep.report,
     sweep.compare,

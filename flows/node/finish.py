@@ -23,8 +23,9 @@ def finish_run(
     ran_rounds: bool,
     evaluate: Callable[[NodeRuntime], Any] = steps.final_evaluation,
     entering: Callable[[str], None] = lambda _: None,
-) -> None:
-    """Finish a run of ``node`` that ran rounds (``ran_rounds``) up to ``until_round``.
+) -> bool:
+    """Finish a run of ``node`` that ran rounds (``ran_rounds``) up to ``until_round``;
+    whether the node is now finished (marked so: later runs have nothing to do).
     ``evaluate`` scores the final policy (the flow passes its Prefect task); ``entering``
     is told each phase (the watchdog's)."""
     swarm = node.swarm
@@ -46,6 +47,8 @@ def finish_run(
     close_run(node, log_model=log_model)
     if lifecycle.finished(node.next_round, swarm.rounds, node.tracking_incomplete):
         checkpoint.mark_finished(swarm.workdir, node.node_id, node.next_round)
+        return True
+    return False
 
 
 def close_run(node: NodeRuntime, *, log_model: bool) -> None:

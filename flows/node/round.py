@@ -32,6 +32,7 @@ from flows.node import lifecycle, steps
 from flows.node.finish import finish_run
 from flows.node.metrics import describe
 from flows.node.runtime import NodeRuntime, open_node
+from flows.node.schedule import pause_own_deployment
 from flows.node.state import RoundState
 from flows.node.watchdog import watching
 from flows.progress import NodeProgress
@@ -138,6 +139,7 @@ def node_flow(
         raise lifecycle.ResumeRefused(start.refusal)
     if start.said is not None:
         print(start.said, flush=True)
+        pause_own_deployment(node_id)  # a deployment's run: its schedule has no more to do
         return {"node_id": node_id, "rounds": [], "metrics": []}
     progress = NodeProgress.for_process(node_id)
     # A run that stops making progress while its process lives (and beats) is ended, so
@@ -159,13 +161,15 @@ def node_flow(
                     progress.emit("done", round=round_)
                     print(describe(metrics, node_id, round_), flush=True)
                     history.append(metrics)
-            finish_run(
+            finished = finish_run(
                 node,
                 until_round=until_round,
                 ran_rounds=stop > first,
                 evaluate=_final_evaluation,
                 entering=dog.entering,
             )
+            if finished:
+                pause_own_deployment(node_id)
             return {"node_id": node_id, "rounds": list(rounds), "metrics": history}
         except BaseException as stopped:
             if node.run is not None:  # its MLflow run says how it ended, never "running"

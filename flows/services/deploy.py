@@ -17,6 +17,12 @@ swarm's rounds, so a schedule advances the node step by step and a missed run lo
 a run whose process dies is marked Crashed when its heartbeats stop
 (`ensure_crash_detection`), one that hangs while it beats is ended by its watchdog
 (flows/node/watchdog.py), and the next one resumes the node.
+
+A deployment behaves like a job that finishes: one run of a node at a time, and a run due
+while the last one still runs is cancelled rather than queued behind it (`ONE_AT_A_TIME`),
+so runs never pile up when the interval is shorter than a round; and the run that finds
+its node finished pauses the node's schedule (flows/node/schedule.py), which deletes the
+runs Prefect had scheduled ahead. Deploying again (with more rounds) resumes it.
 """
 
 from __future__ import annotations
@@ -69,11 +75,20 @@ def per_node(
                 "name": f"{config.swarm_id}-{node_id}",
                 "parameters": deployment_parameters(config, node_id, rounds_per_run),
                 "tags": ["sapo", config.swarm_id, sharing],
-                "concurrency_limit": 1,  # one run of a node at a time: rounds stay ordered
+                "concurrency_limit": one_run_at_a_time(),
                 **schedule,
             }
         )
     return out
+
+
+def one_run_at_a_time() -> Any:
+    """One run of a node at a time, so its rounds stay ordered; a run that comes due while
+    the node's last one runs is cancelled, not queued: with an interval shorter than a round,
+    queued runs piled up (`AwaitingConcurrencySlot`) and later ones overtook earlier ones."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    return ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
 
 def deployments(
@@ -187,6 +202,19 @@ def ensure_crash_detection(client: Any) -> None:
 
 
 SERVER_START_S = 180.0
+SERVED_API = "api_url"
+"""The file, in the local server's folder, that names its API while it runs."""
+
+
+def local_server_home(config: SwarmConfig) -> Path:
+    """Where `sapo deploy --serve` keeps the Prefect server it starts for a swarm."""
+    return config.workdir / "prefect" / "server"
+
+
+def served_api(config: SwarmConfig) -> str | None:
+    """The API of the Prefect server that `sapo deploy --serve` runs for this swarm now."""
+    path = local_server_home(config) / SERVED_API
+    return path.read_text().strip() if path.is_file() else None
 
 
 @contextmanager
@@ -210,11 +238,149 @@ def local_prefect_server(home: Path) -> Iterator[str]:
             raise RuntimeError(
                 f"the local Prefect server did not start (see {home / 'server.log'})"
             )
+        (home / SERVED_API).write_text(api)
         yield api
     finally:
+        (home / SERVED_API).unlink(missing_ok=True)
         server.terminate()
         try:
             server.wait(timeout=15)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+# -- how far a deployed swarm is ------------------------------------------------------------
+
+
+def swarm_finished(config: SwarmConfig) -> bool:
+    """Whether every node of the swarm has finished its rounds here (`finished.json`)."""
+    from flows.node import checkpoint
+
+    return all(
+        checkpoint.finished_rounds(config.workdir, spec.node_id) >= config.rounds
+        for spec in config.nodes
+    )
+
+
+def _names(config: SwarmConfig) -> dict[str, str]:
+    """Deployment name -> node id, as `per_node` names them."""
+    return {f"{config.swarm_id}-{spec.node_id}": spec.node_id for spec in config.nodes}
+
+
+def _runs(client: Any, deployment_ids: list[Any], states: list[Any] | None = None) -> list[Any]:
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    runs = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states)))
+    return list(
+        client.read_flow_runs(
+            flow_run_filter=runs if states else None,
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=deployment_ids)),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=200,
+        )
+    )
+
+
+def _deployments(client: Any, config: SwarmConfig) -> dict[str, Any]:
+    """The swarm's deployments on the server, by node id."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    names = _names(config)
+    found = client.read_deployments(
+        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(names)))
+    )
+    return {names[d.name]: d for d in found if d.name in names}
+
+
+IN_FLIGHT = ("PENDING", "RUNNING", "CANCELLING")
+
+
+def runs_in_flight(config: SwarmConfig) -> int:
+    """How many runs of the swarm's deployments are pending or running."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        ids = [d.id for d in _deployments(client, config).values()]
+        if not ids:
+            return 0
+        return len(_runs(client, ids, [StateType(s) for s in IN_FLIGHT]))
+
+
+def progress(config: SwarmConfig) -> Any:
+    """One row per node of the swarm: its deployment, whether its schedule runs, the rounds
+    its rows in the ledger show (the ledger is shared: any machine sees them), its last run
+    and its next. A node that is not deployed says so."""
+    import polars as pl
+    from prefect.client.orchestration import get_client
+
+    from ledger import Ledger
+
+    with Ledger(config.ledger) as ledger:
+        published = ledger.query(
+            "SELECT node_id, max(node_round) + 1 AS rounds FROM rollouts WHERE swarm_id = $swarm "
+            "GROUP BY node_id",
+            {"swarm": config.swarm_id},
+        )
+    rounds = dict(zip(published["node_id"].to_list(), published["rounds"].to_list(), strict=True))
+    rows = []
+    with get_client(sync_client=True) as client:
+        deployed = _deployments(client, config)
+        for spec in config.nodes:
+            node_id = spec.node_id
+            done = int(rounds.get(node_id, 0))
+            row = {"node_id": node_id, "rounds": f"{done}/{config.rounds}"}
+            deployment = deployed.get(node_id)
+            if deployment is None:
+                rows.append({**row, "deployment": "(not deployed)"})
+                continue
+            runs = _runs(client, [deployment.id])
+            ahead = [r for r in runs if _state_of(r) == "SCHEDULED"]
+            # The last run that ran: a run that came due while another ran was cancelled
+            # (`one_run_at_a_time`); how many were is `skipped`, a sign that the interval
+            # is shorter than a round.
+            skipped = [r for r in runs if _state_of(r) == "CANCELLED"]
+            ran = [r for r in runs if r not in ahead and r not in skipped]
+            last = max(ran, key=_began) if ran else None
+            rows.append(
+                {
+                    **row,
+                    "deployment": deployment.name,
+                    "schedule": "paused" if deployment.paused else "active",
+                    "last_run": _when(_began(last)) if last else "",
+                    "last_state": last.state_name or "" if last else "",
+                    "next_run": _when(ahead[-1].expected_start_time) if ahead else "",
+                    "skipped": len(skipped),
+                    "state": _state(deployment.paused, done >= config.rounds, last),
+                }
+            )
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _state_of(run: Any) -> str:
+    return run.state_type.value if run.state_type is not None else ""
+
+
+def _began(run: Any) -> Any:
+    return run.start_time or run.expected_start_time
+
+
+def _when(moment: Any) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment is not None else ""
+
+
+def _state(paused: bool, all_rounds: bool, last: Any) -> str:
+    """finished, running, waiting (for its next scheduled run), or paused (by hand)."""
+    if last is not None and _state_of(last) in IN_FLIGHT:
+        return "running"
+    if all_rounds and paused:
+        return "finished"
+    return "paused" if paused else "waiting"

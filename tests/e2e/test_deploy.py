@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +35,15 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+def test_scheduled_deployment_runs_its_rounds_and_then_stops(
+    tmp_path: Path,
+    tiny_model: Path,  # noqa: F811
+) -> None:
+    """A node deployed for 2 rounds, one a run, every 5 s (shorter than a round: runs that
+    come due while one runs are cancelled, not queued behind it), runs both rounds; its last
+    run pauses the schedule, Prefect deletes the runs it had scheduled ahead, `--serve`
+    returns by itself, and `sapo deployments` says the node finished (issue 61: schedules
+    ran forever, each interval starting a process to say "finished")."""
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {
@@ -61,27 +69,45 @@ def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> 
 
         _wait(healthy, 120, "the Prefect server")
         path = swarm_file(tmp_path, tiny_model, node_count=1, peer_wait_s=0)
-        served = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
-             "--interval", "5", "--rounds-per-run", "1"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-        state = tmp_path / "work" / "nodes" / "node-0" / "checkpoints"
-
-        def ran_a_round() -> bool:
-            done = [json.loads(p.read_text()) for p in state.glob("round-*/state.json")]
-            return any(d["next_round"] >= 1 for d in done)
-
-        _wait(ran_a_round, 300, "a scheduled round")
+        log = tmp_path / "serve.log"
+        with log.open("w") as out:
+            served = subprocess.Popen(
+                [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
+                 "--interval", "5", "--rounds-per-run", "1"],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        finished = tmp_path / "work" / "nodes" / "node-0" / "finished.json"
+        _wait(finished.is_file, 480, "the node's two scheduled rounds")
+        served.wait(timeout=120)  # it returns by itself
+        output = log.read_text()
+        assert served.returncode == 0, output[-3000:]
+        assert "every node of swarm e2e-swarm has finished its 2 rounds" in output
         runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
-        by_deployment = [r for r in runs if r.get("deployment_id")]
-        assert by_deployment, "the round ran as a deployment's scheduled flow run"
+        nodes = [r for r in runs if r.get("deployment_id")]
+        states = sorted({r["state_name"] for r in nodes})
+        assert [r for r in nodes if r["state_name"] == "Completed"], states
+        # Nothing waits for a slot, nothing is scheduled ahead: the schedule is paused.
+        assert set(states) <= {"Completed", "Cancelled"}, states
         deps = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
         assert [d["name"] for d in deps] == ["e2e-swarm-node-0"]
         assert deps[0]["parameters"]["more_rounds"] == 1
+        assert deps[0]["paused"] is True
+        assert deps[0]["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
         with Ledger.open(str(tmp_path / "work" / "ledger")) as ledger:
-            assert ledger.query("SELECT count(*) AS n FROM rollouts")["n"][0] >= 12
+            assert ledger.query("SELECT max(node_round) AS r FROM rollouts")["r"][0] == 1
+        shown = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "deployments", "-c", str(path)],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        row = next(line for line in shown.stdout.splitlines() if "e2e-swarm-node-0" in line)
+        assert "2/2" in row and "paused" in row and "finished" in row and "Completed" in row, (
+            shown.stdout,
+            [(r["name"], r["state_name"], r["start_time"]) for r in nodes],
+        )
+        time.sleep(10)  # two more intervals: no run is created
+        again = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
+        assert len([r for r in again if r.get("deployment_id")]) == len(nodes)
     finally:
         # each with what it started: the server's uvicorn, the flow runs `serve` spawned
         for proc in (served, server):
@@ -89,34 +115,45 @@ def test_scheduled_deployment_runs_a_round(tmp_path: Path, tiny_model: Path) -> 
                 stop_process_group(proc)
 
 
-def test_serving_with_no_prefect_server_starts_one_and_runs_a_round(
+def test_serving_with_no_prefect_server_starts_one_and_ctrl_c_stops_a_round_in_flight(
     tmp_path: Path,
     tiny_model: Path,  # noqa: F811
 ) -> None:
+    """`--serve` with no Prefect server starts one; SIGINT (Ctrl-C) with a node's run in
+    flight stops it, the run and the server promptly, and leaves nothing running (issue 61:
+    SIGINT did nothing in 30 s)."""
     from tests.e2e.interrupting import processes_mentioning
 
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["PREFECT_HOME"] = str(tmp_path / "user-prefect-home")  # as a fresh user's
     path = swarm_file(tmp_path, tiny_model, node_count=1, peer_wait_s=0)
-    served = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
-         "--interval", "5", "--rounds-per-run", "1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        served = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
+             "--interval", "5", "--rounds-per-run", "1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
     work = tmp_path / "work"
-    state = work / "nodes" / "node-0" / "checkpoints"
+    api_file = work / "prefect" / "server" / "api_url"
     try:
 
-        def ran_a_round() -> bool:
+        def running() -> bool:
             assert served.poll() is None, "sapo deploy --serve exited"
-            done = [json.loads(p.read_text()) for p in state.glob("round-*/state.json")]
-            return any(d["next_round"] >= 1 for d in done)
+            if not api_file.is_file():
+                return False
+            filtered = {"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}
+            api = api_file.read_text().strip()
+            runs = httpx.post(f"{api}/flow_runs/filter", json=filtered, timeout=10).json()
+            return any(r.get("deployment_id") for r in runs)
 
-        _wait(ran_a_round, 420, "a scheduled round")
+        _wait(running, 420, "a scheduled run in flight")
+        os.kill(served.pid, signal.SIGINT)  # to sapo alone, as `kill -INT` does
+        served.wait(timeout=60)  # before, it still served 30 s later
     finally:
         stop_process_group(served)
-    output = served.stdout.read() if served.stdout else ""
+    output = log.read_text()
     assert "started a Prefect server for these schedules at http://127.0.0.1:" in output
     assert "prefect deployment run 'sapo-node/e2e-swarm-node-0'" in output
-    assert processes_mentioning(str(work)) == []  # the server went with it
+    assert not api_file.exists()
+    assert processes_mentioning(str(work)) == []  # the run and the server went with it
