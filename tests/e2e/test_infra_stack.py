@@ -51,28 +51,34 @@ def _exports(text: str) -> dict[str, str]:
 def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[stack_module.Stack, dict[str, str]]]:
-    """The stack, up through the CLI for this module's tests; `down` at the end must stop
-    every service it started and leave nothing behind."""
+    """The stack, up through the CLI for this module's tests (a test may bring it down and
+    up again: the stack is read from its home at the end); `down --purge` at the end must
+    stop every service it started and leave nothing behind, its data included."""
     home = tmp_path_factory.mktemp("stack")
-    # The scheduler looks for new deployments every 5 s instead of 60: the test's schedules
-    # start sooner, nothing else changes.
+    started = _up(home)
+    try:
+        yield stack_module.Stack.load(home), _exports(started)
+    finally:
+        last = stack_module.Stack.load(home)
+        stopped = _sapo("infra", "down", "--home", str(home), "--purge")
+    assert stopped.returncode == 0, stopped.stderr
+    assert set(stopped.stdout.splitlines()[0].split(": ", 1)[1].split(", ")) == SERVICES
+    for pid in last.pids.values():
+        assert not stack_module._alive(pid)
+    assert not Path(last.pg_data).exists() and not (home / stack_module.OBJECTS).exists()
+    assert _sapo("infra", "status", "--home", str(home)).returncode == 2  # no stack there
+    assert processes_mentioning(str(home)) == []
+
+
+def _up(home: Path) -> str:
+    """`sapo infra up` at ``home``; what it printed. The scheduler looks for new deployments
+    every 5 s instead of 60: the tests' schedules start sooner, nothing else changes."""
     started = _sapo(
         "infra", "up", "--home", str(home), "--free-ports",
         env={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"},
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
-    stack = stack_module.Stack.load(home)
-    try:
-        yield stack, _exports(started.stdout)
-    finally:
-        stopped = _sapo("infra", "down", "--home", str(home))
-    assert stopped.returncode == 0, stopped.stderr
-    assert set(stopped.stdout.split(": ", 1)[1].strip().split(", ")) == SERVICES
-    for pid in stack.pids.values():
-        assert not stack_module._alive(pid)
-    assert not Path(stack.pg_data).exists()
-    assert _sapo("infra", "status", "--home", str(home)).returncode == 2  # no stack there
-    assert processes_mentioning(str(home)) == []
+    return started.stdout
 
 
 def test_each_service_answers_through_its_own_api(
@@ -86,6 +92,69 @@ def test_each_service_answers_through_its_own_api(
     assert status.returncode == 0 and json.loads(status.stdout) == dict.fromkeys(SERVICES, True)
     _check_services(started, env)
     _check_deployments(started, env, swarm_file(tmp_path, tiny_model, node_count=3))
+
+
+def test_down_and_up_keep_what_a_finished_swarm_left(
+    stack: tuple[stack_module.Stack, dict[str, str]],
+    tmp_path: Path,
+    tiny_model: Path,  # noqa: F811
+) -> None:
+    """A swarm runs to the end on the stack (ledger in the bucket, MLflow on the server, its
+    best model registered); `sapo infra down` then `up` on the same home, on new ports,
+    brings back its MLflow run and metrics, the registered model with its files, the ledger's
+    rows and Prefect's work pool (issue 61: `down` deleted them all)."""
+    started, env = stack
+    path = swarm_file(
+        tmp_path, tiny_model, node_count=1, rounds=1, peer_wait_s=0, swarm_id="kept-swarm",
+        ledger={"url": started.ledger_url},
+    )  # fmt: skip
+    ran = _sapo("swarm", "-c", str(path), env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    before = _kept(env, started.ledger_url)
+    assert before["rows"] > 0 and before["versions"] == ["1"] and before["metric_rounds"] == 1
+    stopped = _sapo("infra", "down", "--home", started.home)
+    assert stopped.returncode == 0 and "its data is kept" in stopped.stdout, stopped.stderr
+    again = _exports(_up(Path(started.home)))
+    assert again["MLFLOW_TRACKING_URI"] != env["MLFLOW_TRACKING_URI"]  # new ports
+    after = _kept(again, started.ledger_url)
+    assert after == before
+
+
+def _kept(env: dict[str, str], ledger_url: str) -> dict[str, Any]:
+    """What a user finds of the swarm `kept-swarm`: ledger rows, its node's MLflow run and
+    metrics, the registered model's versions and the files of version 1, the work pools."""
+    script = f"""
+import json, mlflow
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+from ledger import Ledger
+
+with Ledger.open("{ledger_url}") as led:
+    mine = "SELECT count(*) AS n FROM rollouts WHERE swarm_id = 'kept-swarm'"
+    rows = int(led.query(mine)["n"][0])
+client = MlflowClient()
+runs = client.search_runs(
+    [client.get_experiment_by_name("kept-swarm").experiment_id], "tags.`sapo.node_id` = 'node-0'"
+)
+versions = sorted(v.version for v in client.search_model_versions("name = 'kept-swarm-policy'"))
+files = sorted(
+    f.path for f in mlflow.artifacts.list_artifacts("models:/kept-swarm-policy/1")
+)
+with get_client(sync_client=True) as prefect:
+    pools = sorted(p.name for p in prefect.read_work_pools())
+print(json.dumps({{
+    "rows": rows, "run": runs[0].info.run_id,
+    "metric_rounds": len(client.get_metric_history(runs[0].info.run_id, "own_reward")),
+    "versions": versions, "files": files, "pools": pools,
+}}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True,
+        env={**os.environ, **env}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
 
 
 def _check_services(stack: stack_module.Stack, env: dict[str, str]) -> None:
