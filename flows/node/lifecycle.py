@@ -109,8 +109,14 @@ def check_resume(
     """Whether ``node_ids`` may resume from their checkpoints (``saved``: each node's newest,
     read here when not given): never when a node kept only its final model and is asked for
     more rounds; not when a node's configuration changed since its checkpoint (the number of
-    rounds aside) unless ``force``, listing what changed for each."""
+    rounds aside) unless ``force``, listing what changed for each; never from a folder that
+    served another ledger (`ledger_problem`)."""
     newest = dict(saved) if saved is not None else newest_checkpoints(swarm, node_ids)
+    for node_id in node_ids:
+        saved_one = newest[node_id]
+        foreign = None if saved_one is None else ledger_problem(swarm, node_id, saved_one)
+        if foreign is not None:
+            return ResumeCheck(foreign)
     blocked = []  # finished with only their final models, but asked for more rounds
     for node_id in node_ids:
         saved_one = newest[node_id]
@@ -196,6 +202,10 @@ def decide(
     end = until_round or swarm.rounds
     first = 0 if saved is None else saved.next_round
     rounds = rounds_to_run(first, end, until_round, more_rounds)
+    if saved is not None:
+        foreign = ledger_problem(swarm, node_id, saved)
+        if foreign is not None:
+            return Start(node_id, saved, first, first, refusal=foreign)
     if saved is not None and nothing_left(swarm, node_id, saved, end, until_round, more_rounds):
         return Start(node_id, saved, first, first, said=finished_line(node_id, saved))
     checked = os.environ.get(CHECKED_ENV) == checked_marker(saved)
@@ -209,6 +219,36 @@ def decide(
 
 
 # -- which rounds a run runs, and how it finishes ------------------------------------------
+
+
+def ledger_problem(swarm: SwarmConfig, node_id: str, saved: checkpoint.Checkpoint) -> str | None:
+    """Why a node's folder (its checkpoint ``saved``) does not belong to the swarm's ledger,
+    or None. A node registers its key in the ledger before its first round, so a ledger
+    without it is not the one the folder served: purged (`sapo infra down --purge`) or
+    replaced. Without this check a worker's old folder told a new ledger "finished", or
+    resumed a node at round 5 against an empty ledger. Not decided while the ledger does not
+    answer (the node rides out the outage as ever) or while the node holds rows it has not
+    published yet (its backlog: the ledger may never have seen it)."""
+    from ledger.identity import key_object_key
+    from ledger.storage import open_store
+
+    folder = checkpoint.node_dir(swarm.workdir, node_id)
+    if any((folder / "backlog").glob("r*")):
+        return None
+    try:
+        store = open_store(swarm.ledger.url, swarm.ledger.storage_options)
+        known = store.exists(key_object_key(swarm.swarm_id, node_id))
+    except Exception:  # unreachable, or refused: the round's own calls will say so
+        return None
+    if known:
+        return None
+    return (
+        f"{node_id}'s folder {folder} holds {saved.next_round} rounds of swarm "
+        f"{swarm.swarm_id}, but the ledger at {swarm.ledger.url} has never seen {node_id} (no "
+        "key of it): it is not the ledger this folder served (purged or replaced). Move the "
+        f"folder aside (or give the worker another SAPO_WORKDIR) to start {node_id} afresh "
+        "on this ledger, or point ledger.url at the one it served"
+    )
 
 
 def rounds_to_run(start: int, end: int, until_round: int | None, more_rounds: int | None) -> range:

@@ -13,23 +13,33 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.cli.swarm import check_resume
 from flows.config import load_swarm
-from flows.node import steps
+from flows.node import lifecycle, steps
 from flows.node.lifecycle import node_config
-from flows.node.runtime import open_node
+from flows.node.runtime import node_key, open_node
 from flows.node.state import RoundState
+from ledger import Ledger
 from tests.tiny_models import build_tiny_model
 
 runner = CliRunner()
 OLD = ["defaults.grpo.learning_rate=1e-5"]
 
 
-def checkpoint_at(workdir: Path, node_id: str, next_round: int, config: dict[str, str]) -> None:
+def checkpoint_at(
+    workdir: Path, node_id: str, next_round: int, config: dict[str, str], registered: bool = True
+) -> None:
     """A node's checkpoint as `flows.node.checkpoint.write` leaves it (its state; no weights are
-    read before a resume is allowed)."""
+    read before a resume is allowed), and its key in the embedded swarm's ledger under
+    ``workdir``, as the node registered it before its first round (unless not
+    ``registered``: a ledger that never saw the node)."""
     path = workdir / "nodes" / node_id / "checkpoints" / f"round-{next_round:06d}"
     path.mkdir(parents=True)
     state = {"next_round": next_round, "policy_version": next_round, "config": config}
     (path / "state.json").write_text(json.dumps(state))
+    if registered:
+        swarm = load_swarm(None, [], workdir=workdir)
+        key = node_key(swarm, node_id)
+        with Ledger(swarm.ledger, signer=key) as ledger:
+            ledger.register_key(key)
 
 
 def one_node_swarm(tmp_path: Path, model: Path, swarm_id: str, learning_rate: float = 1e-5) -> str:
@@ -123,6 +133,40 @@ def test_a_finished_node_says_so_without_starting_its_flow(
     out = runner.invoke(app, ["node", "--node-id", "node-0", "--workdir", str(tmp_path)])
     assert out.exit_code == 0, out.output
     assert out.output.strip() == "node-0 has finished its 3 rounds" and started == []
+
+
+def test_a_folder_whose_ledger_is_gone_is_refused_not_told_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61: after `sapo infra down` deleted the ledger, a worker's old folder told the new
+    deployment "node-0 has finished its 3 rounds" against an empty ledger (and resumed an
+    unfinished node at its round). The folder is checked against the ledger it serves."""
+    from flows.node import checkpoint
+    from flows.node import round as node_round
+
+    cfg = load_swarm(None, nodes=2, rounds=3, workdir=tmp_path)
+    checkpoint_at(tmp_path, "node-0", 3, node_config(cfg.node("node-0")), registered=False)
+    checkpoint.mark_finished(tmp_path, "node-0", 3)
+    checkpoint_at(tmp_path, "node-1", 2, node_config(cfg.node("node-1")), registered=False)
+    started: list[str] = []
+    monkeypatch.setattr(node_round, "node_flow", lambda *a, **k: started.append("flow"))
+    for node_id, rounds in (("node-0", 3), ("node-1", 2)):
+        args = ["node", "--node-id", node_id, "--workdir", str(tmp_path)]
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2, out.output
+        assert out.output.startswith(
+            f"error: {node_id}'s folder {tmp_path / 'nodes' / node_id} holds {rounds} rounds "
+            f"of swarm {cfg.swarm_id}, but the ledger at {tmp_path / 'ledger'} has never seen "
+            f"{node_id}"
+        )
+    assert started == []
+    swarm = runner.invoke(app, ["swarm", "--nodes", "2", "--workdir", str(tmp_path)])
+    assert swarm.exit_code == 2 and "node-0's folder" in swarm.output, swarm.output
+    # Rows it has not published yet (its backlog) are no sign of another ledger.
+    backlog = tmp_path / "nodes" / "node-1" / "backlog"
+    backlog.mkdir()
+    (backlog / "r00000001-rollouts.parquet").write_bytes(b"")
+    assert lifecycle.decide(cfg, "node-1").refusal is None
 
 
 def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
