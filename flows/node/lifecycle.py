@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from flows.config import NodeSpec, SwarmConfig
+from flows.config import DEFAULT_POLICY, NodeSpec, SwarmConfig
 from flows.env import CHECKED_ENV, FORCE_ENV
 from flows.node import checkpoint, home
 from flows.tracking import flatten
@@ -49,11 +49,16 @@ def resume_differences(spec: NodeSpec, saved: checkpoint.Checkpoint | None) -> l
     # A setting added to sapo since the checkpoint was made, left at its default, is no
     # change of the user's (the reputation thresholds, say); nor is a default that became
     # `auto` where the checkpoint holds the old default (auto plans it so on a CPU).
+    # Nor is a parameter of a newly chosen sampling policy left at that policy's default:
+    # `sampling.kind: paper -> reward_filtered` is the change, not each of its settings.
     defaults = flatten("", NodeConfig.model_validate({}).model_dump(mode="json"))
+    policy = type(spec.sampling).model_validate({"kind": spec.sampling.kind})
+    defaults.update(flatten("sampling", policy.model_dump(mode="json")))
+    defaults["sampling.kind"] = DEFAULT_POLICY  # a checkpoint from before policies were kept
     current = {
         k: saved.config[k] if SUPERSEDED_DEFAULTS.get(k) == (saved.config.get(k), v) else v
         for k, v in node_config(spec).items()
-        if k in saved.config or k.startswith("sampling.") or defaults.get(k) != v
+        if k in saved.config or defaults.get(k) != v
     }
     return checkpoint.config_differences(saved.config, current)
 

@@ -90,6 +90,27 @@ def test_a_node_resumed_with_another_configuration_is_refused_unless_forced(tmp_
     )
 
 
+def test_a_changed_policy_is_one_difference_not_each_of_its_defaults(tmp_path: Path) -> None:
+    """Issue 61: `--force --set sampling.kind=reward_filtered` listed the new policy's
+    defaults as changes (`sampling.min_mean_reward: (unset) -> 0.0`, ...)."""
+    from flows.node import checkpoint
+    from flows.node.lifecycle import resume_differences
+
+    old = load_swarm(None, nodes=1, rounds=4, workdir=tmp_path)
+    checkpoint_at(tmp_path, "node-0", 2, node_config(old.node("node-0")))
+    saved = checkpoint.latest(tmp_path, "node-0")
+    new = load_swarm(None, ["sampling.kind=reward_filtered"], nodes=1, rounds=4, workdir=tmp_path)
+    kind = "sampling.kind: paper -> reward_filtered"
+    assert resume_differences(new.node("node-0"), saved) == [kind]
+    tuned = ["sampling.kind=reward_filtered", "sampling.min_mean_reward=0.2"]
+    new = load_swarm(None, tuned, nodes=1, rounds=4, workdir=tmp_path)
+    assert resume_differences(new.node("node-0"), saved) == [
+        kind,
+        "sampling.min_mean_reward: (unset) -> 0.2",
+    ]
+    assert resume_differences(old.node("node-0"), saved) == []
+
+
 def test_a_finished_swarm_says_so_and_refuses_new_nodes(tmp_path):
     cfg = load_swarm(None, nodes=2, rounds=3, workdir=tmp_path)
     for spec in cfg.nodes:
