@@ -74,9 +74,19 @@ def query(
             help="A table's text cells are cut at N characters; 0 shows them whole, wrapped.",
         ),
     ] = CELL_WIDTH,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            "-p",
+            metavar="NAME=VALUE",
+            help="Bind $NAME in the SQL (repeatable). VALUE is read as JSON where it parses "
+            '(numbers, true, null, ["a", "b"]), else as text.',
+        ),
+    ] = None,
 ) -> None:
     """SQL over the ledger. Its views: rollouts, groups, samples, manifests, evaluations,
-    trainings, ledger_files."""
+    trainings, ledger_files. `$name` parameters are bound with --param name=value."""
     import dashboards
 
     if (sql is None) == (dashboard is None):
@@ -93,7 +103,26 @@ def query(
                 text = Path(text[1:]).read_text()
             except OSError as exc:
                 raise fail(f"cannot read the query file {text[1:]}: {exc.strerror or exc}") from exc
-        print_frame(guarded(lambda: led.query(text)), fmt, cell_width)
+        params = query_params(param)
+        print_frame(guarded(lambda: led.query(text, params or None)), fmt, cell_width)
+
+
+def query_params(pairs: list[str] | None) -> dict[str, object]:
+    """``--param NAME=VALUE`` options as DuckDB's named parameters: JSON where the value
+    parses as JSON (``3``, ``null``, ``["a", "b"]``), else the text itself (``node-0``)."""
+    import json
+
+    out: dict[str, object] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        name = name.strip().removeprefix("$")
+        if not (sep and name.isidentifier()):
+            raise fail(f"--param takes NAME=VALUE, got {pair!r}")
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            out[name] = value
+    return out
 
 
 @app.command("sample")
