@@ -401,14 +401,20 @@ def load_swarm(
         data["workdir"] = str(workdir)
     if nodes is not None:
         data["nodes"] = _first_nodes(data, nodes)
-    return validate_swarm(data, source, overridden)
+    base = Path(path).expanduser().resolve().parent if path else None
+    return validate_swarm(data, source, overridden, base)
 
 
 def validate_swarm(
-    data: dict[str, Any], source: str = "swarm", overridden: frozenset[str] = frozenset()
+    data: dict[str, Any],
+    source: str = "swarm",
+    overridden: frozenset[str] = frozenset(),
+    base: Path | None = None,
 ) -> SwarmConfig:
+    """``data`` as a swarm; files it names (a policy's SQL) are relative to ``base``, the
+    swarm file's folder (else the working directory)."""
     try:
-        return SwarmConfig.model_validate(data)
+        return SwarmConfig.model_validate(data, context={"base": base})
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, source, data, overridden)) from exc
 

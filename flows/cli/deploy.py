@@ -176,9 +176,11 @@ def deployments(
     workdir: WorkdirOpt = None,
     overrides: SetOpt = None,
 ) -> None:
-    """Each deployed node of the swarm: its schedule (active or paused), the rounds its
-    ledger rows show, its last run and its next one. The Prefect server is PREFECT_API_URL,
-    prefect.api_url, or the one `sapo deploy --serve` started for this swarm."""
+    """How far each deployed node is, and its schedule.
+
+    Its schedule (active or paused), the rounds its ledger rows show, its last run and its
+    next one. The Prefect server is PREFECT_API_URL, prefect.api_url, or the one `sapo deploy
+    --serve` started for this swarm."""
     require("flows")
     from flows.services.deploy import served_api
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -80,8 +80,8 @@ def query(
             "--param",
             "-p",
             metavar="NAME=VALUE",
-            help="Bind $NAME in the SQL (repeatable). VALUE is read as JSON where it parses "
-            '(numbers, true, null, ["a", "b"]), else as text.',
+            help="Bind $NAME in the SQL (repeatable). VALUE is read as YAML: numbers, true, "
+            "null, [a, b]; else text.",
         ),
     ] = None,
 ) -> None:
@@ -107,22 +107,12 @@ def query(
         print_frame(guarded(lambda: led.query(text, params or None)), fmt, cell_width)
 
 
-def query_params(pairs: list[str] | None) -> dict[str, object]:
-    """``--param NAME=VALUE`` options as DuckDB's named parameters: JSON where the value
-    parses as JSON (``3``, ``null``, ``["a", "b"]``), else the text itself (``node-0``)."""
-    import json
-
-    out: dict[str, object] = {}
-    for pair in pairs or []:
-        name, sep, value = pair.partition("=")
-        name = name.strip().removeprefix("$")
-        if not (sep and name.isidentifier()):
-            raise fail(f"--param takes NAME=VALUE, got {pair!r}")
-        try:
-            out[name] = json.loads(value)
-        except ValueError:
-            out[name] = value
-    return out
+def query_params(pairs: list[str] | None) -> dict[str, Any]:
+    """``--param NAME=VALUE`` options as DuckDB's named parameters, each value read as YAML
+    as `sapo ledger sample -p` reads them (``3``, ``null``, ``[a, b]``; else the text)."""
+    return {
+        name.removeprefix("$"): value for name, value in key_values(pairs, hint="--param").items()
+    }
 
 
 @app.command("sample")
