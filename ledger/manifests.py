@@ -203,7 +203,9 @@ class NodeManifest(BaseModel):
     ) -> NodeManifest:
         """The manifest of a starting node; ``policy`` is a sampling policy model (the
         result of ``ledger.parse_policy``): its ``kind`` and its other fields are recorded."""
-        params = policy.model_dump(mode="json", exclude={"kind"})
+        from ledger.policies.user_sql import recorded
+
+        params = recorded(policy.model_dump(mode="json", exclude={"kind"}))
         return cls(
             swarm_id=swarm_id,
             node_id=node_id,

@@ -21,6 +21,7 @@ from flows.config import DEFAULT_POLICY, NodeSpec, SwarmConfig
 from flows.env import CHECKED_ENV, FORCE_ENV
 from flows.node import checkpoint, home
 from flows.tracking import flatten
+from ledger.policies.user_sql import recorded
 from sapo_core.config import NodeConfig
 
 
@@ -36,7 +37,7 @@ def node_config(spec: NodeSpec) -> dict[str, str]:
     """The node's whole configuration as flat keys: its MLflow params, and what a
     checkpoint keeps so that a resume can say what changed."""
     params = flatten("", spec.node.model_dump(mode="json"))
-    params.update(flatten("sampling", spec.sampling.model_dump(mode="json")))
+    params.update(flatten("sampling", recorded(spec.sampling.model_dump(mode="json"))))
     return params
 
 
@@ -52,8 +53,8 @@ def resume_differences(spec: NodeSpec, saved: checkpoint.Checkpoint | None) -> l
     # Nor is a parameter of a newly chosen sampling policy left at that policy's default:
     # `sampling.kind: paper -> reward_filtered` is the change, not each of its settings.
     defaults = flatten("", NodeConfig.model_validate({}).model_dump(mode="json"))
-    policy = type(spec.sampling).model_validate({"kind": spec.sampling.kind})
-    defaults.update(flatten("sampling", policy.model_dump(mode="json")))
+    policy = type(spec.sampling).model_construct()  # its defaults (a user's SQL has none)
+    defaults.update(flatten("sampling", recorded(policy.model_dump(mode="json"))))
     defaults["sampling.kind"] = DEFAULT_POLICY  # a checkpoint from before policies were kept
     current = {
         k: saved.config[k] if SUPERSEDED_DEFAULTS.get(k) == (saved.config.get(k), v) else v

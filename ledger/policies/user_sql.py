@@ -28,6 +28,7 @@ SQL that DuckDB refuses over an empty ledger is a one-line error.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import datetime
 from functools import cache
@@ -112,6 +113,17 @@ class SqlPolicy(_Policy):
 
     def parameters(self, now: datetime) -> dict[str, Any]:
         return {**self.params, "now": now}
+
+
+def recorded(settings: dict[str, Any]) -> dict[str, Any]:
+    """A policy's settings as records keep them (a manifest, MLflow's params, a checkpoint's
+    configuration): a user's SQL as the SHA-256 of its text, which fits their size limits
+    and still changes with every edit; the text itself is in the resolved swarm."""
+    query = settings.get("query")
+    if not isinstance(query, str):
+        return settings
+    digest = hashlib.sha256(query.encode()).hexdigest()
+    return {**{k: v for k, v in settings.items() if k != "query"}, "query_sha256": digest}
 
 
 def guarded_sql(own: str, weighted: bool) -> str:
