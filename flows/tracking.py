@@ -292,6 +292,12 @@ class Tracker:
             self.set_tags(run_id, {MODEL_PATH_TAG: path})
         return logged
 
+    def run_data(self, run_id: str) -> Any:
+        """The run's params and tags (``.params``, ``.tags``); None when the store did not
+        answer."""
+        run = self._attempt(lambda: self.client.get_run(run_id), "read the run", self.retry)[1]
+        return None if run is None else run.data
+
     def tag(self, run_id: str, key: str) -> str | None:
         """A tag of the run (None: not set, or the store did not answer)."""
         run = self._attempt(lambda: self.client.get_run(run_id), "read the run", self.retry)[1]

@@ -328,6 +328,7 @@ class Catalog:
         """
         if self._views_stale:
             self.groups.define_views(list(self.files.values()), self.ok_paths())
+            self.con.execute(manifests.REVISIONS_VIEW_SQL)  # it reads `rollouts`
             self._views_stale = False
 
     # -- reads -------------------------------------------------------------------------

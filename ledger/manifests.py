@@ -311,6 +311,17 @@ TABLE_COLUMNS: Final = (
     ("schema_version", pa.int32(), "INTEGER"),
     ("key", pa.string(), "VARCHAR"),
 )
+REVISIONS_VIEW_SQL: Final = """CREATE OR REPLACE VIEW manifest_revisions AS
+    SELECT m.* EXCLUDE (key),
+        row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at, key) AS revision,
+        (SELECT min(r.node_round) FROM rollouts r
+         WHERE r.swarm_id = m.swarm_id AND r.node_id = m.node_id
+           AND r.published_at >= m.written_at) AS from_round
+    FROM node_manifests m"""
+"""Every configuration a node declared, in order (``revision`` 1 is what ``manifests``
+shows), with the first round it published under it (``from_round``; NULL: none yet): a node
+resumed with another configuration (``--force``) is read round by round. Both stamps are the
+node's own; defined once ``rollouts`` is (the catalog's ``ensure_views``)."""
 VIEW_SQL: Final = """CREATE OR REPLACE VIEW manifests AS
     SELECT * EXCLUDE (key), count(*) OVER (PARTITION BY swarm_id, node_id) AS revisions
     FROM node_manifests

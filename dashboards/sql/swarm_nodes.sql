@@ -3,9 +3,10 @@
 -- cumulative_claimed_reward (the sum of its claimed_reward per round), the share of its groups whose
 -- rewards all agree, and how many groups it drew from how many peers (sample log).
 -- `manifest_revisions` > 1: the node was resumed with another configuration (the first
--- one is shown).
--- Relations: `rollouts`, `manifests` (see sweep_reward_per_round.sql), `groups` (see
--- zero_variance_groups.sql) and `samples` (see most_sampled_peers.sql).
+-- one is shown; `configurations` lists each, `I/J policy from round R`, in order).
+-- Relations: `rollouts`, `manifests` (see sweep_reward_per_round.sql), `manifest_revisions`
+-- (docs/ledger.md), `groups` (see zero_variance_groups.sql) and `samples` (see
+-- most_sampled_peers.sql).
 WITH per_round AS (
     SELECT swarm_id, node_id, node_round, avg(reward) AS claimed_reward
     FROM rollouts
@@ -21,6 +22,14 @@ zero AS (
     SELECT swarm_id, node_id, count(*) AS groups,
            avg(CASE WHEN reward_max = reward_min THEN 1 ELSE 0 END) AS zero_variance_fraction
     FROM groups
+    GROUP BY swarm_id, node_id
+),
+configs AS (
+    SELECT swarm_id, node_id,
+           string_agg(local_groups || '/' || external_groups || ' ' || policy || ' from round '
+                      || coalesce(CAST(from_round AS VARCHAR), '?'), '; ' ORDER BY revision)
+               AS configurations
+    FROM manifest_revisions
     GROUP BY swarm_id, node_id
 ),
 drawn AS (
@@ -39,6 +48,7 @@ SELECT
     m.prompt_format,
     m.adapter,
     m.revisions                  AS manifest_revisions,
+    c.configurations,
     p.rounds,
     p.cumulative_claimed_reward,
     p.mean_claimed_reward,
@@ -49,5 +59,6 @@ SELECT
 FROM per_node p
 LEFT JOIN manifests m ON m.swarm_id = p.swarm_id AND m.node_id = p.node_id
 LEFT JOIN zero z ON z.swarm_id = p.swarm_id AND z.node_id = p.node_id
+LEFT JOIN configs c ON c.swarm_id = p.swarm_id AND c.node_id = p.node_id
 LEFT JOIN drawn d ON d.swarm_id = p.swarm_id AND d.node_id = p.node_id
 ORDER BY p.swarm_id, p.node_id;

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from flows.config import NodeSpec, SwarmConfig
 from flows.node import checkpoint, home
@@ -189,7 +189,9 @@ def open_node(
             runtime.next_round = saved.next_round
             log.info("%s resumes at round %d from %s", node_id, saved.next_round, saved.path)
         if swarm.tracking.enabled:
-            runtime.run = open_node_run(swarm, spec, parent_run_id, learner.prompt_format)
+            runtime.run = open_node_run(
+                swarm, spec, parent_run_id, learner.prompt_format, runtime.next_round
+            )
             runtime.log_unlogged()  # rounds a run before could not log
     except BaseException:
         ledger.close()
@@ -244,10 +246,16 @@ def open_swarm_tracker(swarm: SwarmConfig) -> Tracker:
 
 
 def open_node_run(
-    swarm: SwarmConfig, spec: NodeSpec, parent_run_id: str | None, prompt_format: str = "chat"
+    swarm: SwarmConfig,
+    spec: NodeSpec,
+    parent_run_id: str | None,
+    prompt_format: str = "chat",
+    from_round: int = 0,
 ) -> NodeRun | None:
     """The node's MLflow run (found again on a resume), with its config as params; None,
-    with a warning, when the tracking store stays unreachable: tracking never stops a node."""
+    with a warning, when the tracking store stays unreachable: tracking never stops a node.
+    A resume at ``from_round`` with another configuration (``--force``) is recorded on the
+    run (`config_change_tags`): MLflow keeps a run's params as first logged."""
     try:
         tracker = open_swarm_tracker(swarm)
     except RuntimeError as exc:
@@ -261,6 +269,7 @@ def open_node_run(
     if run_id is None:
         return None
     extra = sharing_tags(node.local_groups, node.external_groups, spec.sampling.kind)
+    extra.update(config_change_tags(tracker, run_id, params, from_round))
     model_tags = {
         "sapo.model": node.model,
         "sapo.prompt_format": prompt_format,
@@ -268,3 +277,32 @@ def open_node_run(
     }
     tracker.set_tags(run_id, {**extra, **model_tags})
     return NodeRun(tracker, run_id)
+
+
+CONFIG_CHANGES_TAG = "sapo.config_changes"
+"""A run's configuration changes, one line each: ``from round R: key: old -> new; ...``."""
+
+
+def config_change_tags(
+    tracker: Any, run_id: str, params: dict[str, str], from_round: int
+) -> dict[str, str]:
+    """Tags that record a resume with another configuration than the run's params (which
+    MLflow never changes): the change and the round it applies from, appended to
+    `CONFIG_CHANGES_TAG`, and a policy label that names both policies (``paper→fresh``), so
+    that `sapo compare` and MLflow's UI do not credit the new one with every round."""
+    data = tracker.run_data(run_id)
+    if data is None:
+        return {}
+    logged = {k: v for k, v in data.params.items() if k in params}
+    changed = checkpoint.config_differences(logged, {k: params[k] for k in logged})
+    if not changed:
+        return {}
+    line = f"from round {from_round}: " + "; ".join(changed)
+    history = [h for h in (data.tags.get(CONFIG_CHANGES_TAG) or "").splitlines() if h]
+    if line not in history:
+        history.append(line)
+    tags = {CONFIG_CHANGES_TAG: "\n".join(history)[-7000:]}
+    first, now = logged.get("sampling.kind"), params.get("sampling.kind")
+    if first and now and first != now:
+        tags["sapo.sampling_policy"] = f"{first}→{now}"
+    return tags
