@@ -94,35 +94,27 @@ def test_each_service_answers_through_its_own_api(
     _check_deployments(started, env, swarm_file(tmp_path, tiny_model, node_count=3))
 
 
-def test_down_and_up_keep_what_a_finished_swarm_left(
+def test_down_and_up_keep_what_the_stack_holds(
     stack: tuple[stack_module.Stack, dict[str, str]],
-    tmp_path: Path,
-    tiny_model: Path,  # noqa: F811
 ) -> None:
-    """A swarm runs to the end on the stack (ledger in the bucket, MLflow on the server, its
-    best model registered); `sapo infra down` then `up` on the same home, on new ports,
-    brings back its MLflow run and metrics, the registered model with its files, the ledger's
-    rows and Prefect's work pool (issue 61: `down` deleted them all)."""
+    """After the first test (a work pool and three deployments in Prefect; an MLflow run with
+    a metric, an artifact in the bucket and a registered model version; a ledger round in the
+    bucket), `sapo infra down` then `up` on the same home, on new ports, finds it all as it
+    was (issue 61: `down` deleted the database and every object)."""
     started, env = stack
-    path = swarm_file(
-        tmp_path, tiny_model, node_count=1, rounds=1, peer_wait_s=0, swarm_id="kept-swarm",
-        ledger={"url": started.ledger_url},
-    )  # fmt: skip
-    ran = _sapo("swarm", "-c", str(path), env=env)
-    assert ran.returncode == 0, ran.stderr[-3000:]
     before = _kept(env, started.ledger_url)
-    assert before["rows"] > 0 and before["versions"] == ["1"] and before["metric_rounds"] == 1
+    assert before["rows"] > 0 and before["versions"] == ["1"] and before["metric"] == [0.5]
+    assert before["files"] == ["note.txt"] and len(before["deployments"]) == 3
     stopped = _sapo("infra", "down", "--home", started.home)
     assert stopped.returncode == 0 and "its data is kept" in stopped.stdout, stopped.stderr
     again = _exports(_up(Path(started.home)))
     assert again["MLFLOW_TRACKING_URI"] != env["MLFLOW_TRACKING_URI"]  # new ports
-    after = _kept(again, started.ledger_url)
-    assert after == before
+    assert _kept(again, started.ledger_url) == before
 
 
 def _kept(env: dict[str, str], ledger_url: str) -> dict[str, Any]:
-    """What a user finds of the swarm `kept-swarm`: ledger rows, its node's MLflow run and
-    metrics, the registered model's versions and the files of version 1, the work pools."""
+    """What a user finds on the stack: ledger rows, the `stack-check` run's metric, the
+    registered model's versions and the files of version 1, work pools and deployments."""
     script = f"""
 import json, mlflow
 from mlflow.tracking import MlflowClient
@@ -130,22 +122,18 @@ from prefect.client.orchestration import get_client
 from ledger import Ledger
 
 with Ledger.open("{ledger_url}") as led:
-    mine = "SELECT count(*) AS n FROM rollouts WHERE swarm_id = 'kept-swarm'"
-    rows = int(led.query(mine)["n"][0])
+    rows = int(led.query("SELECT count(*) AS n FROM rollouts")["n"][0])
 client = MlflowClient()
-runs = client.search_runs(
-    [client.get_experiment_by_name("kept-swarm").experiment_id], "tags.`sapo.node_id` = 'node-0'"
-)
-versions = sorted(v.version for v in client.search_model_versions("name = 'kept-swarm-policy'"))
-files = sorted(
-    f.path for f in mlflow.artifacts.list_artifacts("models:/kept-swarm-policy/1")
-)
+run = client.search_runs([client.get_experiment_by_name("stack-check").experiment_id])[0]
+versions = sorted(v.version for v in client.search_model_versions("name = 'stack-check-model'"))
+files = sorted(f.path for f in mlflow.artifacts.list_artifacts("models:/stack-check-model/1"))
 with get_client(sync_client=True) as prefect:
     pools = sorted(p.name for p in prefect.read_work_pools())
+    deployments = sorted(d.name for d in prefect.read_deployments())
 print(json.dumps({{
-    "rows": rows, "run": runs[0].info.run_id,
-    "metric_rounds": len(client.get_metric_history(runs[0].info.run_id, "own_reward")),
-    "versions": versions, "files": files, "pools": pools,
+    "rows": rows, "run": run.info.run_id, "versions": versions, "files": files,
+    "metric": [m.value for m in client.get_metric_history(run.info.run_id, "reward_mean")],
+    "pools": pools, "deployments": deployments,
 }}))
 """
     done = subprocess.run(
@@ -176,6 +164,12 @@ mlflow.set_experiment("stack-check")
 with mlflow.start_run() as run:
     mlflow.log_metric("reward_mean", 0.5)
     mlflow.log_text("hello", "note.txt")
+    mlflow.log_text("hello", "model/note.txt")
+registry = mlflow.tracking.MlflowClient()
+registry.create_registered_model("stack-check-model")
+registry.create_model_version(
+    "stack-check-model", source=run.info.artifact_uri + "/model", run_id=run.info.run_id
+)
 fs = s3fs.S3FileSystem(client_kwargs={{"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}})
 artifacts = [p for p in fs.find("{stack.env["MLFLOW_BUCKET"]}") if p.endswith("note.txt")]
 metric = mlflow.get_run(run.info.run_id).data.metrics["reward_mean"]
@@ -199,7 +193,7 @@ print(json.dumps({{"pool": pool, "artifacts": artifacts, "metric": metric, "rows
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["pool"] == "machines"
-    assert seen["metric"] == 0.5 and len(seen["artifacts"]) == 1
+    assert seen["metric"] == 0.5 and len(seen["artifacts"]) == 2
     assert seen["rows"] == len(round_rows("a", 0, [[1, 0]]))
     # Prefect and MLflow keep their state in PostgreSQL, not in SQLite files.
     for database, table in (("prefect", "work_pool"), ("mlflow", "runs")):
