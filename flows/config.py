@@ -35,7 +35,8 @@ from flows.yaml_config import (
     parse_yaml_mapping,
 )
 from ledger.config import LedgerConfig
-from ledger.policies import PaperPolicy, SamplingPolicy
+from ledger.policies import PaperPolicy, SamplingPolicy, SqlPolicy
+from ledger.policy_check import run_problem
 from ledger.retrying import RetryPolicy
 from ledger.schema import MAX_COUNTER, check_id
 from sapo_core.config import NodeConfig, Strict
@@ -414,9 +415,15 @@ def validate_swarm(
     """``data`` as a swarm; files it names (a policy's SQL) are relative to ``base``, the
     swarm file's folder (else the working directory)."""
     try:
-        return SwarmConfig.model_validate(data, context={"base": base})
+        config = SwarmConfig.model_validate(data, context={"base": base})
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, source, data, overridden)) from exc
+    for spec in config.nodes:  # a user's SQL policy runs once before any node draws with it
+        if isinstance(spec.sampling, SqlPolicy):
+            problem = run_problem(spec.sampling)
+            if problem:
+                raise ConfigError(f"{source}: {spec.node_id}: sampling: {problem}")
+    return config
 
 
 def _first_nodes(data: dict[str, Any], count: int) -> list[Any]:

@@ -30,22 +30,30 @@ object's checksum, which botocore rejects; Debian 12 packages none (its rclone p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from flows.services.processes import _alive, _stop_group, _stop_groups
+from flows.services.stack_data import (
+    _as_postgres,
+    buckets,
+    load_objects,
+    object_store,
+    pg_home,
+    purge_data,
+    save_objects,
+)
 
 STATE = "stack.json"
 DEFAULT_PORTS = {"postgres": 5432, "s3": 9000, "prefect": 4200, "mlflow": 5000}
@@ -183,11 +191,6 @@ def up(
     return stack
 
 
-def _as_postgres() -> list[str]:
-    """PostgreSQL refuses to run as root: run its programs as the ``postgres`` user then."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
 def _pg_bin(name: str) -> str:
     found = shutil.which(name) or next(
         (str(p) for p in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))), None
@@ -195,31 +198,6 @@ def _pg_bin(name: str) -> str:
     if found is None:
         raise StackError(f"PostgreSQL's {name} is not installed (Debian: apt install postgresql)")
     return found
-
-
-PG_POINTER = "postgres-data"
-"""A file in the home naming PostgreSQL's data folder where it cannot live in the home."""
-
-
-def pg_home(home: Path) -> Path:
-    """Where the stack at ``home`` keeps PostgreSQL's data, kept across ``down`` and ``up``:
-    ``<home>/postgres``, unless the server's user cannot enter the home (run as root, the
-    server runs as ``postgres``; a home under /root or a test's private folder is closed to
-    it): then a folder of its own under /var/tmp, named in ``<home>/postgres-data``."""
-    pointer = home / PG_POINTER
-    if pointer.is_file():
-        return Path(pointer.read_text().strip())
-    inside = home / "postgres"
-    if os.geteuid() != 0 or _enterable_by_postgres(home):
-        return inside
-    outside = Path(tempfile.mkdtemp(prefix="sapo-postgres-", dir="/var/tmp"))
-    pointer.write_text(str(outside))
-    return outside
-
-
-def _enterable_by_postgres(folder: Path) -> bool:
-    probe = [*_as_postgres(), "test", "-x", str(folder)]
-    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
 
 
 def _start_postgres(stack: Stack) -> None:
@@ -259,69 +237,11 @@ def _start_postgres(stack: Stack) -> None:
         _run(createdb, f"createdb {database}", env)
 
 
-def _s3(stack: Stack) -> Any:
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=stack.s3_endpoint,
-        aws_access_key_id=stack.env["MINIO_ROOT_USER"],
-        aws_secret_access_key=stack.env["MINIO_ROOT_PASSWORD"],
-        region_name="us-east-1",
-    )
-
-
-def _buckets(stack: Stack) -> tuple[str, str]:
-    return stack.env["SAPO_BUCKET"], stack.env["MLFLOW_BUCKET"]
-
-
 def _make_buckets(stack: Stack) -> None:
-    client = _s3(stack)
-    have = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
-    for bucket in _buckets(stack):
-        if bucket not in have:
-            client.create_bucket(Bucket=bucket)
-
-
-OBJECTS = "s3"
-"""The folder of the home that holds moto's objects between ``down`` and ``up``."""
-
-
-def save_objects(stack: Stack) -> int:
-    """Copy every object of the stack's buckets into ``<home>/s3/<bucket>/<key>`` (a fresh
-    copy replaces the last one whole, once complete); how many."""
-    client = _s3(stack)
-    home = Path(stack.home)
-    partial = home / f"{OBJECTS}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    count = 0
-    for bucket in _buckets(stack):
-        (partial / bucket).mkdir(parents=True)
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            for item in page.get("Contents", []):
-                target = partial / bucket / item["Key"]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                client.download_file(bucket, item["Key"], str(target))
-                count += 1
-    shutil.rmtree(home / OBJECTS, ignore_errors=True)
-    partial.rename(home / OBJECTS)
-    return count
-
-
-def load_objects(stack: Stack) -> int:
-    """Put back what ``save_objects`` kept (nothing when the home has no copy); how many."""
-    root = Path(stack.home) / OBJECTS
-    if not root.is_dir():
-        return 0
-    client = _s3(stack)
-    count = 0
-    for bucket in _buckets(stack):
-        for path in sorted((root / bucket).rglob("*")):
-            if path.is_file():
-                key = path.relative_to(root / bucket).as_posix()
-                client.upload_file(str(path), bucket, key)
-                count += 1
-    return count
+    fs = object_store(stack)
+    for bucket in buckets(stack):
+        if not fs.exists(bucket):
+            fs.call_s3("create_bucket", Bucket=bucket)
 
 
 def _start_prefect(stack: Stack) -> None:
@@ -423,14 +343,6 @@ def down(home: str | Path, *, purge: bool = False, save: bool = True) -> list[st
     return stopped
 
 
-def purge_data(home: Path) -> None:
-    """Delete what the stack at ``home`` kept: PostgreSQL's data (where it lives) and the
-    copy of moto's objects."""
-    shutil.rmtree(pg_home(home), ignore_errors=True)
-    (home / PG_POINTER).unlink(missing_ok=True)
-    shutil.rmtree(home / OBJECTS, ignore_errors=True)
-
-
 RESTARTABLE: dict[str, Callable[[Stack], None]] = {
     "prefect": _start_prefect,
     "mlflow": _start_mlflow,
@@ -477,57 +389,6 @@ def _answers(url: str) -> bool:
         return True  # it answered, if not with 200 (an S3 root may say 403)
     except OSError:
         return False
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited but not yet collected by its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc (macOS): it answered the signal
-    return state not in ("Z", "X")
-
-
-def _stop_group(pid: int, timeout: float = 20.0) -> bool:
-    """SIGTERM the process group ``pid`` leads, then SIGKILL what is left."""
-    return pid in _stop_groups([pid], timeout)
-
-
-def _stop_groups(pids: Iterable[int], timeout: float = 20.0) -> set[int]:
-    """SIGTERM the process groups ``pids`` lead, together; SIGKILL what is left of them
-    after ``timeout``. The groups that were running."""
-    running = set()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-            running.add(pid)
-    left = set(running)
-    deadline = time.monotonic() + timeout
-    while left and time.monotonic() < deadline:
-        for pid in list(left):
-            _reap(pid)
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                left.discard(pid)
-        time.sleep(0.2)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        _reap(pid)
-    return running
-
-
-def _reap(pid: int) -> None:
-    """Collect ``pid`` if it is this process's child (``up`` and ``down`` in one process)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def describe(stack: Stack) -> dict[str, Any]:

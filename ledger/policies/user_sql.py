@@ -23,7 +23,7 @@ replacement), never a column a publisher sets; and ``fair_draw.sql``'s caps on a
 on peers not yet known and on copies. The text travels in the resolved swarm (``query``), so
 a deployment's workers need no copy of the file. It is checked when the config loads: a file
 that does not end in ``candidates``, a parameter the user named that the sampler binds, or
-SQL that DuckDB refuses over an empty ledger is a one-line error.
+SQL that DuckDB refuses over an empty ledger (ledger/policy_check.py) is a one-line error.
 """
 
 from __future__ import annotations
@@ -155,8 +155,8 @@ receivable AS (
 
 @cache
 def sql_problem(own: str, params: tuple[str, ...], weighted: bool) -> str | None:
-    """Why the user's SQL cannot be a policy, in one line, or None: checked once per text,
-    structurally and then by a draw over an empty ledger (DuckDB binds every name)."""
+    """Why the user's SQL cannot be a policy, in one line, or None: its shape and its
+    parameters (ledger/policy_check.py then runs it over an empty ledger)."""
     code = sql_code(own).strip()
     if not code.upper().startswith("WITH"):
         return "the policy's SQL must begin with WITH (a WITH clause that ends in `candidates`)"
@@ -169,25 +169,4 @@ def sql_problem(own: str, params: tuple[str, ...], weighted: bool) -> str | None
     unbound = sorted(named_parameters(code) - SAMPLER_PARAMETERS - set(params))
     if unbound:
         return f"the policy's SQL uses ${', $'.join(unbound)}: give them in params"
-    return _dry_run(own, params, weighted)
-
-
-def _dry_run(own: str, params: tuple[str, ...], weighted: bool) -> str | None:
-    """Run the guarded SQL once over an empty ledger: DuckDB's refusal, in one line."""
-    import tempfile
-
-    import duckdb
-
-    from ledger import Ledger
-
-    values = dict.fromkeys(params, None)
-    policy = SqlPolicy.model_construct(kind="sql", query=own, params=values, weighted=weighted)
-    with (
-        tempfile.TemporaryDirectory(prefix="sapo-policy-check-") as empty,
-        Ledger.open(empty) as ledger,
-    ):
-        try:
-            ledger.sample_group_ids("node-0", 1, policy=policy, seed=0)
-        except duckdb.Error as exc:
-            return f"the policy's SQL does not run: {str(exc).strip().splitlines()[0]}"
     return None

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from flows.services import deploy
+from flows.services import deploy, stack_data
 from flows.services import stack as stack_module
 from tests.e2e.interrupting import processes_mentioning
 from tests.e2e.test_deploy import _wait
@@ -65,7 +65,7 @@ def stack(
     assert set(stopped.stdout.splitlines()[0].split(": ", 1)[1].split(", ")) == SERVICES
     for pid in last.pids.values():
         assert not stack_module._alive(pid)
-    assert not Path(last.pg_data).exists() and not (home / stack_module.OBJECTS).exists()
+    assert not Path(last.pg_data).exists() and not (home / stack_data.OBJECTS).exists()
     assert _sapo("infra", "status", "--home", str(home)).returncode == 2  # no stack there
     assert processes_mentioning(str(home)) == []
 
