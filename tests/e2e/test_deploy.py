@@ -39,11 +39,12 @@ def test_scheduled_deployment_runs_its_rounds_and_then_stops(
     tmp_path: Path,
     tiny_model: Path,  # noqa: F811
 ) -> None:
-    """A node deployed for 2 rounds, one a run, every 5 s (shorter than a round: runs that
-    come due while one runs are cancelled, not queued behind it), runs both rounds; its last
-    run pauses the schedule, Prefect deletes the runs it had scheduled ahead, `--serve`
-    returns by itself, and `sapo deployments` says the node finished (issue 61: schedules
-    ran forever, each interval starting a process to say "finished")."""
+    """A node deployed for its rounds (one, to keep the suite short), one a run, every 5 s
+    (shorter than a round: runs that come due while one runs are cancelled, not queued
+    behind it), runs them; the run that finishes it pauses the schedule, Prefect deletes
+    the runs it had scheduled ahead, `--serve` returns by itself, and `sapo deployments`
+    says the node finished (issue 61: schedules ran forever, each interval starting a
+    process to say "finished")."""
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {
@@ -68,7 +69,7 @@ def test_scheduled_deployment_runs_its_rounds_and_then_stops(
                 return False
 
         _wait(healthy, 120, "the Prefect server")
-        path = swarm_file(tmp_path, tiny_model, node_count=1, peer_wait_s=0)
+        path = swarm_file(tmp_path, tiny_model, node_count=1, peer_wait_s=0, rounds=1)
         log = tmp_path / "serve.log"
         with log.open("w") as out:
             served = subprocess.Popen(
@@ -77,11 +78,11 @@ def test_scheduled_deployment_runs_its_rounds_and_then_stops(
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         finished = tmp_path / "work" / "nodes" / "node-0" / "finished.json"
-        _wait(finished.is_file, 480, "the node's two scheduled rounds")
+        _wait(finished.is_file, 480, "the node's scheduled round")
         served.wait(timeout=120)  # it returns by itself
         output = log.read_text()
         assert served.returncode == 0, output[-3000:]
-        assert "every node of swarm e2e-swarm has finished its 2 rounds" in output
+        assert "every node of swarm e2e-swarm has finished its 1 rounds" in output
         runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
         nodes = [r for r in runs if r.get("deployment_id")]
         states = sorted({r["state_name"] for r in nodes})
@@ -94,14 +95,14 @@ def test_scheduled_deployment_runs_its_rounds_and_then_stops(
         assert deps[0]["paused"] is True
         assert deps[0]["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
         with Ledger.open(str(tmp_path / "work" / "ledger")) as ledger:
-            assert ledger.query("SELECT max(node_round) AS r FROM rollouts")["r"][0] == 1
+            assert ledger.query("SELECT max(node_round) AS r FROM rollouts")["r"][0] == 0
         shown = subprocess.run(
             [sys.executable, "-m", "flows.cli", "deployments", "-c", str(path)],
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr[-2000:]
         row = next(line for line in shown.stdout.splitlines() if "e2e-swarm-node-0" in line)
-        assert "2/2" in row and "paused" in row and "finished" in row and "Completed" in row, (
+        assert "1/1" in row and "paused" in row and "finished" in row and "Completed" in row, (
             shown.stdout,
             [(r["name"], r["state_name"], r["start_time"]) for r in nodes],
         )
