@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -147,15 +148,21 @@ def serve_deployments(
     # flight to end: Ctrl-C seemed to do nothing. SIGTERM's handler stops at once.
     signal.signal(signal.SIGINT, runner.handle_sigterm)
     done = threading.Event()
+    # The runs keep their nodes' state where $SAPO_WORKDIR says, when it is set (node_flow).
+    from flows.config import WORKDIR_ENV
+
+    here = os.environ.get(WORKDIR_ENV)
+    watched = cfg.model_copy(update={"workdir": Path(here).resolve()}) if here else cfg
     watcher = threading.Thread(
-        target=_stop_when_finished, args=(cfg, runner, done), name="sapo-finished", daemon=True
-    )
+        target=_stop_when_finished, args=(watched, runner, done), name="sapo-finished",
+        daemon=True,
+    )  # fmt: skip
     watcher.start()
     try:
         asyncio.run(runner.start())
     finally:
         done.set()
-    if deploying.swarm_finished(cfg):
+    if deploying.swarm_finished(watched):
         print(f"every node of swarm {cfg.swarm_id} has finished its {cfg.rounds} rounds")
 
 
