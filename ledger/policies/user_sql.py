@@ -36,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import duckdb
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ledger.policies.base import _Policy
@@ -127,18 +128,26 @@ def recorded(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def guarded_sql(own: str, weighted: bool) -> str:
-    """The user's ``candidates`` behind what the sampler guarantees, then the shared caps."""
+    """The user's ``candidates`` behind what the sampler guarantees, then the shared caps.
+    The user's SQL runs as a subquery of its own: its names (a CTE called ``drawable``, say)
+    cannot shadow the relations the guard and the caps read, and it can only be one query."""
+    columns = "group_id, weight" if weighted else "group_id"
     order = "-ln(d.u) / c.weight" if weighted else "d.u"
     picked = (
-        "SELECT group_id, max(weight) AS weight FROM candidates GROUP BY group_id"
+        "SELECT group_id, max(weight) AS weight FROM chosen GROUP BY group_id"
         if weighted
-        else "SELECT DISTINCT group_id FROM candidates"
+        else "SELECT DISTINCT group_id FROM chosen"
     )
     positive = "\n      AND isfinite(c.weight) AND c.weight > 0" if weighted else ""
     fair = resources.files("ledger.policies").joinpath("fair_draw.sql").read_text()
     if fair.count("FROM candidates c") != 1:  # fair_draw.sql reads `candidates` once
         raise RuntimeError("fair_draw.sql no longer reads `candidates` where expected")
-    return f"""{own},
+    return f"""WITH chosen AS (
+    SELECT {columns} FROM (
+{own}
+SELECT * FROM candidates
+    )
+),
 receivable AS (
     -- Added by the sampler (ledger/policies/user_sql.py): whatever the user's SQL chose,
     -- never the receiver's own or excluded peers' groups, only tasks it judges, and an
@@ -163,6 +172,12 @@ def sql_problem(own: str, params: tuple[str, ...], weighted: bool) -> str | None
     last = _LAST_CTE.findall(code)
     if not last or last[-1].lower() != "candidates" or not _ENDS_IN_CANDIDATES.search(code):
         return "the policy's SQL must end with the common table expression `candidates AS (...)`"
+    try:
+        statements = duckdb.extract_statements(guarded_sql(own, weighted))
+    except duckdb.Error as exc:
+        return f"the policy's SQL does not parse: {str(exc).strip().splitlines()[0]}"
+    if len(statements) != 1:
+        return "the policy's SQL must be one query: a WITH clause that ends in `candidates`"
     reserved = sorted(set(params) & SAMPLER_PARAMETERS)
     if reserved:
         return f"params {', '.join(reserved)}: the sampler binds these; name yours otherwise"

@@ -93,9 +93,35 @@ def test_the_samplers_guarantees_hold_whatever_the_sql_says(ledger: Ledger):
             assert not any(g.split(".")[1] in ("me", "p2") for g in mine)
 
 
+def test_names_of_the_users_sql_cannot_shadow_what_the_guard_reads(ledger: Ledger):
+    """A CTE called `drawable` whose `u` puts p1's groups first and whose `node_id` hides the
+    receiver's own changes nothing: the user's SQL is a subquery of its own (found in review)."""
+    shadowing = parse_policy(
+        {
+            "kind": "sql",
+            "query": "WITH drawable AS (\n"
+            "    SELECT group_id, reward_max, reward_min, 'p9' AS node_id,\n"
+            "        CASE WHEN group_id LIKE '%.p1.%' THEN 0.0 ELSE 1.0 END AS u FROM groups\n"
+            "),\n"
+            "candidates AS (\n"
+            "    SELECT group_id, u AS draw FROM drawable WHERE reward_max > reward_min\n"
+            ") -- a comment after candidates is fine",
+        }
+    )
+    options = {"seed": 1, "exclude_nodes": ["p2"]}
+    mine = ledger.sample_group_ids("me", 6, policy=shadowing, **options)
+    assert mine == ledger.sample_group_ids("me", 6, policy=PaperPolicy(), **options)
+
+
 @pytest.mark.parametrize(
     ("text", "params", "said"),
     [
+        (
+            "WITH a AS (SELECT 1) SELECT 1; COPY (SELECT 1) TO 'x.csv';\n"
+            "WITH candidates AS (SELECT group_id FROM drawable)",
+            {},
+            "does not parse",
+        ),
         ("SELECT group_id FROM drawable", {}, "must begin with WITH"),
         ("WITH c AS (SELECT group_id FROM drawable)", {}, "must end with the common table"),
         ("WITH candidates AS (SELECT group_id FROM drawable WHERE size > $n)", {}, "uses $n"),
