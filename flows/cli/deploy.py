@@ -171,7 +171,11 @@ def _stop_when_finished(cfg: SwarmConfig, runner: object, done: threading.Event)
     from flows.services import deploy as deploying
 
     while not done.wait(FINISHED_POLL_S):
-        if deploying.swarm_finished(cfg) and not deploying.runs_in_flight(cfg):
+        try:
+            finished = deploying.swarm_finished(cfg) and not deploying.runs_in_flight(cfg)
+        except Exception:  # the server away a moment: ask again at the next poll
+            continue
+        if finished:
             os.kill(os.getpid(), signal.SIGTERM)
             return
 

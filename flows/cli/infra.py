@@ -68,9 +68,12 @@ def down(
     `up` (moto's objects copied into --home first) unless --purge."""
     from flows.services import stack
 
-    if purge and not (home / stack.STATE).is_file():
-        stack.purge_data(home.resolve())  # nothing runs: only its data to delete
-        print(f"purged the stack's data at {home}")
+    if purge and not (home / stack.STATE).is_file():  # nothing runs: only its data to delete
+        try:
+            gone = stack.purge_data(home.resolve())
+        except ValueError as exc:
+            raise fail(str(exc)) from exc
+        print(f"purged: {', '.join(map(str, gone))}" if gone else f"no stack data at {home}")
         return
     try:
         stopped = stack.down(home, purge=purge)

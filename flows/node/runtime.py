@@ -297,10 +297,10 @@ def config_change_tags(
     changed = checkpoint.config_differences(logged, {k: params[k] for k in logged})
     if not changed:
         return {}
-    line = f"from round {from_round}: " + "; ".join(changed)
+    what = "; ".join(changed)
     history = [h for h in (data.tags.get(CONFIG_CHANGES_TAG) or "").splitlines() if h]
-    if line not in history:
-        history.append(line)
+    if not history or history[-1].split(": ", 1)[-1] != what:  # a new change, not a resume
+        history.append(f"from round {from_round}: {what}")
     tags = {CONFIG_CHANGES_TAG: "\n".join(history)[-7000:]}
     first, now = logged.get("sampling.kind"), params.get("sampling.kind")
     if first and now and first != now:

@@ -17,10 +17,10 @@ def pause_own_deployment(node_id: str) -> bool:
     from prefect.client.orchestration import get_client
     from prefect.runtime import deployment
 
-    deployment_id = deployment.id
-    if not deployment_id:
-        return False
     try:
+        deployment_id = deployment.id  # may ask the server
+        if not deployment_id:
+            return False
         with get_client(sync_client=True) as client:
             client.pause_deployment(deployment_id)
     except Exception as exc:  # the node's work is done: say it and go on

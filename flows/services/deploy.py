@@ -348,7 +348,7 @@ def progress(config: SwarmConfig) -> Any:
             # (`one_run_at_a_time`); how many were is `skipped`, a sign that the interval
             # is shorter than a round.
             skipped = [r for r in runs if _state_of(r) == "CANCELLED"]
-            ran = [r for r in runs if r not in ahead and r not in skipped]
+            ran = [r for r in runs if r not in ahead and r not in skipped and _began(r)]
             last = max(ran, key=_began) if ran else None
             rows.append(
                 {

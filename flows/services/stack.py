@@ -46,6 +46,7 @@ from typing import Any
 
 from flows.services.processes import _alive, _stop_group, _stop_groups
 from flows.services.stack_data import (
+    DATABASES_MADE,
     _as_postgres,
     buckets,
     load_objects,
@@ -229,12 +230,15 @@ def _start_postgres(stack: Stack) -> None:
     options = f"-h {stack.host} -p {port} -k {data}"
     pg_ctl = [*run, _pg_bin("pg_ctl"), "-D", str(cluster), "-l", str(data / "server.log")]
     _run([*pg_ctl, "-o", options, "-w", "-t", "120", "start"], "pg_ctl start")
-    if not fresh:
+    if (data / DATABASES_MADE).is_file():
         return  # its databases, and what Prefect and MLflow wrote in them, are there
     env = {**os.environ, "PGPASSWORD": stack.env["POSTGRES_PASSWORD"]}
     for database in ("prefect", "mlflow"):
         createdb = [_pg_bin("createdb"), "-h", stack.host, "-p", port, "-U", user, database]
-        _run(createdb, f"createdb {database}", env)
+        made = subprocess.run(createdb, capture_output=True, text=True, env=env, timeout=180)
+        if made.returncode != 0 and "already exists" not in made.stderr:
+            raise StackError(f"createdb {database} failed: {made.stderr.strip()[-500:]}")
+    (data / DATABASES_MADE).write_text("prefect mlflow\n")
 
 
 def _make_buckets(stack: Stack) -> None:

@@ -4,12 +4,15 @@ which moto holds only in memory (flows/services/stack.py starts and stops the se
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 
 class Stack(Protocol):
@@ -36,7 +39,10 @@ def pg_home(home: Path) -> Path:
     it): then a folder of its own under /var/tmp, named in ``<home>/postgres-data``."""
     pointer = home / PG_POINTER
     if pointer.is_file():
-        return Path(pointer.read_text().strip())
+        named = Path(pointer.read_text().strip())
+        if not (named.is_absolute() and named.name.startswith("sapo-postgres-")):
+            raise ValueError(f"{pointer} names {str(named)!r}, not a folder the stack made")
+        return named
     inside = home / "postgres"
     if os.geteuid() != 0 or _enterable_by_postgres(home):
         return inside
@@ -68,25 +74,39 @@ def buckets(stack: Stack) -> tuple[str, str]:
 
 OBJECTS = "s3"
 """The folder of the home that holds moto's objects between ``down`` and ``up``."""
+OBJECTS_MARK = ".sapo-objects"
+"""The file that marks that folder as the stack's own copy."""
 
 
 def save_objects(stack: Stack) -> int:
-    """Copy every object of the stack's buckets into ``<home>/s3/<bucket>/<key>`` (a fresh
-    copy replaces the last one whole, once complete); how many."""
+    """Copy every object of the stack's buckets into ``<home>/s3/<bucket>/<key>``; how many.
+    A bucket's copy replaces its last one once complete (another bucket's, of an earlier
+    configuration, stays); a key that would land outside its folder (``..``) or on a
+    folder of another key is left out, with a warning."""
     fs = object_store(stack)
-    home = Path(stack.home)
-    partial = home / f"{OBJECTS}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    root = Path(stack.home) / OBJECTS
+    root.mkdir(parents=True, exist_ok=True)
+    (root / OBJECTS_MARK).touch()
     count = 0
     for bucket in buckets(stack):
-        (partial / bucket).mkdir(parents=True)
+        partial = root / f".{bucket}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
         for path in fs.find(bucket):
-            target = partial / bucket / path.removeprefix(f"{bucket}/")
+            key = path.removeprefix(f"{bucket}/")
+            target = (partial / key).resolve()
+            if not target.is_relative_to(partial.resolve()) or target.is_dir():
+                log.warning("not copied: %s/%s (its name cannot be a file here)", bucket, key)
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             fs.get_file(path, str(target))
             count += 1
-    shutil.rmtree(home / OBJECTS, ignore_errors=True)
-    partial.rename(home / OBJECTS)
+        old = root / f".{bucket}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if (root / bucket).exists():
+            (root / bucket).rename(old)
+        partial.rename(root / bucket)
+        shutil.rmtree(old, ignore_errors=True)
     return count
 
 
@@ -105,9 +125,22 @@ def load_objects(stack: Stack) -> int:
     return count
 
 
-def purge_data(home: Path) -> None:
+DATABASES_MADE = "databases-made"
+"""Written in PostgreSQL's data folder once its databases exist: an ``up`` that failed
+after ``initdb`` and before them makes them on the next ``up``."""
+
+
+def purge_data(home: Path) -> list[Path]:
     """Delete what the stack at ``home`` kept: PostgreSQL's data (where it lives) and the
-    copy of moto's objects."""
-    shutil.rmtree(pg_home(home), ignore_errors=True)
+    copy of moto's objects; only folders the stack made (a mistyped ``--home`` deletes
+    nothing of the user's). The folders deleted."""
+    gone = []
+    data = pg_home(home) if (home / PG_POINTER).is_file() else home / "postgres"
+    if (data / "cluster" / "PG_VERSION").is_file() or (data / DATABASES_MADE).is_file():
+        shutil.rmtree(data, ignore_errors=True)
+        gone.append(data)
     (home / PG_POINTER).unlink(missing_ok=True)
-    shutil.rmtree(home / OBJECTS, ignore_errors=True)
+    if (home / OBJECTS / OBJECTS_MARK).is_file():
+        shutil.rmtree(home / OBJECTS, ignore_errors=True)
+        gone.append(home / OBJECTS)
+    return gone

@@ -61,6 +61,7 @@ def test_mlflow_records_the_change_and_the_round_it_applies_from(tmp_path: Path)
     tracker.set_tags(run_id, tags)
     again = config_change_tags(tracker, run_id, forced, 2)  # resumed again, same change
     assert again == tags
+    assert config_change_tags(tracker, run_id, forced, 3) == tags  # no line a resume
     later = config_change_tags(tracker, run_id, {**forced, "grpo.learning_rate": "2e-05"}, 5)
     assert later[CONFIG_CHANGES_TAG].splitlines() == [
         "from round 2: sampling.kind: paper -> reward_filtered",
