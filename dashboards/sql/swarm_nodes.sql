@@ -4,9 +4,18 @@
 -- rewards all agree, and how many groups it drew from how many peers (sample log).
 -- `manifest_revisions` > 1: the node was resumed with another configuration (the first
 -- one is shown; `configurations` lists each, `I/J policy from round R`, in order).
--- Relations: `rollouts`, `manifests` (see sweep_reward_per_round.sql), `manifest_revisions`
--- (docs/ledger.md), `groups` (see zero_variance_groups.sql) and `samples` (see
--- most_sampled_peers.sql).
+-- Relations: `rollouts`, `manifests` (see sweep_reward_per_round.sql), `groups` (see
+-- zero_variance_groups.sql), `samples` (see most_sampled_peers.sql) and
+-- `manifest_revisions`, in a plain DuckDB session (after `rollouts`)
+--   CREATE VIEW manifest_revisions AS SELECT m.*,
+--       row_number() OVER (PARTITION BY swarm_id, node_id ORDER BY written_at) AS revision,
+--       (SELECT min(r.node_round) FROM rollouts r WHERE r.swarm_id = m.swarm_id
+--          AND r.node_id = m.node_id AND r.published_at >= m.written_at) AS from_round
+--     FROM read_json('<ledger>/_manifests/*/*/*.jsonl', format = 'newline_delimited',
+--       columns = {swarm_id: 'VARCHAR', node_id: 'VARCHAR', experiment: 'VARCHAR',
+--                  local_groups: 'INTEGER', external_groups: 'INTEGER', policy: 'VARCHAR',
+--                  policy_params: 'VARCHAR', model_id: 'VARCHAR', prompt_format: 'VARCHAR',
+--                  adapter: 'VARCHAR', seed: 'BIGINT', written_at: 'TIMESTAMPTZ', schema_version: 'INTEGER'}) m;
 WITH per_round AS (
     SELECT swarm_id, node_id, node_round, avg(reward) AS claimed_reward
     FROM rollouts

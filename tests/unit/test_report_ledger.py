@@ -84,6 +84,9 @@ def plain_duckdb(ledger: str) -> duckdb.DuckDBPyConnection:
     views.append(groups[groups.index("CREATE VIEW groups") : groups.index("group_id;") + 9])
     samples = dashboards.query("most_sampled_peers")
     views.append(samples[samples.index("CREATE VIEW samples") : samples.index("true);") + 6])
+    nodes = dashboards.query("swarm_nodes")
+    start = nodes.index("CREATE VIEW manifest_revisions")
+    views.append(nodes[start : nodes.index("}) m;", start) + 5])
     for view in views:
         con.execute(view.replace("--", "").replace("<ledger>", ledger))
     return con
