@@ -323,6 +323,22 @@ class LedgerReads(LedgerHandle):
             cut.extend(more)
         return rows
 
+    def _run_statements(
+        self, sql: str, params: dict[str, Any] | list[Any] | None
+    ) -> duckdb.DuckDBPyConnection:
+        """``sql`` on this connection; of several statements (a policy's ``--show-sql``:
+        ``drawable`` built, then the draw), each with the named parameters it uses, since
+        DuckDB binds parameters to one statement only. The last one's result."""
+        if not isinstance(params, dict) or not params:
+            return self.con.execute(sql, params)
+        statements = duckdb.extract_statements(sql)
+        if len(statements) < 2:
+            return self.con.execute(sql, params)
+        for statement in statements:  # a name not given is DuckDB's error, in one line
+            mine = {k: v for k, v in params.items() if k in statement.named_parameters}
+            found = self.con.execute(statement, mine)
+        return found
+
     @serialized
     def query(self, sql: str, params: dict[str, Any] | list[Any] | None = None) -> pl.DataFrame:
         """Run SQL over the views ``rollouts``, ``groups``, ``samples``, ``evaluations``,
@@ -335,7 +351,7 @@ class LedgerReads(LedgerHandle):
         def attempt() -> pl.DataFrame:
             try:
                 self.catalog.ensure_views()  # binding the views reads every file's footer
-                return whole_decimals_as_integers(self.con.execute(sql, params).pl())
+                return whole_decimals_as_integers(self._run_statements(sql, params).pl())
             except duckdb.Error as exc:
                 # A file changed under the views is forgotten and the query retried;
                 # anything else (the caller's SQL) is the caller's error.

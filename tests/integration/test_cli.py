@@ -82,6 +82,32 @@ def test_query_binds_named_parameters(filled):
     assert bad.exit_code == 2 and "expected key=value" in bad.output
 
 
+def test_a_policys_whole_sql_runs_by_hand_as_docs_ledger_md_says(filled, tmp_path):
+    """Issue 61: `--show-sql` printed what a draw runs (`drawable` built, then the policy),
+    which `sapo ledger query` could not run (parameters of several statements). Run by hand
+    with the sampler's parameters ($pool and $cut NULL), it draws what `sample` draws."""
+    from ledger.draws import public_draw_key
+
+    shown = runner.invoke(app, args_for(filled, "ledger", "sample", "--node-id", "me",
+                                        "--groups", "2", "--show-sql"))  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    (tmp_path / "draw.sql").write_text(shown.output)
+    params = {
+        "node_id": "me", "swarm_id": "null", "draw_key": public_draw_key("me", 0),
+        "rows_per_group": "null", "remember": "false", "n_groups": "2", "excluded": "[]",
+        "known": "null", "node_round": "null", "tasks": "null", "standing": "null",
+        "standing_rows": "null", "max_per_peer": "2", "peer_share_cap": "1",
+        "unknown_cap": "1", "pool": "null", "cut": "null",
+    }  # fmt: skip
+    binds = [arg for k, v in params.items() for arg in ("-p", f"{k}={v}")]
+    out = runner.invoke(app, args_for(filled, "ledger", "query", f"@{tmp_path / 'draw.sql'}",
+                                      "-f", "json", *binds))  # fmt: skip
+    assert out.exit_code == 0, out.output
+    with filled.open() as led:
+        drawn = led.sample_group_ids("me", 2, seed=0)
+    assert [row["group_id"] for row in json.loads(out.output)] == drawn and drawn
+
+
 OSC52 = "\x1b]52;c;c3VkbyBybSAtcmYgfg==\x07"  # sets the terminal's clipboard
 FORGED = "\x1b[2J\x1b[31mFORGED: node-1 reward 1.0\x1b[0m"  # clears the screen, red text
 
