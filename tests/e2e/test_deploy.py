@@ -35,6 +35,16 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _serve(path: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`sapo deploy --serve` of ``path`` every 5 s, one round a run, its output in ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
+             "--interval", "5", "--rounds-per-run", "1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
 def test_scheduled_deployment_runs_its_rounds_and_then_stops(
     tmp_path: Path,
     tiny_model: Path,  # noqa: F811
@@ -71,12 +81,7 @@ def test_scheduled_deployment_runs_its_rounds_and_then_stops(
         _wait(healthy, 120, "the Prefect server")
         path = swarm_file(tmp_path, tiny_model, node_count=1, peer_wait_s=0, rounds=1)
         log = tmp_path / "serve.log"
-        with log.open("w") as out:
-            served = subprocess.Popen(
-                [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
-                 "--interval", "5", "--rounds-per-run", "1"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+        served = _serve(path, env, log)
         finished = tmp_path / "work" / "nodes" / "node-0" / "finished.json"
         _wait(finished.is_file, 480, "the node's scheduled round")
         served.wait(timeout=120)  # it returns by itself
@@ -129,12 +134,7 @@ def test_serving_with_no_prefect_server_starts_one_and_ctrl_c_stops_a_round_in_f
     env["PREFECT_HOME"] = str(tmp_path / "user-prefect-home")  # as a fresh user's
     path = swarm_file(tmp_path, tiny_model, node_count=1, peer_wait_s=0)
     log = tmp_path / "serve.log"
-    with log.open("w") as out:
-        served = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "deploy", "-c", str(path), "--serve",
-             "--interval", "5", "--rounds-per-run", "1"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    served = _serve(path, env, log)
     work = tmp_path / "work"
     api_file = work / "prefect" / "server" / "api_url"
     try:
