@@ -170,12 +170,16 @@ def _stop_when_finished(cfg: SwarmConfig, runner: object, done: threading.Event)
     """Stop serving once every node has finished and no run of theirs is in flight."""
     from flows.services import deploy as deploying
 
+    quiet = 0  # polls in a row that found every node finished and no run in flight
     while not done.wait(FINISHED_POLL_S):
         try:
             finished = deploying.swarm_finished(cfg) and not deploying.runs_in_flight(cfg)
         except Exception:  # the server away a moment: ask again at the next poll
             continue
-        if finished:
+        quiet = quiet + 1 if finished else 0
+        # Twice in a row: a run reports Completed before its process exits, and stopping
+        # the runner then would cancel that run (seen: the finishing run marked Cancelled).
+        if quiet >= 2:
             os.kill(os.getpid(), signal.SIGTERM)
             return
 
