@@ -111,14 +111,16 @@ def check_resume(
     force: bool,
     more_rounds: int | None = None,
     saved: Mapping[str, checkpoint.Checkpoint | None] | None = None,
+    ledger_checked: bool = False,
 ) -> ResumeCheck:
     """Whether ``node_ids`` may resume from their checkpoints (``saved``: each node's newest,
     read here when not given): never when a node kept only its final model and is asked for
     more rounds; not when a node's configuration changed since its checkpoint (the number of
     rounds aside) unless ``force``, listing what changed for each; never from a folder that
-    served another ledger (`ledger_problem`)."""
+    served another ledger (`ledger_problem`; ``ledger_checked``: the caller asked it already,
+    so the store is not asked twice)."""
     newest = dict(saved) if saved is not None else newest_checkpoints(swarm, node_ids)
-    for node_id in node_ids:
+    for node_id in () if ledger_checked else node_ids:
         saved_one = newest[node_id]
         foreign = None if saved_one is None else ledger_problem(swarm, node_id, saved_one)
         if foreign is not None:
@@ -218,7 +220,9 @@ def decide(
     if checked:
         return Start(node_id, saved, rounds.start, rounds.stop, checked_by_launcher=True)
     force = force or forced_by_environment()
-    check = check_resume(swarm, [node_id], force, more_rounds, {node_id: saved})
+    check = check_resume(
+        swarm, [node_id], force, more_rounds, {node_id: saved}, ledger_checked=True
+    )
     return Start(
         node_id, saved, rounds.start, rounds.stop, refusal=check.refusal, forced=tuple(check.forced)
     )

@@ -187,7 +187,10 @@ def test_a_folder_whose_ledger_is_gone_is_refused_not_told_finished(
     backlog = tmp_path / "nodes" / "node-1" / "backlog"
     backlog.mkdir()
     (backlog / "r00000001-rollouts.parquet").write_bytes(b"")
-    assert lifecycle.decide(cfg, "node-1").refusal is None
+    # One start asks once: `decide` checks, and its resume check does not check again.
+    real, asked = lifecycle.ledger_problem, []
+    monkeypatch.setattr(lifecycle, "ledger_problem", lambda *a: asked.append(a) or real(*a))
+    assert lifecycle.decide(cfg, "node-1").refusal is None and len(asked) == 1
 
 
 def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
