@@ -130,8 +130,9 @@ def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl
 # What a node did at round 0, before any update: its own groups' reward and tokens, and its
 # held-out answers. The held-out evaluation is seeded apart from the configuration, so its
 # answers match in every configuration of a seed when the runs compute alike; the own groups
-# match only between configurations that generate the same questions a round (a control that
-# makes 8 questions where the others make 4 draws other groups by design).
+# match only between configurations that generate the same questions a round and groups of the
+# same size (a control that makes 8 questions where the others make 4, or groups of 16 where
+# the others make 8, draws other groups by design).
 OWN_GROUP_FIGURES = ("claimed_reward", "tokens_generated")
 ROUND_0_FINGERPRINT = (*OWN_GROUP_FIGURES, "accuracy")
 
@@ -165,9 +166,10 @@ def unpaired_seeds(
     configurations' effect with the machine's.
 
     ``generates`` maps a configuration to what decides its own round-0 groups (its questions
-    a round); configurations with different values are compared on held-out accuracy only.
-    Without it every configuration generates alike. Only what every run of the seed logged
-    is compared (a node or a figure a run lacks is left out, not counted as a difference).
+    a round, its group size); configurations with different values are compared on
+    held-out accuracy only. Without it every configuration generates alike. Only what every
+    run of the seed logged is compared (a node or a figure a run lacks is left out, not
+    counted as a difference).
     ``order`` lists configurations in the experiment's order (else by name): each
     configuration joins the first named group whose runs it agrees with on every figure
     they share, so the groups shown are the configurations that computed alike."""
@@ -263,8 +265,9 @@ def tables_from_records(
     With ``planned`` (the experiment's runs: swarm_id -> (configuration, seed), in its
     order), the tables follow the experiment's order of configurations and name the
     planned runs that have no rounds at all, which would otherwise only show as a smaller
-    seed count. ``generates`` (configuration -> its own questions a round) tells the round-0
-    pairing check which configurations should draw the same own groups (`unpaired_seeds`)."""
+    seed count. ``generates`` (configuration -> its own questions a round and group size)
+    tells the round-0 pairing check which configurations should draw the same own groups
+    (`unpaired_seeds`)."""
     rows = records.node_rounds.sort(["configuration", "seed", "node_id", "node_round"])
     if rows.is_empty():
         raise ValueError("none of the experiment's runs has rounds in this ledger")

@@ -138,7 +138,7 @@ def report_replicates(
         )
     tables = tables_from_records(records, baseline=baseline, rounds=first.rounds,
                                  nodes=len(first.nodes), planned=exp.replicates(),
-                                 generates=exp.own_questions())  # fmt: skip
+                                 generates=exp.own_generation())  # fmt: skip
     total = len(heldout_keys(first))
     seen = records.heldout_seen.select("task", "question").unique().height
     tables.heldout_overlap = (seen, total)

@@ -243,11 +243,15 @@ class ExperimentConfig(Strict):
         """swarm_id -> (configuration label, seed): how the statistics pair the runs."""
         return {self.swarm_id(c, s): (self.label(c), 0 if s is None else s) for c, s in self.runs()}
 
-    def own_questions(self) -> dict[str, tuple[int, ...]]:
-        """Configuration label -> each node's own questions a round: configurations that
-        differ here draw other own groups at round 0 by design (the round-0 pairing check)."""
+    def own_generation(self) -> dict[str, tuple[tuple[int, int], ...]]:
+        """Configuration label -> each node's own questions a round and completions a
+        question: configurations that differ here draw other own groups at round 0 by design
+        (the round-0 pairing check), as a control making more questions or larger groups."""
         return {
-            self.label(c): tuple(spec.node.questions for spec in self.swarm_config(c).nodes)
+            self.label(c): tuple(
+                (spec.node.questions, spec.node.generation.completions_per_question)
+                for spec in self.swarm_config(c).nodes
+            )
             for c in self.configurations
         }
 

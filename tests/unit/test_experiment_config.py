@@ -338,9 +338,12 @@ def test_the_compute_matched_control_is_a_node_alone_making_more_questions() -> 
     plain = exp.swarm_config(exp.configurations[0], 3).nodes[0].node
     assert (plain.questions, plain.local_selection) == (4, "drawn")
     # what the round-0 pairing check is told: the control draws other own groups by design
-    assert exp.own_questions() == {
-        "4/0": (4, 4, 4), "2/2": (4, 4, 4), "4/0-q8-informative-first": (8, 8, 8)
+    assert exp.own_generation() == {
+        "4/0": ((4, 8),) * 3, "2/2": ((4, 8),) * 3, "4/0-q8-informative-first": ((8, 8),) * 3
     }  # fmt: skip
+    # and a control with larger groups (issue 58's 4/0-L16) draws other groups as well
+    wider = load_experiment(EXAMPLES / "offpolicy-cpu.yaml").own_generation()
+    assert wider["4/0-L16"] == ((4, 16),) * 3 and wider["2/2-none"] == ((4, 8),) * 3
     # Only the configurations vary the selection: a node entry may not set it.
     data = copy.deepcopy(exp.model_dump())
     data["swarm"]["nodes"][0]["local_selection"] = "informative_first"
