@@ -9,6 +9,7 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -16,14 +17,15 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from flows.services.deploy import local_prefect_server
 from tests.e2e.test_swarm import sapo
 from tests.tiny_models import build_tiny_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def experiment_file(tmp_path: Path, model: Path) -> Path:
-    data = {
+def experiment_file(tmp_path: Path, model: Path, prefect_api: str | None = None) -> Path:
+    data: dict[str, Any] = {
         "experiment": "mini",
         "workdir": str(tmp_path / "work"),
         "seeds": [0, 1],
@@ -63,6 +65,11 @@ def experiment_file(tmp_path: Path, model: Path) -> Path:
             {"local_groups": 1, "external_groups": 1},
         ],
     }
+    if prefect_api:
+        # The node processes' runs go to one server, as a user's stack has, instead of each
+        # starting Prefect's ephemeral one (10-20 s a node on 2 cores); the sweep's own flow
+        # keeps its ephemeral server (checked below).
+        data["swarm"]["prefect"] = {"api_url": prefect_api}
     path = tmp_path / "mini.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -119,8 +126,13 @@ def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
 
 @pytest.mark.timeout(1800)  # the sweep's own limits (1200 s, then 600 s twice), not the default
 def test_miniature_sweep_and_report(tmp_path: Path) -> None:
+    with local_prefect_server(tmp_path / "prefect") as api:
+        check_miniature_sweep(tmp_path, api)
+
+
+def check_miniature_sweep(tmp_path: Path, prefect_api: str) -> None:
     model = build_tiny_model(tmp_path / "model")
-    path = experiment_file(tmp_path, model)
+    path = experiment_file(tmp_path, model, prefect_api)
     work = tmp_path / "work"
     records = tmp_path / "records"
     out = sapo("experiment", "-c", str(path), "--records", str(records), timeout=1200)
