@@ -120,11 +120,12 @@ def check_resume(
     served another ledger (`ledger_problem`; ``ledger_checked``: the caller asked it already,
     so the store is not asked twice)."""
     newest = dict(saved) if saved is not None else newest_checkpoints(swarm, node_ids)
-    for node_id in () if ledger_checked else node_ids:
-        saved_one = newest[node_id]
-        foreign = None if saved_one is None else ledger_problem(swarm, node_id, saved_one)
-        if foreign is not None:
-            return ResumeCheck(foreign)
+    if not ledger_checked:
+        for node_id in node_ids:
+            saved_one = newest[node_id]
+            foreign = None if saved_one is None else ledger_problem(swarm, node_id, saved_one)
+            if foreign is not None:
+                return ResumeCheck(foreign)
     blocked = []  # finished with only their final models, but asked for more rounds
     for node_id in node_ids:
         saved_one = newest[node_id]
@@ -210,13 +211,14 @@ def decide(
     end = until_round or swarm.rounds
     first = 0 if saved is None else saved.next_round
     rounds = rounds_to_run(first, end, until_round, more_rounds)
-    if saved is not None:
+    # The launcher that started this process checked this checkpoint, its ledger included.
+    checked = os.environ.get(CHECKED_ENV) == checked_marker(saved)
+    if saved is not None and not checked:
         foreign = ledger_problem(swarm, node_id, saved)
         if foreign is not None:
             return Start(node_id, saved, first, first, refusal=foreign)
     if saved is not None and nothing_left(swarm, node_id, saved, end, until_round, more_rounds):
         return Start(node_id, saved, first, first, said=finished_line(node_id, saved))
-    checked = os.environ.get(CHECKED_ENV) == checked_marker(saved)
     if checked:
         return Start(node_id, saved, rounds.start, rounds.stop, checked_by_launcher=True)
     force = force or forced_by_environment()

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.cli.swarm import check_resume
 from flows.config import load_swarm
+from flows.env import CHECKED_ENV
 from flows.node import lifecycle, steps
 from flows.node.lifecycle import node_config
 from flows.node.runtime import node_key, open_node
@@ -190,7 +191,11 @@ def test_a_folder_whose_ledger_is_gone_is_refused_not_told_finished(
     # One start asks once: `decide` checks, and its resume check does not check again.
     real, asked = lifecycle.ledger_problem, []
     monkeypatch.setattr(lifecycle, "ledger_problem", lambda *a: asked.append(a) or real(*a))
-    assert lifecycle.decide(cfg, "node-1").refusal is None and len(asked) == 1
+    start = lifecycle.decide(cfg, "node-1")
+    assert start.refusal is None and len(asked) == 1
+    # and a node process whose launcher checked this checkpoint (the ledger too) asks not at all
+    monkeypatch.setenv(CHECKED_ENV, lifecycle.checked_marker(start.saved))
+    assert lifecycle.decide(cfg, "node-1").checked_by_launcher and len(asked) == 1
 
 
 def test_a_deployed_run_refuses_a_changed_configuration_as_the_cli_does(
