@@ -17,7 +17,6 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from flows.services.deploy import local_prefect_server
 from tests.e2e.test_swarm import sapo
 from tests.tiny_models import build_tiny_model
 
@@ -66,9 +65,8 @@ def experiment_file(tmp_path: Path, model: Path, prefect_api: str | None = None)
         ],
     }
     if prefect_api:
-        # The node processes' runs go to one server, as a user's stack has, instead of each
-        # starting Prefect's ephemeral one (10-20 s a node on 2 cores); the sweep's own flow
-        # keeps its ephemeral server (checked below).
+        # The node processes' runs go to one server (the `prefect_api` fixture); the sweep's
+        # own flow keeps its ephemeral server (checked below).
         data["swarm"]["prefect"] = {"api_url": prefect_api}
     path = tmp_path / "mini.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -125,12 +123,7 @@ def check_statistics(work: Path, cumulative: dict[str, float]) -> None:
 
 
 @pytest.mark.timeout(1800)  # the sweep's own limits (1200 s, then 600 s twice), not the default
-def test_miniature_sweep_and_report(tmp_path: Path) -> None:
-    with local_prefect_server(tmp_path / "prefect") as api:
-        check_miniature_sweep(tmp_path, api)
-
-
-def check_miniature_sweep(tmp_path: Path, prefect_api: str) -> None:
+def test_miniature_sweep_and_report(tmp_path: Path, prefect_api: str) -> None:
     model = build_tiny_model(tmp_path / "model")
     path = experiment_file(tmp_path, model, prefect_api)
     work = tmp_path / "work"

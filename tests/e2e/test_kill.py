@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from flows.node.steps import KILL_AT_ENV, ROUND
-from flows.services.deploy import local_prefect_server
 from ledger import Ledger
 from tests.conftest import stop_process_group
 from tests.e2e.test_swarm import sapo, swarm_file, tiny_model  # noqa: F401 - fixture
@@ -52,19 +51,19 @@ def killed_at(path: Path, step: str, round_: int) -> None:
 def test_sigkill_at_each_step_then_resume(
     tmp_path: Path,
     tiny_model: Path,  # noqa: F811
+    prefect_api: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = swarm_file(
         tmp_path, tiny_model, rounds=ROUNDS, node_count=2, peer_wait_s=0, checkpoint_every=1
     )
     work = tmp_path / "work"
-    with local_prefect_server(tmp_path / "prefect") as api:
-        monkeypatch.setenv("PREFECT_API_URL", api)  # every launch's runs go to this server
-        # node-1 publishes first, so that node-0 has a peer to sample in every round.
-        sapo("node", "-c", str(path), "--node-id", "node-1")
-        for round_, step in KILLED_IN.items():
-            killed_at(path, step, round_)
-        sapo("node", "-c", str(path), "--node-id", "node-0")
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # every launch's runs go to one server
+    # node-1 publishes first, so that node-0 has a peer to sample in every round.
+    sapo("node", "-c", str(path), "--node-id", "node-1")
+    for round_, step in KILLED_IN.items():
+        killed_at(path, step, round_)
+    sapo("node", "-c", str(path), "--node-id", "node-0")
     with Ledger.open(str(work / "ledger")) as ledger:
         rollouts = ledger.query(
             "SELECT node_round, count(*) AS n, count(DISTINCT rollout_id) AS ids FROM rollouts "

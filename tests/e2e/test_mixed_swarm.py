@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from flows.reports.report import report_ledger
-from flows.services.deploy import local_prefect_server
 from tests.e2e.test_swarm import node_metrics, sapo
 from tests.factories import open_ledger
 from tests.tiny_models import build_tiny_model
@@ -29,7 +28,7 @@ NODES = {  # node -> (architecture, tokenizer, the prompt format it resolves to)
 }
 
 
-def test_three_families_train_on_each_others_text(tmp_path: Path) -> None:
+def test_three_families_train_on_each_others_text(tmp_path: Path, prefect_api: str) -> None:
     models = {
         node: build_tiny_model(tmp_path / node, family=family, tokenizer=tokenizer, seed=k)
         for k, (node, (family, tokenizer, _)) in enumerate(NODES.items())
@@ -57,13 +56,9 @@ def test_three_families_train_on_each_others_text(tmp_path: Path) -> None:
         ],
     }
     path = tmp_path / "swarm.yaml"
-    with local_prefect_server(tmp_path / "prefect") as api:
-        # One Prefect server for the three nodes, as a user's stack has: each node starting
-        # Prefect's ephemeral one costs 10-20 s of the 2 cores (tests/e2e/test_swarm.py runs
-        # that default).
-        swarm["prefect"] = {"api_url": api}
-        path.write_text(yaml.safe_dump(swarm))
-        sapo("swarm", "-c", str(path), timeout=900)
+    swarm["prefect"] = {"api_url": prefect_api}  # one server for the three nodes
+    path.write_text(yaml.safe_dump(swarm))
+    sapo("swarm", "-c", str(path), timeout=900)
 
     with open_ledger(str(work / "ledger")) as ledger:
         manifests = ledger.query(
