@@ -6,6 +6,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.mlflow_store import copy_new_stores_from
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _new_mlflow_stores_copied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """MLflow's schema migrated once a session, not once a test (tests/mlflow_store.py)."""
+    undo = copy_new_stores_from(tmp_path_factory.mktemp("mlflow-template") / "mlflow.db")
+    yield
+    undo()
+
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
