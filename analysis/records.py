@@ -3,8 +3,9 @@
 A sweep of many hours outlives the machine it started on: the ledger, the MLflow store and
 the checkpoints are gigabytes on one disk, and a replaced machine loses them. What the
 paired-seed statistics read from them is small: the per-node-round rows, the discoveries,
-each node's model, the peer groups it trained on and the held-out questions the run also
-trained on. A run record holds exactly that, as CSV files in one folder per run
+each node's model, the peer groups it trained on, the held-out questions the run also
+trained on and how far each generator was from each node (peers' drift, from version 3). A
+run record holds exactly that, as CSV files in one folder per run
 (``<records>/<swarm_id>/``), meant to be committed as each run finishes. The statistics are
 computed from records alone, so a report can combine runs done on different machines, and
 a sweep skips a run whose record exists (flows/experiments/flow.py).
@@ -34,8 +35,9 @@ from polars.datatypes import DataTypeClass
 import dashboards
 
 Query = Callable[[str], pl.DataFrame]  # ledger SQL -> rows (Ledger.query)
-RECORD_VERSION = 2  # 2: record.json has each file's SHA-256; 1 (issue 32's sweep) had none
-READABLE_VERSIONS = (1, 2)
+# 3: drift.csv (peers' drift); 2: record.json has each file's SHA-256; 1 (issue 32's sweep)
+RECORD_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 Schema = dict[str, DataTypeClass | pl.DataType]
 MANIFEST = "record.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -60,10 +62,22 @@ PEER_GROUPS: Schema = {
     "group_id": pl.String, "peer_node_id": pl.String,
 }  # fmt: skip
 HELDOUT_SEEN: Schema = {"swarm_id": pl.String, "task": pl.String, "question": pl.String}
+# Per run, node, round and generator (the node itself for its own rows): the token-weighted
+# means of the `trainings` log's drift_* columns, so that any pooling of them is exact.
+DRIFT: Schema = {
+    "swarm_id": pl.String, "node_id": pl.String, "node_round": pl.Int64,
+    "peer_node_id": pl.String, "origin": pl.String, "tokens": pl.Int64, "kl": pl.Float64,
+    "weight_mean": pl.Float64, "weight_sq_mean": pl.Float64, "capped": pl.Float64,
+}  # fmt: skip
 SCHEMAS: dict[str, Schema] = {
     "node_rounds": NODE_ROUNDS, "discoveries": DISCOVERIES, "models": MODELS,
-    "peer_groups": PEER_GROUPS, "heldout_seen": HELDOUT_SEEN,
+    "peer_groups": PEER_GROUPS, "heldout_seen": HELDOUT_SEEN, "drift": DRIFT,
 }  # fmt: skip
+SINCE_VERSION = {"drift": 3}  # tables a record of an earlier version does not have
+
+
+def _tables(version: int) -> list[str]:
+    return [name for name in SCHEMAS if SINCE_VERSION.get(name, 1) <= version]
 
 
 class RecordError(ValueError):
@@ -79,6 +93,7 @@ class RunRecords:
     models: pl.DataFrame  # per run and node: the model its manifest declares
     peer_groups: pl.DataFrame  # per run, node and round: peers' groups it trained on
     heldout_seen: pl.DataFrame  # per run: held-out questions it also generated for training
+    drift: pl.DataFrame  # per run, node, round and generator: peers' drift (empty before v3)
 
     def swarm_ids(self) -> list[str]:
         return sorted(set(self.node_rounds["swarm_id"].to_list()))
@@ -175,6 +190,7 @@ def records_from_ledger(
         "SELECT DISTINCT swarm_id, node_id, node_round, group_id, peer_node_id FROM trainings "
         "WHERE origin = 'external' AND trained"
     ).filter(in_runs)
+    drift = query(dashboards.query("peer_drift")).filter(in_runs)
     seen = pl.DataFrame(schema=HELDOUT_SEEN)
     if heldout:
         asked = pl.DataFrame(sorted(heldout), schema=["task", "question"], orient="row")
@@ -186,6 +202,7 @@ def records_from_ledger(
         _conform(models, MODELS),
         _conform(peers, PEER_GROUPS),
         _conform(seen, HELDOUT_SEEN),
+        _conform(drift, DRIFT),
     )
 
 
@@ -200,7 +217,8 @@ def write_record(records: RunRecords, swarm_id: str, root: Path, **facts: object
     digests = {}
     for name in SCHEMAS:
         frame: pl.DataFrame = getattr(mine, name)
-        sort = [c for c in ("node_id", "node_round", "task", "group_id") if c in frame.columns]
+        keys = ("node_id", "node_round", "task", "group_id", "peer_node_id")
+        sort = [c for c in keys if c in frame.columns]
         text = frame.sort(sort).write_csv().encode()
         (staging / f"{name}.csv").write_bytes(text)
         digests[f"{name}.csv"] = hashlib.sha256(text).hexdigest()
@@ -230,7 +248,7 @@ def _manifest(folder: Path) -> dict[str, Any]:
     digests = meta.get("sha256")
     if version >= 2 and (
         not isinstance(digests, dict)
-        or set(digests) != {f"{name}.csv" for name in SCHEMAS}
+        or set(digests) != {f"{name}.csv" for name in _tables(version)}
         or not all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values())
     ):
         raise RecordError(f"{path}: no SHA-256 for each of its files")
@@ -238,11 +256,13 @@ def _manifest(folder: Path) -> dict[str, Any]:
 
 
 def read_record(folder: Path) -> RunRecords:
-    """One run's record; RecordError (naming the file) when it does not parse."""
+    """One run's record; RecordError (naming the file) when it does not parse. A table its
+    version did not record (peers' drift before version 3) reads empty."""
     meta = _manifest(folder)
     digests = meta["sha256"] if meta["version"] >= 2 else {}
-    tables = {}
-    for name, schema in SCHEMAS.items():
+    tables = {name: pl.DataFrame(schema=schema) for name, schema in SCHEMAS.items()}
+    for name in _tables(meta["version"]):
+        schema = SCHEMAS[name]
         path = folder / f"{name}.csv"
         try:
             data = path.read_bytes()

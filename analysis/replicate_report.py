@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
+from analysis.drift import drift_lines
 from analysis.paper import (
     paper_comparison,
     parse_label,
@@ -163,6 +164,8 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
          "discovered_after_peer_groups": "...after peers' groups of the task",
          "never_rewarded": "never rewarded"},
     )  # fmt: skip
+    if tables.drift is not None:
+        lines += drift_lines(tables.drift)
     return "\n".join(lines) + "\n"
 
 
@@ -329,11 +332,14 @@ def _compute_frame(tables: ReplicateTables, metrics: list[str]) -> pl.DataFrame:
 
 
 def write_replicate_report(tables: ReplicateTables, out_dir: Path, *, baseline: str) -> Path:
-    """statistics.md, the per-node-round CSV, the per-run CSV and the discoveries CSV."""
+    """statistics.md, the per-node-round CSV, the per-run CSV, the discoveries CSV and,
+    where records carry it, peers' drift per run and round (drift_rounds.csv)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tables.node_rounds.write_csv(out_dir / "node_rounds.csv")
     tables.runs.write_csv(out_dir / "runs.csv")
     tables.discoveries.write_csv(out_dir / "discoveries.csv")
+    if tables.drift is not None:
+        tables.drift.rounds.write_csv(out_dir / "drift_rounds.csv")
     path = out_dir / "statistics.md"
     path.write_text(replicate_markdown(tables, baseline=baseline))
     return path

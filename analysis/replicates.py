@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from analysis.drift import DriftTables, drift_tables
 from analysis.records import RunRecords
 from analysis.returns import token_returns
 from analysis.statistics import paired_gains, per_configuration
@@ -52,6 +53,7 @@ class ReplicateTables:
     heldout_overlap: tuple[int, int] | None = None  # held-out questions also trained on, of all
     unrun: list[str] | None = None  # planned runs with no rounds here: "<configuration> seed <s>"
     unpaired: list[str] | None = None  # seeds whose runs computed apart: `unpaired_seeds`
+    drift: DriftTables | None = None  # peers' drift over rounds, where records carry it
 
 
 def run_metrics(rows: pl.DataFrame, rounds: int, nodes: int | None = None) -> pl.DataFrame:
@@ -305,4 +307,10 @@ def tables_from_records(
         discoveries=found.sort("configuration", "seed", "node_id", "task"),
         unrun=unrun,
         unpaired=unpaired_seeds(rows, order, generates),
+        drift=drift_tables(
+            records.drift,
+            metrics.filter(pl.col("complete")).select("swarm_id", "configuration", "seed"),
+            rounds,
+            order,
+        ),
     )

@@ -48,6 +48,15 @@ def experiment(
             "this machine's ledger holds (a sweep finished elsewhere, or one still running)."
         ),
     ] = False,
+    rerecord: Annotated[
+        bool,
+        typer.Option(
+            help="With --report-only: first (re)write into --records the record of each "
+            "complete run this machine's ledger holds, with this version's tables (a record "
+            "an older sapo wrote gains what this one adds, such as peers' drift); the "
+            "earlier record's code, host and time stay in its record.json."
+        ),
+    ] = False,
     overrides: Annotated[
         list[str] | None,
         typer.Option(
@@ -73,6 +82,8 @@ def experiment(
     if records is not None and records.exists() and not records.is_dir():
         # Found now, not when the first run of many hours tries to write its record.
         raise fail(f"--records {records}: not a folder")
+    if rerecord and (not report_only or records is None):
+        raise fail("--rerecord goes with --report-only and --records (the folder to rewrite)")
     if report_only and records is not None and not records.exists():
         # a typo would otherwise read as "no run has rounds"
         raise fail(f"--records {records}: no such folder to report from")
@@ -86,7 +97,7 @@ def experiment(
         made = guarded(
             lambda: experiment_report(
                 str(config.resolve()), overrides or [], str(out_dir.resolve()),
-                str(records.resolve()) if records else None, write_records=False,
+                str(records.resolve()) if records else None, write_records=rerecord,
             )
         )  # fmt: skip
         print(made["markdown"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from analysis.families import family_markdown, family_tables
 from analysis.records import (
     RunRecords,
     read_records,
+    record_manifest,
     recorded,
     records_from_ledger,
     write_record,
@@ -82,8 +84,18 @@ def record_runs(
     done = complete_runs(exp, records)
     walls = run_walls(exp, root)  # before any is rewritten: a record keeps what it had
     for swarm_id in done:
-        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id))
+        earlier = _earlier(record_manifest(root, swarm_id), facts)
+        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id), **earlier)
     return done
+
+
+def _earlier(manifest: Mapping[str, object], facts: Mapping[str, str]) -> dict[str, object]:
+    """What a rewritten record keeps of the one it replaces: the first code, host and time
+    that recorded the run (a sweep's fixed clone), when other code rewrites it."""
+    if "earlier" in manifest:
+        return {"earlier": manifest["earlier"]}
+    first = {k: manifest[k] for k in ("code", "host", "written_at") if k in manifest}
+    return {"earlier": first} if first and first.get("code") != facts["code"] else {}
 
 
 def code_version() -> str:

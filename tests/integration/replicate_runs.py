@@ -44,11 +44,32 @@ def eval_rows(accuracy: float) -> list[dict[str, object]]:
     ]  # fmt: skip
 
 
-def training_row(group_id: str, origin: str, peer: str, informative: bool) -> dict[str, object]:
+def training_row(
+    group_id: str, origin: str, peer: str, informative: bool, drift: dict[str, object]
+) -> dict[str, object]:
     return {"group_id": group_id, "origin": origin, "peer_node_id": peer,
             "task": "basic_arithmetic", "completions": 4,
             "reward_mean": 0.5 if informative else 0.0,
-            "informative": informative, "trained": informative}  # fmt: skip
+            "informative": informative, "trained": informative, **drift}  # fmt: skip
+
+
+def drift(origin: str, seed: int, node: str, round_: int) -> dict[str, object]:
+    """How far each group's generator was: own rows exact (n1's within 1e-6); a peer's row
+    10 tokens in round 0 and 20 in round 1, at KL 0.1 (s + 1) for n0 and 0.3 (s + 1) for n1,
+    ratios of mean 1 and mean square 2 (n0) or 4 (n1), 10% or 30% of them over the cap. Per
+    seed and round, pooled over both nodes: KL 0.2 (s + 1), ESS fraction 20^2 / (20 * 60) =
+    1/3 (round 0; round 1 the same), 20% over the cap."""
+    first = node == "n0"
+    if origin == "local":
+        kl, square, capped = (0.0 if first else 1e-6), 1.0, 0.0
+    else:
+        kl, square, capped = (
+            (0.1 if first else 0.3) * (seed + 1),
+            (2.0 if first else 4.0),
+            (0.1 if first else 0.3),
+        )
+    return {"drift_tokens": 10 * (round_ + 1), "drift_kl": kl, "drift_weight_mean": 1.0,
+            "drift_weight_sq_mean": square, "drift_capped": capped}  # fmt: skip
 
 
 def replicate_ledger(root: Path) -> Ledger:
@@ -68,10 +89,13 @@ def replicate_ledger(root: Path) -> Ledger:
                             "local",
                             node,
                             not (conf == SHARED and seed == 0 and node == "n0" and r == 0),
+                            drift("local", seed, node, r),
                         )
                     ]
                     if conf == SHARED:
-                        rows.append(training_row(f"{sid}.{peer}.r{r}.g0", "external", peer, True))
+                        peers = drift("external", seed, node, r)
+                        group = f"{sid}.{peer}.r{r}.g0"
+                        rows.append(training_row(group, "external", peer, True, peers))
                     led.write_training(sid, node, r, rows)
                 led.write_evaluation(sid, node, 0, eval_rows(0.125))
                 led.write_evaluation(sid, node, 2, eval_rows(0.25 if conf == BASE else 0.5))

@@ -38,13 +38,16 @@ def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path:
     assert set(records.heldout_seen["question"]) == {"q0 of n1"}
     assert records.models.is_empty()  # the hand-made ledger has no manifests
     assert records.peer_groups.height == 3 * 2 * 2  # shared seeds x nodes x rounds
+    # drift: each trained group's generator; all 24 own groups but seed 0's n0 round 0
+    assert records.drift.filter(pl.col("origin") == "external").height == 3 * 2 * 2
+    assert records.drift.filter(pl.col("origin") == "local").height == 23
     root = tmp_path / "records"
     elsewhere = [swarm(SHARED, s) for s in SEEDS] + [swarm(BASE, 0)]
     for swarm_id in elsewhere:
         folder = write_record(records, swarm_id, root, code="abc", host="old-machine")
         assert sorted(p.name for p in folder.iterdir()) == [
-            "discoveries.csv", "heldout_seen.csv", "models.csv", "node_rounds.csv",
-            "peer_groups.csv", "record.json",
+            "discoveries.csv", "drift.csv", "heldout_seen.csv", "models.csv",
+            "node_rounds.csv", "peer_groups.csv", "record.json",
         ]  # fmt: skip
     assert not list(root.glob(".*"))  # no staging folder left behind
     here = records.only(s for s in replicates if s not in elsewhere)
@@ -57,6 +60,9 @@ def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path:
     assert mixed.runs.sort("swarm_id").equals(direct.runs.sort("swarm_id"))
     assert mixed.mechanism.equals(direct.mechanism)
     assert mixed.discoveries.equals(direct.discoveries)
+    assert mixed.drift is not None and direct.drift is not None
+    assert mixed.drift.blocks.equals(direct.drift.blocks)
+    assert mixed.drift.rounds.equals(direct.drift.rounds)
 
 
 def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_path: Path) -> None:
@@ -70,7 +76,7 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
     good = rows.read_text()
     manifest = folder / "record.json"
     written = json.loads(manifest.read_text())
-    assert written["version"] == 2 and set(written["sha256"]) == {
+    assert written["version"] == 3 and set(written["sha256"]) == {
         p.name for p in folder.glob("*.csv")
     }
     # A copy cut short: mid-row, or at a row's end (which parses as a smaller table: only
@@ -141,7 +147,7 @@ def test_a_record_keeps_long_fields_and_its_own_version(ledger: Ledger, tmp_path
     # a fact named like the manifest's own keys does not replace them
     folder = write_record(records, sid, tmp_path, version=99, sha256="forged", host="h")
     meta = json.loads((folder / "record.json").read_text())
-    assert meta["version"] == 2 and isinstance(meta["sha256"], dict) and meta["host"] == "h"
+    assert meta["version"] == 3 and isinstance(meta["sha256"], dict) and meta["host"] == "h"
     assert read_record(folder).heldout_seen["question"].to_list() == [long_question]
 
 
@@ -271,3 +277,78 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
     )
     assert result.exit_code == 2
     assert f"none of y's 6 planned runs has rounds in the records in {root}" in result.output
+
+
+def test_a_record_of_version_2_reads_without_drift(ledger: Ledger, tmp_path: Path) -> None:
+    """Records written before peers' drift (version 2: the paper-table and compute-matched
+    sweeps, and the first runs of issue 58's) read as they were, the drift table empty; a
+    version-3 record without its drift.csv is damaged."""
+    from analysis.records import (
+        DRIFT,
+        RecordError,
+        read_record,
+        records_from_ledger,
+        write_record,
+    )
+
+    sid = swarm(SHARED, 1)
+    folder = write_record(records_from_ledger(ledger.query, {sid: (SHARED, 1)}), sid, tmp_path)
+    manifest = folder / "record.json"
+    meta = json.loads(manifest.read_text())
+    assert read_record(folder).drift.height == 8  # 2 nodes x 2 rounds x (own, peer's)
+    (folder / "drift.csv").unlink()
+    with pytest.raises(RecordError, match=r"drift\.csv: No such file"):
+        read_record(folder)
+    del meta["sha256"]["drift.csv"]
+    manifest.write_text(json.dumps({**meta, "version": 2}))
+    old = read_record(folder)
+    assert old.drift.is_empty() and old.drift.schema == DRIFT
+    assert old.node_rounds.height == 6  # two nodes: rounds 0, 1 and the final evaluation
+    manifest.write_text(json.dumps({**meta, "version": 3}))  # v3 needs drift.csv's digest
+    with pytest.raises(RecordError, match="no SHA-256 for each of its files"):
+        read_record(folder)
+
+
+def test_rerecord_gives_older_records_the_drift_and_keeps_who_first_recorded_them(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """`--report-only --rerecord` on the machine whose ledger holds the runs: records an
+    older sapo wrote (version 2, no drift: a sweep's fixed clone) are rewritten with this
+    version's tables, their other files the same bytes, and record.json keeps the code, host
+    and time that first recorded them, however often it is rewritten."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from analysis.records import records_from_ledger, write_record
+    from flows.cli import app
+
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    records = records_from_ledger(ledger.query, replicates)
+    root = tmp_path / "records"
+    first = {"code": "abc", "host": "elsewhere", "written_at": "2026-12-06T10:00:00+00:00"}
+    for sid in replicates:  # as version 2 wrote them
+        folder = write_record(records, sid, root, **first)
+        (folder / "drift.csv").unlink()
+        meta = json.loads((folder / "record.json").read_text())
+        del meta["sha256"]["drift.csv"]
+        (folder / "record.json").write_text(json.dumps({**meta, "version": 2}))
+    before = {p: p.read_bytes() for p in root.rglob("*.csv")}
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(mini_experiment(tmp_path)))
+    command = ["experiment", "-c", str(path), "--records", str(root)]
+
+    alone = CliRunner().invoke(app, [*command, "--rerecord"])
+    assert alone.exit_code == 2
+    assert "--rerecord goes with --report-only and --records" in alone.output
+    for _ in range(2):
+        out = tmp_path / "report"
+        result = CliRunner().invoke(
+            app, [*command, "--report-only", "--rerecord", "--report-dir", str(out)]
+        )
+        assert result.exit_code == 0, result.output
+        for sid in replicates:
+            meta = json.loads((root / sid / "record.json").read_text())
+            assert meta["version"] == 3 and meta["earlier"] == first and meta["code"] != "abc"
+            assert (root / sid / "drift.csv").is_file()
+        assert {p: p.read_bytes() for p in before} == before
+        assert "### peers' drift over rounds" in (out / "statistics.md").read_text()

@@ -451,3 +451,39 @@ def test_a_baseline_with_no_runs_reports_without_gains(ledger: Ledger) -> None:
     md = replicate_markdown(tables, baseline="nobody")
     assert tables.gains == {} and tables.returns.is_empty()
     assert "### at a glance" in md and "vs nobody" not in md and "return on compute" not in md
+
+
+def test_peers_drift_is_pooled_per_seed_over_tokens_and_described_over_seeds(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """Issue 58's drift over rounds: per seed, peers' tokens pooled over the run's nodes as
+    an update pools them (ESS from the ratios' sums, not an average of fractions), then the
+    mean and t interval over seeds; the numbers worked out in replicate_runs.drift."""
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2)
+    drift = tables.drift
+    assert drift is not None and drift.runs == 6 and drift.runs_with_drift == 6
+    assert drift.own_kl_max == pytest.approx(1e-6)
+    rounds = drift.rounds  # peers only: nodes alone have none
+    assert set(rounds["configuration"]) == {SHARED} and rounds.height == 3 * 2
+    for row in rounds.iter_rows(named=True):
+        assert row["tokens"] == 20 * (row["node_round"] + 1)
+        assert row["kl"] == pytest.approx(0.2 * (row["seed"] + 1))
+        assert row["ess_fraction"] == pytest.approx(1 / 3)
+        assert row["capped"] == pytest.approx(0.2)
+    blocks = drift.blocks  # two rounds: a block each
+    assert blocks["rounds"].to_list() == ["0-0", "1-1"] and set(blocks["n_seeds"]) == {3}
+    # KL over seeds: 0.2, 0.4, 0.6: mean 0.4, sd 0.2, half-width t(2) 0.2 / sqrt 3
+    half = 4.302653 * 0.2 / 3**0.5
+    first = blocks.row(0, named=True)
+    assert first["kl"] == pytest.approx(0.4)
+    assert (first["kl_low"], first["kl_high"]) == pytest.approx((0.4 - half, 0.4 + half))
+    assert first["ess_fraction"] == pytest.approx(1 / 3) and first["capped"] == pytest.approx(0.2)
+    text = replicate_markdown(tables, baseline=BASE)
+    assert (
+        "| 1/1 | 0-0 | 3 | 0.400 [-0.097, 0.897] | 0.333 [0.333, 0.333] | 20.0% [20.0%, 20.0%] |"
+        in text
+    )
+    assert "Drift is in the records of 6 of 6 runs" in text
+    write_replicate_report(tables, tmp_path / "out", baseline=BASE)
+    assert pl.read_csv(tmp_path / "out" / "drift_rounds.csv").height == 6
