@@ -27,7 +27,7 @@ class DriftTables:
     blocks: pl.DataFrame  # per configuration and block of rounds: mean and interval over seeds
     runs_with_drift: int  # runs whose records carry drift (records before version 3 do not)
     runs: int
-    own_kl_max: float | None  # the largest KL of a node's own rows: 0 when claims are exact
+    own_kl_max: float | None  # the largest |KL| of a node's own rows (sampler vs trainer)
 
 
 def _pooled() -> list[pl.Expr]:
@@ -146,6 +146,7 @@ def drift_lines(tables: DriftTables) -> list[str]:
         lines += [
             "",
             f"A node's own rows: |KL| at most {tables.own_kl_max:.1e} over every run and "
-            "round (their claims are the trainer's own numbers).",
+            "round (its sampler's log-probs against its trainer's: 0 where the two compute "
+            "alike).",
         ]
     return lines
