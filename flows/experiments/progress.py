@@ -4,11 +4,13 @@ A sweep of many hours outlives sessions and machines; `<workdir>/progress.json` 
 whoever resumes it where it stands, and how long each run took (`wall_times`): the
 interrupted attempts (a start with no end before the next start) are counted, not timed.
 The file stays on its machine; each run's record keeps its wall time too (`run_walls`), so
-a sweep resumed on a new machine still knows what its earlier runs took.
+a sweep resumed on a new machine still knows what its earlier runs took, and the machines
+its attempts started on (`run_machines`): machines differ in what a seed computes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from datetime import UTC, datetime
@@ -57,6 +59,8 @@ def record_progress(exp: ExperimentConfig, swarm_id: str, event: str, **facts: A
     if swarm_id in labels:
         entry["configuration"], entry["seed"] = labels[swarm_id]
     now = datetime.now(UTC).isoformat(timespec="seconds")
+    if event == "started":
+        facts = {"machine": machine(), **facts}
     entry.setdefault("events", []).append({"event": event, "at": now, **facts})
     entry["state"] = event
     done = sum(
@@ -76,6 +80,46 @@ def read_progress(exp: ExperimentConfig) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return progress if isinstance(progress, dict) else {}
+
+
+@functools.cache
+def machine() -> str:
+    """What a run's numbers depend on beyond its code and seed: the processor (and GPU), and
+    whether bf16 is native there, where generation samples from a bf16 copy of the weights
+    by default (`compute.generation_precision: auto`), so its completions and their
+    log-probs differ from an fp32 machine's."""
+    import torch
+
+    from sapo_core.policy.loading import native_bf16
+
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    parts = [cpu, "bf16 native" if native_bf16("cpu") else "no native bf16"]
+    if torch.cuda.is_available():
+        parts.append(torch.cuda.get_device_name(0))
+    return "; ".join(parts)
+
+
+def run_machines(progress: dict[str, Any]) -> dict[str, list[str]]:
+    """Per run, the machines its attempts started on, in order, each once."""
+    out: dict[str, list[str]] = {}
+    for swarm_id, entry in (progress.get("runs") or {}).items():
+        events = entry.get("events") if isinstance(entry, dict) else None
+        for event in events if isinstance(events, list) else []:
+            if not isinstance(event, dict):
+                continue  # a hand-edited or torn entry: the others still count
+            name = event.get("machine")
+            if event.get("event") == "started" and isinstance(name, str):
+                seen = out.setdefault(swarm_id, [])
+                if name not in seen:
+                    seen.append(name)
+    return out
 
 
 def wall_times(progress: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -25,7 +25,7 @@ from analysis.replicate_report import write_replicate_report
 from analysis.replicates import planned_order, run_metrics, tables_from_records
 from dashboards.figures import configuration_curves
 from flows.config import SwarmConfig
-from flows.experiments.progress import run_walls
+from flows.experiments.progress import read_progress, run_machines, run_walls
 from flows.experiments.sweep import ExperimentConfig
 from flows.reports.report import tracked_metrics
 from ledger import Ledger
@@ -83,9 +83,13 @@ def record_runs(
              "written_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
     done = complete_runs(exp, records)
     walls = run_walls(exp, root)  # before any is rewritten: a record keeps what it had
+    machines = run_machines(read_progress(exp))
     for swarm_id in done:
-        earlier = _earlier(record_manifest(root, swarm_id), facts)
-        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id), **earlier)
+        kept = record_manifest(root, swarm_id)
+        earlier = _earlier(kept, facts)
+        ran_on = machines.get(swarm_id) or kept.get("machines")
+        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id), **earlier,
+                     **({"machines": ran_on} if ran_on else {}))  # fmt: skip
     return done
 
 

@@ -176,6 +176,11 @@ def test_a_record_keeps_its_runs_wall_time_for_a_new_machine(
     assert isinstance(wall, dict) and wall["attempts"] == 2 and wall["interrupted"] == 1
     assert wall["seconds"] is not None and 0 <= wall["seconds"] < 60
     assert record_manifest(root, untimed)["wall"] is None  # never started on that machine
+    # the machine each attempt started on: what a seed computes depends on it (bf16 or not)
+    from flows.experiments.progress import machine
+
+    assert record_manifest(root, timed)["machines"] == [machine()]
+    assert "bf16" in machine() and "machines" not in record_manifest(root, untimed)
 
     shutil.rmtree(tmp_path / "old-machine")  # a new machine: no progress file
     assert timed not in run_walls(exp) and run_walls(exp, root)[timed] == wall
