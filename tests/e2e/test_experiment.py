@@ -213,6 +213,12 @@ def test_miniature_sweep_and_report(tmp_path: Path, prefect_api: str) -> None:
     meta = json.loads((records / "mini-2x0-s0" / "record.json").read_text())
     assert meta["experiment"] == "mini" and len(meta["code"]) == 40
     assert meta["wall"]["attempts"] == 1 and meta["wall"]["seconds"] > 0  # kept off-machine
+    assert meta["version"] == 3 and len(meta["machines"]) == 1  # where its attempt ran
+    shared = pl.read_csv(records / "mini-1x1-reward-filtered-s0" / "drift.csv")
+    assert set(shared["origin"]) == {"local", "external"}  # peers' drift kept off-machine
+    assert (
+        "### peers' drift over rounds" in (work / "reports" / "mini" / "statistics.md").read_text()
+    )
     first = (work / "reports" / "mini" / "statistics.md").read_text()
     shutil.rmtree(work)
     elsewhere = sapo("experiment", "-c", str(path), "--records", str(records), timeout=600)
