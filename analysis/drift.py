@@ -99,6 +99,7 @@ def drift_tables(
 ) -> DriftTables | None:
     """The drift tables of ``runs`` (swarm_id, configuration, seed); None when no run's
     record carries drift (an experiment recorded before version 3, or one without peers)."""
+    drift = drift.join(runs.select("swarm_id"), on="swarm_id", how="semi")  # complete runs
     if drift.filter(pl.col("origin") == "external").is_empty():
         return None
     own = drift.filter(pl.col("origin") == "local")["kl"].drop_nulls()

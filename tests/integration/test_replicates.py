@@ -141,7 +141,15 @@ def test_a_run_missing_a_node_or_its_final_evaluation_is_left_out_visibly(
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
     replicates["x-1x1-s3"] = (SHARED, 3)  # one node, one round, no evaluation
     ledger.publish(round_rows("n0", 0, [HALF], swarm_id="x-1x1-s3"))
+    peer = {"drift_tokens": 5, "drift_kl": 9.0, "drift_weight_mean": 1.0,
+            "drift_weight_sq_mean": 1.0, "drift_capped": 0.0}  # fmt: skip
+    ledger.write_training("x-1x1-s3", "n0", 0, [
+        {"group_id": "s3.g", "origin": "external", "peer_node_id": "n1", "task": "gcd",
+         "completions": 4, "reward_mean": 0.5, "informative": True, "trained": True, **peer},
+    ])  # fmt: skip
     tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2, nodes=2)
+    assert tables.drift is not None and tables.drift.runs_with_drift == tables.drift.runs == 6
+    assert tables.drift.blocks["kl"].max() < 9.0  # the incomplete run's drift left out too
     (partial,) = tables.runs.filter(~tables.runs["complete"]).to_dicts()
     assert partial["seed"] == 3
     assert partial["cumulative_claimed_reward"] is None and partial["final_accuracy"] is None
