@@ -4,9 +4,10 @@ Per run and round, a node's update measured how far the generator of each group 
 on was from its own policy before the step (sapo_core/grpo/offpolicy.py): a KL estimate
 (mean generator - self log-prob of the sampled tokens), the effective sample size of the
 token ratios as a fraction of the tokens, and the share of tokens whose ratio exceeded the
-cap. Here they are pooled as an update pools them, over the tokens of every node and peer
-of a run (ESS from the sums of the ratios and their squares, never an average of
-fractions), per round and per block of rounds, then described over seeds with t intervals.
+cap. Here they are pooled over the tokens of every node and peer of a run, per round and per
+block of rounds: KL and the share over the cap weighted by tokens, and the ESS those tokens
+would have as one batch (from the sums of the ratios and their squares, never an average of
+fractions), then described over seeds with t intervals.
 """
 
 from __future__ import annotations
