@@ -464,9 +464,9 @@ def test_a_baseline_with_no_runs_reports_without_gains(ledger: Ledger) -> None:
 def test_peers_drift_is_pooled_per_seed_over_tokens_and_described_over_seeds(
     ledger: Ledger, tmp_path: Path
 ) -> None:
-    """Issue 58's drift over rounds: per seed, peers' tokens pooled over the run's nodes as
-    an update pools them (ESS from the ratios' sums, not an average of fractions), then the
-    mean and t interval over seeds; the numbers worked out in replicate_runs.drift."""
+    """Issue 58's drift over rounds: per seed, peers' tokens pooled over the run's nodes as one
+    batch (ESS from the ratios' sums, not an average of fractions), then the mean and t
+    interval over seeds; the numbers worked out in replicate_runs.drift."""
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
     tables = replicate_tables(ledger.query, replicates, baseline=BASE, rounds=2)
     drift = tables.drift
