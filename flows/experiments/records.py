@@ -85,21 +85,27 @@ def record_runs(
     walls = run_walls(exp, root)  # before any is rewritten: a record keeps what it had
     machines = run_machines(read_progress(exp))
     for swarm_id in done:
-        kept = record_manifest(root, swarm_id)
-        earlier = _earlier(kept, facts)
-        ran_on = machines.get(swarm_id) or kept.get("machines")
-        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id), **earlier,
-                     **({"machines": ran_on} if ran_on else {}))  # fmt: skip
+        kept = _kept(record_manifest(root, swarm_id), facts, machines.get(swarm_id))
+        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id), **kept)
     return done
 
 
-def _earlier(manifest: Mapping[str, object], facts: Mapping[str, str]) -> dict[str, object]:
-    """What a rewritten record keeps of the one it replaces: the first code, host and time
-    that recorded the run (a sweep's fixed clone), when other code rewrites it."""
-    if "earlier" in manifest:
-        return {"earlier": manifest["earlier"]}
+def _kept(
+    manifest: Mapping[str, object], facts: Mapping[str, str], ran_on: list[str] | None
+) -> dict[str, object]:
+    """The facts a record carries beside ``facts`` and its wall time: the machines the run's
+    attempts started on (this machine's progress file, else what the record it replaces
+    said), and, when other code rewrites a record, the code, host and time that first
+    recorded the run (a sweep's fixed clone) as ``earlier``."""
+    out: dict[str, object] = {}
+    if ran_on or manifest.get("machines"):
+        out["machines"] = ran_on or manifest["machines"]
     first = {k: manifest[k] for k in ("code", "host", "written_at") if k in manifest}
-    return {"earlier": first} if first and first.get("code") != facts["code"] else {}
+    if "earlier" in manifest:
+        out["earlier"] = manifest["earlier"]
+    elif first and first.get("code") != facts["code"]:
+        out["earlier"] = first
+    return out
 
 
 def code_version() -> str:
