@@ -215,11 +215,14 @@ def write_record(records: RunRecords, swarm_id: str, root: Path, **facts: object
     staging = root / f".{swarm_id}.partial"
     staging.mkdir(parents=True, exist_ok=True)
     digests = {}
+    keys = ("node_id", "node_round", "task", "group_id", "peer_node_id")
     for name in SCHEMAS:
         frame: pl.DataFrame = getattr(mine, name)
-        keys = ("node_id", "node_round", "task", "group_id", "peer_node_id")
+        # The natural keys first, then every other column: one order whatever order the
+        # ledger's SQL gave (DISTINCT has none), so the same run is the same bytes.
         sort = [c for c in keys if c in frame.columns]
-        text = frame.sort(sort).write_csv().encode()
+        sort += [c for c in frame.columns if c not in sort]
+        text = frame.sort(sort, nulls_last=True).write_csv().encode()
         (staging / f"{name}.csv").write_bytes(text)
         digests[f"{name}.csv"] = hashlib.sha256(text).hexdigest()
     meta = {**facts, "version": RECORD_VERSION, "swarm_id": swarm_id, "sha256": digests}

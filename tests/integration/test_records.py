@@ -50,6 +50,23 @@ def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path:
             "node_rounds.csv", "peer_groups.csv", "record.json",
         ]  # fmt: skip
     assert not list(root.glob(".*"))  # no staging folder left behind
+    # the same run is the same bytes in whatever order the ledger's SQL gave its rows (two
+    # held-out questions of one task: rows that tie on the natural keys)
+    two = pl.DataFrame(
+        {"swarm_id": [elsewhere[0]] * 2, "task": ["gcd"] * 2, "question": ["b", "a"]}
+    )
+    records.heldout_seen = pl.concat([records.heldout_seen, two])
+    write_record(records, elsewhere[0], root, code="abc", host="old-machine")
+    tables = ("node_rounds", "discoveries", "models", "peer_groups", "heldout_seen", "drift")
+    for seed in range(4):
+        shuffled = RunRecords(**{
+            name: getattr(records, name).sample(fraction=1.0, shuffle=True, seed=seed)
+            for name in tables
+        })  # fmt: skip
+        for swarm_id in elsewhere:
+            again = write_record(shuffled, swarm_id, tmp_path / "again", code="abc", host="h")
+            for csv_file in again.glob("*.csv"):
+                assert csv_file.read_bytes() == (root / swarm_id / csv_file.name).read_bytes()
     here = records.only(s for s in replicates if s not in elsewhere)
     combined = RunRecords.concat([here, read_records(root, list(replicates))])
     assert combined.swarm_ids() == sorted(replicates)
