@@ -31,11 +31,12 @@ def _num(value: object, spec: str = ".3f") -> str:
     return format(value, spec) if isinstance(value, float) else str(value)
 
 
-def table_lines(frame: pl.DataFrame, columns: dict[str, str]) -> list[str]:
+def table_lines(frame: pl.DataFrame, columns: dict[str, str], spec: str = ".3f") -> list[str]:
+    """A Markdown table of ``columns`` (name: heading); floats written with ``spec``."""
     head = "| " + " | ".join(columns.values()) + " |"
     rule = "|" + "---|" * len(columns)
     body = [
-        "| " + " | ".join(_num(row[c]) for c in columns) + " |"
+        "| " + " | ".join(_num(row[c], spec) for c in columns) + " |"
         for row in frame.iter_rows(named=True)
     ]
     return [head, rule, *body]
@@ -149,10 +150,11 @@ def replicate_markdown(tables: ReplicateTables, *, baseline: str) -> str:
     compute = [m for m in COMPUTE if m in tables.configurations]
     if compute:
         lines += ["", "### compute per run (sums over nodes and rounds; mean over seeds)", ""]
+        # Means over seeds of token counts and seconds: a tenth is their precision.
         lines += table_lines(_compute_frame(tables, compute), {
             "configuration": "configuration", "n_seeds": "seeds",
             **{m: m.replace("_", " ") for m in compute},
-        })  # fmt: skip
+        }, spec=".1f")  # fmt: skip
     lines += returns_lines(tables, baseline=baseline)
     lines += ["", "### mechanism (per configuration, pooled over seeds and nodes)", ""]
     lines += table_lines(

@@ -55,10 +55,12 @@ def training_row(
 
 def drift(origin: str, seed: int, node: str, round_: int) -> dict[str, object]:
     """How far each group's generator was: own rows exact (n1's within 1e-6); a peer's row
-    10 tokens in round 0 and 20 in round 1, at KL 0.1 (s + 1) for n0 and 0.3 (s + 1) for n1,
-    ratios of mean 1 and mean square 2 (n0) or 4 (n1), 10% or 30% of them over the cap. Per
-    seed and round, pooled over both nodes: KL 0.2 (s + 1), ESS fraction 20^2 / (20 * 60) =
-    1/3 (round 0; round 1 the same), 20% over the cap."""
+    of n0 10 tokens in round 0 and 20 in round 1, of n1 three times as many, at KL 0.1 (s + 1)
+    for n0 and 0.3 (s + 1) for n1, ratios of mean 1 and mean square 2 (n0) or 4 (n1), 10% or
+    30% of them over the cap. Per seed and round, over both nodes: KL (1 x 0.1 + 3 x 0.3) / 4
+    (s + 1) = 0.25 (s + 1) (a plain mean of the nodes would give 0.2), 25% over the cap; the
+    ESS fraction of n0's update 1^2 / 2 = 1/2, of n1's 1/4, weighted by tokens 5/16 (pooling
+    both nodes' ratios as one batch would give 2/7, averaging the two 3/8)."""
     first = node == "n0"
     if origin == "local":
         kl, square, capped = (0.0 if first else 1e-6), 1.0, 0.0
@@ -68,7 +70,8 @@ def drift(origin: str, seed: int, node: str, round_: int) -> dict[str, object]:
             (2.0 if first else 4.0),
             (0.1 if first else 0.3),
         )
-    return {"drift_tokens": 10 * (round_ + 1), "drift_kl": kl, "drift_weight_mean": 1.0,
+    tokens = 10 * (round_ + 1) * (1 if first or origin == "local" else 3)
+    return {"drift_tokens": tokens, "drift_kl": kl, "drift_weight_mean": 1.0,
             "drift_weight_sq_mean": square, "drift_capped": capped}  # fmt: skip
 
 
