@@ -4,8 +4,9 @@ A new store runs MLflow's schema migrations: 5 to 7 s on 2 cores, paid by every 
 node tracks to a fresh `mlflow.db`. The first new store of the session is made by MLflow
 itself, into a template file; every later one in this process is filled page for page from it
 (SQLite's backup API), which is the database MLflow's migrations produce: the stores the tests
-read and write are MLflow's own. Processes a test starts (nodes, `mlflow server`) migrate as a
-user's do.
+read and write are MLflow's own. Processes a test starts (nodes) migrate as a user's do; a
+test that starts `mlflow server` on a new store may hand it one made here (`new_store`): the
+server then finds its schema current, as a user's server does on its second start.
 """
 
 from __future__ import annotations
@@ -56,3 +57,14 @@ def _with_raw(engine: Any, act: Callable[[sqlite3.Connection], None]) -> None:
         act(raw.driver_connection)
     finally:
         raw.close()
+
+
+def new_store(path: Path) -> str:
+    """A new MLflow SQLite store at ``path``, made by MLflow in this process (so copied from
+    the session's template when there is one); its URI."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    uri = f"sqlite:///{path}"
+    store = SqlAlchemyStore(uri, str(path.parent / "artifacts"))
+    store.engine.dispose()
+    return uri

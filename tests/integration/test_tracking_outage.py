@@ -18,6 +18,7 @@ from flows.node.runtime import open_node
 from flows.services.stack import wait_for_http
 from tests.conftest import stop_process_group
 from tests.integration.test_round_steps import make_swarm, run_round
+from tests.mlflow_store import new_store
 from tests.netproxy import ToggleProxy
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,8 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
         port = probe.getsockname()[1]
     cmd = [sys.executable, "-P", "-m", "mlflow", "server", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--workers", "1"]
-    cmd += ["--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    # Made here, so its schema is current and the server skips MLflow's migrations.
+    cmd += ["--backend-store-uri", new_store(tmp_path / "mlflow.db")]
     cmd += ["--artifacts-destination", str(tmp_path / "artifacts")]
     with open(tmp_path / "mlflow.log", "wb") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
