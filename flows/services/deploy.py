@@ -354,15 +354,22 @@ def progress(config: SwarmConfig) -> Any:
                 {
                     **row,
                     "deployment": deployment.name,
-                    "schedule": "paused" if deployment.paused else "active",
+                    "schedule": "paused" if paused(deployment) else "active",
                     "last_run": _when(_began(last)) if last else "",
                     "last_state": last.state_name or "" if last else "",
                     "next_run": _when(ahead[-1].expected_start_time) if ahead else "",
                     "skipped": len(skipped),
-                    "state": _state(deployment.paused, done >= config.rounds, last),
+                    "state": _state(paused(deployment), done >= config.rounds, last),
                 }
             )
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def paused(deployment: Any) -> bool:
+    """Paused as a finished node pauses itself (the deployment's flag), or by hand with
+    Prefect's `deployment schedule pause`, which leaves that flag and turns the schedule off."""
+    schedules = deployment.schedules or []
+    return bool(deployment.paused) or (bool(schedules) and not any(s.active for s in schedules))
 
 
 def _state_of(run: Any) -> str:

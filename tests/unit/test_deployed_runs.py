@@ -90,3 +90,31 @@ def test_the_tracking_store_is_the_files_else_the_environments_else_a_local_file
     )
     assert named.tracking_uri() == "sqlite:///x.db"
     assert named.artifact_location() == "file:///tmp/sapo-t/mlartifacts"
+
+
+@pytest.mark.parametrize(
+    ("flag", "actives", "expected"),
+    [
+        (False, [True], False),  # deployed, scheduled
+        (True, [True], True),  # a finished node paused its deployment
+        (False, [False], True),  # paused by hand: `prefect deployment schedule pause`
+        (False, [True, False], False),  # one schedule of two still runs
+        (False, [], False),  # no schedule: nothing to pause
+    ],
+)
+def test_a_deployment_reads_paused_however_it_was_paused(
+    flag: bool, actives: list[bool], expected: bool
+) -> None:
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from prefect.client.schemas.objects import DeploymentSchedule
+    from prefect.client.schemas.schedules import IntervalSchedule
+
+    from flows.services.deploy import paused
+
+    schedules = [
+        DeploymentSchedule(schedule=IntervalSchedule(interval=timedelta(seconds=300)), active=a)
+        for a in actives
+    ]
+    assert paused(SimpleNamespace(paused=flag, schedules=schedules)) is expected
