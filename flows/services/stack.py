@@ -67,7 +67,8 @@ DEFAULT_ENV = {
     "SAPO_BUCKET": "sapo-ledger",
     "MLFLOW_BUCKET": "sapo-mlflow",
 }
-"""The variables of infra/.env.example; the environment's own values win."""
+"""The variables of infra/.env.example, with local defaults: the environment's values
+win (the file itself is not read)."""
 START_TIMEOUT_S = 240.0
 
 
