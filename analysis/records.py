@@ -10,23 +10,15 @@ run record holds exactly that, as CSV files in one folder per run
 computed from records alone, so a report can combine runs done on different machines, and
 a sweep skips a run whose record exists (flows/experiments/flow.py).
 
-Records are read back with fixed schemas; a folder that does not parse is an error naming
-the file, never a silently smaller table. A CSV cut short (a copy or an edit that stopped
-mid-file) parses as fewer rows, so every file must end a whole row with every field, and
-``record.json`` carries each file's SHA-256 (from version 2), which catches a file cut at a
-row's end or edited by hand as well.
+Here, the tables and how a ledger gives them; their folders on disk (written whole, read
+back refusing any damage, replaced without losing what the old one knew) are
+analysis/record_folders.py.
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-import json
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -35,12 +27,7 @@ from polars.datatypes import DataTypeClass
 import dashboards
 
 Query = Callable[[str], pl.DataFrame]  # ledger SQL -> rows (Ledger.query)
-# 3: drift.csv (peers' drift); 2: record.json has each file's SHA-256; 1 (issue 32's sweep)
-RECORD_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
 Schema = dict[str, DataTypeClass | pl.DataType]
-MANIFEST = "record.json"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 NODE_ROUNDS: Schema = {
     "swarm_id": pl.String, "configuration": pl.String, "seed": pl.Int64,
@@ -74,14 +61,6 @@ SCHEMAS: dict[str, Schema] = {
     "peer_groups": PEER_GROUPS, "heldout_seen": HELDOUT_SEEN, "drift": DRIFT,
 }  # fmt: skip
 SINCE_VERSION = {"drift": 3}  # tables a record of an earlier version does not have
-
-
-def _tables(version: int) -> list[str]:
-    return [name for name in SCHEMAS if SINCE_VERSION.get(name, 1) <= version]
-
-
-class RecordError(ValueError):
-    """A run record that cannot be read as written."""
 
 
 @dataclass
@@ -206,130 +185,17 @@ def records_from_ledger(
     )
 
 
-def write_record(records: RunRecords, swarm_id: str, root: Path, **facts: object) -> Path:
-    """``<root>/<swarm_id>/``: the run's tables as CSV and ``record.json`` with ``facts``
-    (what code and machine made it, when). Written to a temporary folder and renamed, so a
-    folder that exists is a whole record."""
-    mine = records.only([swarm_id])
-    folder = root / swarm_id
-    staging = root / f".{swarm_id}.partial"
-    staging.mkdir(parents=True, exist_ok=True)
-    digests = {}
-    keys = ("node_id", "node_round", "task", "group_id", "peer_node_id")
-    for name in SCHEMAS:
-        frame: pl.DataFrame = getattr(mine, name)
-        # The natural keys first, then every other column: one order whatever order the
-        # ledger's SQL gave (DISTINCT has none), so the same run is the same bytes.
-        sort = [c for c in keys if c in frame.columns]
-        sort += [c for c in frame.columns if c not in sort]
-        text = frame.sort(sort, nulls_last=True).write_csv().encode()
-        (staging / f"{name}.csv").write_bytes(text)
-        digests[f"{name}.csv"] = hashlib.sha256(text).hexdigest()
-    meta = {**facts, "version": RECORD_VERSION, "swarm_id": swarm_id, "sha256": digests}
-    (staging / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    if folder.exists():
-        for old in folder.iterdir():
-            old.unlink()
-        folder.rmdir()
-    staging.rename(folder)
-    return folder
+_MOVED = frozenset(
+    {"RECORD_VERSION", "RecordError", "read_record", "read_records", "record_manifest",
+     "recorded", "write_record"}
+)  # fmt: skip
 
 
-def _manifest(folder: Path) -> dict[str, Any]:
-    """The folder's ``record.json``, checked: a readable version, naming its folder, and
-    (from version 2) a well-formed SHA-256 for each of its files; RecordError otherwise."""
-    path = folder / MANIFEST
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RecordError(f"{path}: not a run record ({exc})") from None
-    version = meta.get("version") if isinstance(meta, dict) else None
-    if type(version) is not int or version not in READABLE_VERSIONS:  # not True, not 1.0
-        raise RecordError(f"{path}: unknown record version")
-    if meta.get("swarm_id") != folder.name:
-        raise RecordError(f"{path}: names {meta.get('swarm_id')!r}, not its folder")
-    digests = meta.get("sha256")
-    if version >= 2 and (
-        not isinstance(digests, dict)
-        or set(digests) != {f"{name}.csv" for name in _tables(version)}
-        or not all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values())
-    ):
-        raise RecordError(f"{path}: no SHA-256 for each of its files")
-    return meta
+def __getattr__(name: str) -> Any:
+    """The record folders' names, here before: one line naming where they are now."""
+    if name in _MOVED:
+        raise AttributeError(f"analysis.records.{name} is now analysis.record_folders.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def read_record(folder: Path) -> RunRecords:
-    """One run's record; RecordError (naming the file) when it does not parse. A table its
-    version did not record (peers' drift before version 3) reads empty."""
-    meta = _manifest(folder)
-    digests = meta["sha256"] if meta["version"] >= 2 else {}
-    tables = {name: pl.DataFrame(schema=schema) for name, schema in SCHEMAS.items()}
-    for name in _tables(meta["version"]):
-        schema = SCHEMAS[name]
-        path = folder / f"{name}.csv"
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise RecordError(f"{path}: {exc.strerror or exc}") from None
-        _require_whole_rows(path, data)  # first: it says how a file was damaged
-        if digests and hashlib.sha256(data).hexdigest() != digests.get(path.name):
-            raise RecordError(f"{path}: not the file record.json describes (SHA-256 differs)")
-        try:
-            frame = pl.read_csv(io.BytesIO(data), schema=schema)
-        except pl.exceptions.PolarsError as exc:
-            raise RecordError(f"{path}: {str(exc).splitlines()[0]}") from None
-        if frame.height and frame["swarm_id"].ne_missing(folder.name).any():
-            raise RecordError(f"{path}: rows of another run")
-        tables[name] = frame
-    return RunRecords(**tables)
-
-
-def _require_whole_rows(path: Path, data: bytes) -> None:
-    """RecordError unless ``data`` ends a row and every row has the header's fields: what a
-    file cut short looks like, which CSV readers would take as a smaller table."""
-    if not data.endswith(b"\n"):
-        raise RecordError(f"{path}: cut short (its last row does not end)")
-    # csv's default 128 KiB field limit would refuse a long question polars reads
-    csv.field_size_limit(max(csv.field_size_limit(), len(data)))
-    try:
-        rows = csv.reader(io.StringIO(data.decode()))
-        header = next(rows, [])
-        for number, row in enumerate(rows, start=2):
-            if len(row) != len(header):
-                raise RecordError(
-                    f"{path}: row {number} has {len(row)} fields, the header {len(header)}"
-                )
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise RecordError(f"{path}: not CSV text ({exc})") from None
-
-
-def read_records(root: Path, swarm_ids: Iterable[str]) -> RunRecords:
-    """The records under ``root`` of those of ``swarm_ids`` that have one."""
-    return RunRecords.concat(
-        read_record(root / s) for s in swarm_ids if (root / s / MANIFEST).is_file()
-    )
-
-
-def recorded(root: Path, swarm_id: str) -> bool:
-    return (root / swarm_id / MANIFEST).is_file()
-
-
-def record_manifest(root: Path, swarm_id: str) -> dict[str, object]:
-    """What a run's ``record.json`` says beside its tables (code, host, time, wall time);
-    empty where there is none or it is not a record of that run (reading it says why)."""
-    try:
-        return _manifest(root / swarm_id)
-    except RecordError:
-        return {}
-
-
-__all__ = [
-    "RecordError",
-    "RunRecords",
-    "read_record",
-    "read_records",
-    "record_manifest",
-    "recorded",
-    "records_from_ledger",
-    "write_record",
-]
+__all__ = ["RunRecords", "records_from_ledger"]

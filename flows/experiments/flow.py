@@ -29,7 +29,7 @@ def run_configuration(
     parent_run_id: str | None,
     records_dir: str | None = None,
 ) -> dict[str, Any]:
-    from analysis.records import recorded
+    from analysis.record_folders import recorded
 
     exp = load_experiment(experiment_file, overrides)
     conf, seed = exp.runs()[index]
@@ -134,7 +134,7 @@ def experiment_flow(
     records_dir: str | None = None,
 ) -> dict[str, Any]:
     """Run every configuration of a sweep, then write and attach its report. With
-    ``records_dir``, each finished run's record is written there (analysis/records.py), a
+    ``records_dir``, each finished run's record is written there (analysis/record_folders.py), a
     run already recorded there is skipped, and the report counts recorded runs too."""
     overrides = overrides or []
     exp = load_experiment(experiment_file, overrides)

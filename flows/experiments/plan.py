@@ -34,7 +34,7 @@ def estimated_hours(rows: list[dict[str, Any]]) -> float | None:
 def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, Any]]:
     """One row per configuration: what would run (for --dry-run and the report); a run
     with a record in ``records`` counts as done."""
-    from analysis.records import recorded
+    from analysis.record_folders import recorded
 
     rows = []
     for conf, seed in exp.runs():

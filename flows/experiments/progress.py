@@ -155,7 +155,7 @@ def run_walls(exp: ExperimentConfig, records: Path | None = None) -> dict[str, d
     """Per run, its wall time (as ``wall_times``) from this machine's progress file, or, for
     a run this machine never timed to its end (never started here, or stopped here and
     finished elsewhere), from its record in ``records``, written where it ran."""
-    from analysis.records import record_manifest
+    from analysis.record_folders import record_manifest
 
     times = wall_times(read_progress(exp))
     if records is None:

@@ -4,6 +4,7 @@ the report over them (analysis/replicate_report.py renders it)."""
 
 from __future__ import annotations
 
+import logging
 import platform
 import subprocess
 from collections.abc import Mapping
@@ -13,14 +14,18 @@ from pathlib import Path
 import polars as pl
 
 from analysis.families import family_markdown, family_tables
-from analysis.records import (
-    RunRecords,
+from analysis.record_folders import (
+    RecordError,
+    digests_of,
+    encode_record,
+    read_record,
     read_records,
     record_manifest,
     recorded,
-    records_from_ledger,
+    replacement_losses,
     write_record,
 )
+from analysis.records import RunRecords, records_from_ledger
 from analysis.replicate_report import write_replicate_report
 from analysis.replicates import planned_order, run_metrics, tables_from_records
 from dashboards.figures import configuration_curves
@@ -29,6 +34,8 @@ from flows.experiments.progress import read_progress, run_machines, run_walls
 from flows.experiments.sweep import ExperimentConfig
 from flows.reports.report import tracked_metrics
 from ledger import Ledger
+
+log = logging.getLogger(__name__)
 
 
 def heldout_keys(swarm: SwarmConfig) -> set[tuple[str, str]]:
@@ -76,34 +83,70 @@ def record_runs(
 ) -> list[str]:
     """Write ``<root>/<swarm_id>/`` for each complete run (of ``swarm_ids``, or all) that
     this machine's ledger holds (or ``records``, read from it already): what a replaced
-    machine would otherwise lose. Returns the runs recorded."""
+    machine would otherwise lose. A record already there is kept as it is when this one
+    says the same, or would lose anything it has (``replacement_losses``), or cannot be
+    read (a newer version, a damaged file: the warning says which). Returns the runs whose
+    record now holds what this machine has."""
     if records is None:
         records = ledger_records(exp, swarm_ids)
     facts = {"experiment": exp.experiment, "code": code_version(), "host": platform.node(),
              "written_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
-    done = complete_runs(exp, records)
+    done = []
     walls = run_walls(exp, root)  # before any is rewritten: a record keeps what it had
     machines = run_machines(read_progress(exp))
-    for swarm_id in done:
-        kept = _kept(record_manifest(root, swarm_id), facts, machines.get(swarm_id))
-        write_record(records, swarm_id, root, **facts, wall=walls.get(swarm_id), **kept)
+    for swarm_id in complete_runs(exp, records):
+        manifest = record_manifest(root, swarm_id)
+        if recorded(root, swarm_id) and (why := _keeps(root, swarm_id, records)):
+            log.warning("%s: its record in %s is kept: %s", swarm_id, root, why)
+            continue
+        kept = {"wall": walls.get(swarm_id), **_kept(manifest, facts, machines.get(swarm_id))}
+        if not _says_more(manifest, records, swarm_id, kept):
+            done.append(swarm_id)  # the same tables, machines and wall time: no churn
+            continue
+        write_record(records, swarm_id, root, **facts, **kept)
+        done.append(swarm_id)
     return done
+
+
+def _keeps(root: Path, swarm_id: str, records: RunRecords) -> str | None:
+    """Why the record in ``root`` must not be replaced by ``records``' (None: it may be)."""
+    try:
+        old = read_record(root / swarm_id)
+    except RecordError as exc:
+        return f"it cannot be read here ({exc}); move it away to record the run again"
+    lost = replacement_losses(old, records.only([swarm_id]))
+    if lost:
+        return "this machine holds less of the run (" + "; ".join(lost) + ")"
+    return None
+
+
+def _says_more(
+    manifest: Mapping[str, object], records: RunRecords, swarm_id: str, kept: Mapping[str, object]
+) -> bool:
+    """Whether writing would change what the record says of the run: its tables, machines or
+    wall time (not merely who wrote it, and when)."""
+    if manifest.get("sha256") != digests_of(encode_record(records, swarm_id)):
+        return True
+    return any(manifest.get(k) != kept.get(k) for k in ("machines", "wall") if kept.get(k))
 
 
 def _kept(
     manifest: Mapping[str, object], facts: Mapping[str, str], ran_on: list[str] | None
 ) -> dict[str, object]:
     """The facts a record carries beside ``facts`` and its wall time: the machines the run's
-    attempts started on (this machine's progress file, else what the record it replaces
-    said), and, when other code rewrites a record, the code, host and time that first
-    recorded the run (a sweep's fixed clone) as ``earlier``."""
+    attempts started on (those the record it replaces named, then this machine's progress
+    file's, each once), and, when other code or another host rewrites a record, the code,
+    host and time that first recorded the run (a sweep's fixed clone) as ``earlier``."""
     out: dict[str, object] = {}
-    if ran_on or manifest.get("machines"):
-        out["machines"] = ran_on or manifest["machines"]
+    before = manifest.get("machines")
+    named = [m for m in before if isinstance(m, str)] if isinstance(before, list) else []
+    machines = list(dict.fromkeys([*named, *(ran_on or [])]))
+    if machines:
+        out["machines"] = machines
     first = {k: manifest[k] for k in ("code", "host", "written_at") if k in manifest}
     if "earlier" in manifest:
         out["earlier"] = manifest["earlier"]
-    elif first and first.get("code") != facts["code"]:
+    elif first and (first.get("code"), first.get("host")) != (facts["code"], facts["host"]):
         out["earlier"] = first
     return out
 

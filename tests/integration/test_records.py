@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -28,7 +29,8 @@ def ledger(tmp_path: Path) -> Ledger:
 def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path: Path) -> None:
     """A sweep finished across machines: half its runs come back from committed records,
     the rest from this machine's ledger, and every number is what the ledger alone gives."""
-    from analysis.records import RunRecords, read_records, records_from_ledger, write_record
+    from analysis.record_folders import read_records, write_record
+    from analysis.records import RunRecords, records_from_ledger
     from analysis.replicates import tables_from_records
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
@@ -83,7 +85,8 @@ def test_run_records_round_trip_to_the_same_statistics(ledger: Ledger, tmp_path:
 
 
 def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_path: Path) -> None:
-    from analysis.records import RecordError, read_record, records_from_ledger, write_record
+    from analysis.record_folders import RecordError, read_record, write_record
+    from analysis.records import records_from_ledger
 
     sid = swarm(SHARED, 1)
     records = records_from_ledger(ledger.query, {sid: (SHARED, 1)})
@@ -153,7 +156,8 @@ def test_a_damaged_run_record_is_an_error_naming_its_file(ledger: Ledger, tmp_pa
 
 
 def test_a_record_keeps_long_fields_and_its_own_version(ledger: Ledger, tmp_path: Path) -> None:
-    from analysis.records import read_record, records_from_ledger, write_record
+    from analysis.record_folders import read_record, write_record
+    from analysis.records import records_from_ledger
 
     sid = swarm(SHARED, 1)
     long_question = "What is " + " + ".join(["1"] * 60_000) + "?"  # past csv's 128 KiB default
@@ -175,7 +179,8 @@ def test_a_record_keeps_its_runs_wall_time_for_a_new_machine(
     the plan of a sweep resumed elsewhere still says what its earlier runs took."""
     import shutil
 
-    from analysis.records import record_manifest, records_from_ledger
+    from analysis.record_folders import record_manifest
+    from analysis.records import records_from_ledger
     from flows.experiments.plan import format_plan
     from flows.experiments.progress import record_progress, run_walls
     from flows.experiments.records import record_runs
@@ -248,7 +253,8 @@ def test_report_only_reads_the_records_and_starts_no_run(ledger: Ledger, tmp_pat
     import yaml
     from typer.testing import CliRunner
 
-    from analysis.records import records_from_ledger, write_record
+    from analysis.record_folders import write_record
+    from analysis.records import records_from_ledger
     from flows.cli import app
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
@@ -305,13 +311,8 @@ def test_a_record_of_version_2_reads_without_drift(ledger: Ledger, tmp_path: Pat
     """Records written before peers' drift (version 2: the paper-table and compute-matched
     sweeps, and the first runs of issue 58's) read as they were, the drift table empty; a
     version-3 record without its drift.csv is damaged."""
-    from analysis.records import (
-        DRIFT,
-        RecordError,
-        read_record,
-        records_from_ledger,
-        write_record,
-    )
+    from analysis.record_folders import RecordError, read_record, write_record
+    from analysis.records import DRIFT, records_from_ledger
 
     sid = swarm(SHARED, 1)
     folder = write_record(records_from_ledger(ledger.query, {sid: (SHARED, 1)}), sid, tmp_path)
@@ -341,7 +342,8 @@ def test_rerecord_gives_older_records_the_drift_and_keeps_who_first_recorded_the
     import yaml
     from typer.testing import CliRunner
 
-    from analysis.records import records_from_ledger, write_record
+    from analysis.record_folders import write_record
+    from analysis.records import records_from_ledger
     from flows.cli import app
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
@@ -374,3 +376,111 @@ def test_rerecord_gives_older_records_the_drift_and_keeps_who_first_recorded_the
             assert (root / sid / "drift.csv").is_file()
         assert {p: p.read_bytes() for p in before} == before
         assert "### peers' drift over rounds" in (out / "statistics.md").read_text()
+
+
+def test_a_record_is_replaced_only_by_one_that_loses_nothing(
+    ledger: Ledger, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records are committed from several machines: a machine whose ledger or MLflow store
+    holds less of a run (here: no update seconds, a round's peer groups missing) keeps the
+    record made where it ran, as a newer version or a damaged record is kept, each with a
+    warning naming why; the same tables again rewrite nothing."""
+    import yaml
+
+    from analysis.record_folders import write_record
+    from flows.experiments.records import record_runs
+    from flows.experiments.sweep import load_experiment
+
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(mini_experiment(tmp_path)))
+    exp = load_experiment(str(path))
+    replicates = exp.replicates()
+    records = records_from_ledger_of(ledger, replicates)
+    root = tmp_path / "records"
+    richer, fewer, newer, damaged, same = sorted(replicates)[:5]
+    timed = records.node_rounds.with_columns(pl.lit(1.5).alias("seconds_update"))
+    full = type(records)(**{**vars(records), "node_rounds": timed})
+    write_record(full, richer, root, code="there", host="m1")
+    more = pl.concat([records.peer_groups, records.peer_groups.filter(pl.col("swarm_id") == fewer)
+                      .with_columns(pl.col("group_id") + "-x")])  # fmt: skip
+    write_record(type(records)(**{**vars(records), "peer_groups": more}), fewer, root)
+    for sid in (newer, damaged, same):
+        write_record(records, sid, root, code="there", host="m1", machines=["m1"])
+    meta = json.loads((root / newer / "record.json").read_text())
+    (root / newer / "record.json").write_text(json.dumps({**meta, "version": 4}))
+    (root / damaged / "models.csv").write_text("swarm_id,node_id,model_id\nx,y,z\n")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    with caplog.at_level("WARNING"):
+        done = record_runs(exp, root, records=records)
+    assert {p: p.read_bytes() for p in before} == before  # four kept, one the same
+    (sixth,) = set(replicates) - {richer, fewer, newer, damaged, same}
+    assert set(done) == {same, sixth} and (root / sixth / "record.json").is_file()
+    said = caplog.text
+    assert f"{richer}: its record in {root} is kept" in said
+    assert "node_rounds.seconds_update: 0 values where the record has 6" in said
+    assert "peer_groups: 4 rows where the record has 8" in said
+    assert "unknown record version" in said and "SHA-256 differs" in said
+    assert not list(root.glob(".*"))
+
+
+def records_from_ledger_of(ledger: Ledger, replicates: dict[str, tuple[str, int]]) -> Any:
+    from analysis.records import records_from_ledger
+
+    return records_from_ledger(ledger.query, replicates)
+
+
+def test_a_write_killed_between_its_renames_leaves_the_old_record(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """Replacing a record moves the old one aside before the new one takes its place: a
+    process killed in between leaves it aside, where it still counts as recorded (a sweep
+    does not run the run again) and is put back by the next read or write."""
+    from analysis.record_folders import read_records, recorded, recover, write_record
+
+    replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
+    records = records_from_ledger_of(ledger, replicates)
+    root = tmp_path / "records"
+    sid = swarm(SHARED, 0)
+    folder = write_record(records, sid, root, code="first")
+    files = {p.name: p.read_bytes() for p in folder.iterdir()}
+    aside = root / f".{sid}.old-killed"
+    aside.mkdir()
+    folder.rename(aside / sid)  # killed here: the new record staged, never renamed in
+    (root / f".{sid}.partial-killed").mkdir()
+    assert not folder.exists() and recorded(root, sid)
+    assert read_records(root, [sid]).swarm_ids() == [sid]
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+    assert not list(root.glob(".*"))  # what the killed write left is gone
+    recover(root, sid)  # nothing to do
+    write_record(records, sid, root, code="second")
+    assert json.loads((folder / "record.json").read_text())["code"] == "second"
+    assert not list(root.glob(".*"))
+
+
+@pytest.mark.parametrize(
+    ("old", "ran_on", "machines", "earlier"),
+    [
+        ({}, ["a"], ["a"], None),  # a first record
+        ({"machines": ["a"], "code": "c", "host": "h"}, ["b", "a"], ["a", "b"], None),
+        ({"machines": ["a", 7], "code": "c", "host": "h"}, None, ["a"], None),  # edited by hand
+        ({"code": "old", "host": "h", "written_at": "t"}, None, None,
+         {"code": "old", "host": "h", "written_at": "t"}),  # other code
+        ({"code": "c", "host": "other", "written_at": "t"}, None, None,
+         {"code": "c", "host": "other", "written_at": "t"}),  # another host, same code
+    ],
+)  # fmt: skip
+def test_a_rewritten_record_keeps_every_machine_and_who_first_recorded_it(
+    old: dict[str, Any], ran_on: list[str] | None, machines: list[str] | None, earlier: Any
+) -> None:
+    from flows.experiments.records import _kept
+
+    kept = _kept(old, {"code": "c", "host": "h"}, ran_on)
+    assert kept.get("machines") == machines and kept.get("earlier") == earlier
+
+
+def test_the_old_import_of_the_record_folders_names_the_new_one() -> None:
+    import analysis.records
+
+    with pytest.raises(AttributeError, match=r"now analysis\.record_folders\.write_record"):
+        analysis.records.write_record  # noqa: B018
