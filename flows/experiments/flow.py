@@ -30,14 +30,20 @@ def run_configuration(
     records_dir: str | None = None,
 ) -> dict[str, Any]:
     from analysis.record_folders import recorded
+    from flows.experiments.records import record_covers
 
     exp = load_experiment(experiment_file, overrides)
     conf, seed = exp.runs()[index]
     swarm = exp.swarm_config(conf, seed)
     if records_dir is not None and recorded(Path(records_dir), swarm.swarm_id):
-        print(f"{swarm.swarm_id}: recorded in {records_dir} (done, here or elsewhere); skipped")
-        record_progress(exp, swarm.swarm_id, "skipped", recorded=True)
-        return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
+        if record_covers(exp, Path(records_dir), swarm.swarm_id):
+            print(f"{swarm.swarm_id}: recorded in {records_dir} (done, here or elsewhere); skipped")
+            record_progress(exp, swarm.swarm_id, "skipped", recorded=True)
+            return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
+        print(
+            f"{swarm.swarm_id}: its record in {records_dir} does not cover {swarm.rounds} rounds "
+            f"of {len(swarm.nodes)} nodes (other settings); running it"
+        )
     if is_complete(swarm):
         print(f"{swarm.swarm_id}: every node finished {swarm.rounds} rounds; skipped")
         record_progress(exp, swarm.swarm_id, "skipped")

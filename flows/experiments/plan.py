@@ -34,7 +34,7 @@ def estimated_hours(rows: list[dict[str, Any]]) -> float | None:
 def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, Any]]:
     """One row per configuration: what would run (for --dry-run and the report); a run
     with a record in ``records`` counts as done."""
-    from analysis.record_folders import recorded
+    from flows.experiments.records import record_covers
 
     rows = []
     for conf, seed in exp.runs():
@@ -59,7 +59,7 @@ def plan(exp: ExperimentConfig, records: Path | None = None) -> list[dict[str, A
                 * swarm.rounds
                 * node.questions
                 * node.generation.completions_per_question,
-                "done": (records is not None and recorded(records, swarm.swarm_id))
+                "done": (records is not None and record_covers(exp, records, swarm.swarm_id))
                 or is_complete(swarm),
             }
         )

@@ -74,6 +74,20 @@ def complete_runs(exp: ExperimentConfig, records: RunRecords) -> list[str]:
     return sorted(metrics.filter(pl.col("complete"))["swarm_id"].to_list())
 
 
+def record_covers(exp: ExperimentConfig, root: Path, swarm_id: str) -> bool:
+    """Whether ``root`` holds a record of the run as ``exp`` plans it: every node's rounds
+    and final evaluation. A record of the same swarm id under other settings (``--set
+    swarm.rounds=...``) does not; one that cannot be read does (it is kept, not run over:
+    ``record_runs`` says why)."""
+    if not recorded(root, swarm_id):
+        return False
+    try:
+        found = read_records(root, [swarm_id])
+    except RecordError:
+        return True
+    return swarm_id in complete_runs(exp, found)
+
+
 def record_runs(
     exp: ExperimentConfig,
     root: Path,

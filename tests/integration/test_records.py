@@ -484,3 +484,29 @@ def test_the_old_import_of_the_record_folders_names_the_new_one() -> None:
 
     with pytest.raises(AttributeError, match=r"now analysis\.record_folders\.write_record"):
         analysis.records.write_record  # noqa: B018
+
+
+def test_a_record_counts_as_done_only_for_the_rounds_it_covers(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """A sweep skips a recorded run; the same swarm id under other settings (more rounds)
+    is not that run, so its record does not make it done."""
+    import yaml
+
+    from analysis.record_folders import write_record
+    from flows.experiments.plan import plan
+    from flows.experiments.records import record_covers
+    from flows.experiments.sweep import load_experiment
+
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(mini_experiment(tmp_path)))
+    exp = load_experiment(str(path))
+    sid = sorted(exp.replicates())[0]
+    root = tmp_path / "records"
+    write_record(records_from_ledger_of(ledger, exp.replicates()), sid, root)
+    assert record_covers(exp, root, sid)
+    assert [r["swarm_id"] for r in plan(exp, root) if r["done"]] == [sid]
+    longer = load_experiment(str(path), ["swarm.rounds=3"])
+    assert longer.swarm_id(*longer.runs()[0]) in longer.replicates()
+    assert not record_covers(longer, root, sid)
+    assert not any(r["done"] for r in plan(longer, root))
