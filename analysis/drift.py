@@ -62,7 +62,7 @@ def _pooled() -> list[pl.Expr]:
     ]
 
 
-def _peers(drift: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+def peer_updates(drift: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
     """Per update, peers' rows of ``runs`` summed (``_update_sums``), in one order whatever
     the records' (sums are then the same bits from a ledger and from records read back).
     Rows with no tokens or a missing or non-finite measure say nothing and are left out."""
@@ -86,23 +86,22 @@ def block_rounds(block: int, rounds: int) -> str:
     return f"{first}-{-(-(block + 1) * rounds // BLOCKS) - 1}"
 
 
-def drift_rounds(drift: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
-    """Per run (``runs``: swarm_id, configuration, seed) and node round, peers' tokens pooled
-    over the run's nodes and peers: tokens, kl, ess_fraction, capped."""
+def drift_rounds(updates: pl.DataFrame) -> pl.DataFrame:
+    """Per run and node round, peers' tokens (``peer_updates``) pooled over the run's nodes
+    and peers: tokens, kl, ess_fraction, capped."""
     keys = ["configuration", "seed", "swarm_id", "node_round"]
-    return _peers(drift, runs).group_by(keys).agg(_pooled()).sort(keys)
+    return updates.group_by(keys).agg(_pooled()).sort(keys)
 
 
 def drift_blocks(
-    drift: pl.DataFrame, runs: pl.DataFrame, rounds: int, order: list[str] | None = None
+    updates: pl.DataFrame, runs: pl.DataFrame, rounds: int, order: list[str] | None = None
 ) -> pl.DataFrame:
     """Per configuration and block of rounds (``BLOCKS`` of them over ``rounds``): each
     measure pooled per seed over the block's tokens, then its mean and 95% t interval over
     seeds (``<measure>``, ``<measure>_low``, ``<measure>_high``); ``n_seeds``, the seeds
     with peers' tokens in the block, of ``seeds``, the configuration's runs."""
     per_seed = (
-        _peers(drift, runs)
-        .filter(pl.col("node_round") < rounds)
+        updates.filter(pl.col("node_round") < rounds)
         .with_columns(block_of(pl.col("node_round"), rounds).alias("block"))
         .group_by("configuration", "seed", "block", maintain_order=True)
         .agg(_pooled())
@@ -141,11 +140,11 @@ def drift_tables(
     if drift.is_empty():
         return None
     own = drift.filter(pl.col("origin") == "local")["kl"].drop_nulls().drop_nans()
-    blocks = drift_blocks(drift, runs, rounds, order)
+    updates = peer_updates(drift, runs)
     return DriftTables(
-        rounds=drift_rounds(drift, runs),
-        blocks=blocks,
-        runs_with_drift=_peers(drift, runs)["swarm_id"].n_unique(),
+        rounds=drift_rounds(updates),
+        blocks=drift_blocks(updates, runs, rounds, order),
+        runs_with_drift=updates["swarm_id"].n_unique(),
         runs=runs.height,
         own_kl_max=float(own.abs().max()) if len(own) else None,  # type: ignore[arg-type]
     )

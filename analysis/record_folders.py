@@ -192,22 +192,22 @@ def _require_whole_rows(path: Path, data: bytes) -> None:
 
 def read_records(root: Path, swarm_ids: Iterable[str]) -> RunRecords:
     """The records under ``root`` of those of ``swarm_ids`` that have one."""
-    ids = list(swarm_ids)
-    for swarm_id in ids:
-        recover(root, swarm_id)
-    return RunRecords.concat(read_record(root / s) for s in ids if recorded(root, s))
+    return RunRecords.concat(read_record(root / s) for s in swarm_ids if recorded(root, s))
 
 
 def recorded(root: Path, swarm_id: str) -> bool:
-    """Whether ``root`` holds a record of the run (one a write moved aside counts)."""
-    if (root / swarm_id / MANIFEST).is_file():
-        return True
-    return any((a / swarm_id / MANIFEST).is_file() for a in root.glob(f".{swarm_id}.old-*"))
+    """Whether ``root`` holds a record of the run, first putting back one that a killed
+    write moved aside (``recover``): every reader asks this before it reads a record."""
+    if root.is_dir():
+        recover(root, swarm_id)
+    return (root / swarm_id / MANIFEST).is_file()
 
 
 def record_manifest(root: Path, swarm_id: str) -> dict[str, object]:
     """What a run's ``record.json`` says beside its tables (code, host, time, wall time);
     empty where there is none or it is not a record of that run (reading it says why)."""
+    if not recorded(root, swarm_id):
+        return {}
     try:
         return _manifest(root / swarm_id)
     except RecordError:

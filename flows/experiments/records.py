@@ -82,7 +82,7 @@ def record_covers(exp: ExperimentConfig, root: Path, swarm_id: str) -> bool:
     if not recorded(root, swarm_id):
         return False
     try:
-        found = read_records(root, [swarm_id])
+        found = read_record(root / swarm_id)
     except RecordError:
         return True
     return swarm_id in complete_runs(exp, found)

@@ -342,6 +342,7 @@ def progress(config: SwarmConfig) -> Any:
             if deployment is None:
                 rows.append({**row, "deployment": "(not deployed)"})
                 continue
+            is_paused = paused(deployment)
             runs = _runs(client, [deployment.id])
             ahead = [r for r in runs if _state_of(r) == "SCHEDULED"]
             # The last run that ran: a run that came due while another ran was cancelled
@@ -354,12 +355,12 @@ def progress(config: SwarmConfig) -> Any:
                 {
                     **row,
                     "deployment": deployment.name,
-                    "schedule": "paused" if paused(deployment) else "active",
+                    "schedule": "paused" if is_paused else "active",
                     "last_run": _when(_began(last)) if last else "",
                     "last_state": last.state_name or "" if last else "",
                     "next_run": _when(ahead[-1].expected_start_time) if ahead else "",
                     "skipped": len(skipped),
-                    "state": _state(paused(deployment), done >= config.rounds, last),
+                    "state": _state(is_paused, done >= config.rounds, last),
                 }
             )
     return pl.DataFrame(rows, infer_schema_length=None)

@@ -436,7 +436,13 @@ def test_a_write_killed_between_its_renames_leaves_the_old_record(
     """Replacing a record moves the old one aside before the new one takes its place: a
     process killed in between leaves it aside, where it still counts as recorded (a sweep
     does not run the run again) and is put back by the next read or write."""
-    from analysis.record_folders import read_records, recorded, recover, write_record
+    from analysis.record_folders import (
+        read_records,
+        record_manifest,
+        recorded,
+        recover,
+        write_record,
+    )
 
     replicates = {swarm(c, s): (c, s) for c in (BASE, SHARED) for s in SEEDS}
     records = records_from_ledger_of(ledger, replicates)
@@ -456,6 +462,9 @@ def test_a_write_killed_between_its_renames_leaves_the_old_record(
     write_record(records, sid, root, code="second")
     assert json.loads((folder / "record.json").read_text())["code"] == "second"
     assert not list(root.glob(".*"))
+    aside.mkdir()
+    folder.rename(aside / sid)  # killed again: the manifest's reader puts it back too
+    assert record_manifest(root, sid)["code"] == "second" and folder.is_dir()
 
 
 @pytest.mark.parametrize(
