@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -305,15 +306,32 @@ class Tracker:
 
     def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
         """A table (``rows``: one dict per row) as a run's artifact, shown in MLflow's UI;
-        nothing when there are no rows."""
+        nothing when there are no rows. A table logged again replaces the one there: MLflow's
+        ``log_table`` appends to a file that exists, which doubled a round's rows each time a
+        resumed node replayed the round, or a retry followed an upload that went through."""
         if not rows:
             return
         columns = {key: [row[key] for row in rows] for key in rows[0]}
-        self._attempt(
-            lambda: self.client.log_table(run_id, columns, artifact_file),
-            "log table",
-            self.retry,
-        )
+
+        def log() -> None:
+            folder = posixpath.dirname(artifact_file) or None
+            if artifact_file not in {f.path for f in self.client.list_artifacts(run_id, folder)}:
+                self.client.log_table(run_id, columns, artifact_file)
+                return
+            import pandas as pd
+
+            # The file as log_table writes it (pandas' "split" JSON, which load_table reads),
+            # uploaded over the old one; the run's tag naming it as a table is already set.
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / posixpath.basename(artifact_file)
+                frame = pd.DataFrame(columns)
+                if path.suffix == ".parquet":
+                    frame.to_parquet(path, index=False)
+                else:
+                    frame.to_json(path, orient="split", index=False, date_format="iso")
+                self.client.log_artifact(run_id, str(path), folder)
+
+        self._attempt(log, "log table", self.retry)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self._attempt(lambda: self.client.set_terminated(run_id, status), "finish run", self.retry)

@@ -35,3 +35,26 @@ def test_each_round_logs_a_table_of_own_and_peer_completions(tmp_path: Path) -> 
     # Two groups of each origin at most, each of the node's G completions.
     group_size = swarm.node("b").node.generation.completions_per_question
     assert len(rows) <= 2 * 2 * group_size and len(rows) % group_size == 0
+
+
+def test_a_round_logged_again_replaces_its_table(tmp_path: Path) -> None:
+    """A resumed node replays its round, or a retry follows an upload that went through: the
+    round's table is then the last one logged, not both (MLflow's log_table appends)."""
+    import mlflow
+
+    from flows.tracking import open_tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = open_tracker(uri, "tables", str(tmp_path / "artifacts"))
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    first = [{"round": 3, "completion": "twelve", "reward": 0.0}] * 2
+    again = [{"round": 3, "completion": f"forty-{k}", "reward": 1.0} for k in range(3)]
+    for rows in (first, again, again):
+        tracker.log_table(run_id, rows, "completions/round-0003.json")
+    tracker.log_table(run_id, first, "completions/round-0004.json")
+    mlflow.set_tracking_uri(uri)  # load_table searches through it
+    client = mlflow.MlflowClient(uri)
+    table = client.load_table(tracker.experiment_id, "completions/round-0003.json", [run_id])
+    assert table.to_dict("records") == again
+    other = client.load_table(tracker.experiment_id, "completions/round-0004.json", [run_id])
+    assert other.to_dict("records") == first
