@@ -8,6 +8,7 @@ calls, under a ``RetryPolicy`` (ledger/retrying.py says which layer retries what
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import posixpath
@@ -305,10 +306,11 @@ class Tracker:
         return None if run is None else run.data.tags.get(key)
 
     def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
-        """A table (``rows``: one dict per row) as a run's artifact, shown in MLflow's UI;
-        nothing when there are no rows. A table logged again replaces the one there: MLflow's
-        ``log_table`` appends to a file that exists, which doubled a round's rows each time a
-        resumed node replayed the round, or a retry followed an upload that went through."""
+        """A table (``rows``: one dict per row) as a run's artifact (``artifact_file``, a
+        .json file), shown in MLflow's UI; nothing when there are no rows. A table logged
+        again replaces the one there: MLflow's ``log_table`` appends to a file that exists,
+        which doubled a round's rows each time a resumed node replayed the round, or a retry
+        followed an upload that went through."""
         if not rows:
             return
         columns = {key: [row[key] for row in rows] for key in rows[0]}
@@ -318,17 +320,12 @@ class Tracker:
             if artifact_file not in {f.path for f in self.client.list_artifacts(run_id, folder)}:
                 self.client.log_table(run_id, columns, artifact_file)
                 return
-            import pandas as pd
-
             # The file as log_table writes it (pandas' "split" JSON, which load_table reads),
             # uploaded over the old one; the run's tag naming it as a table is already set.
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / posixpath.basename(artifact_file)
-                frame = pd.DataFrame(columns)
-                if path.suffix == ".parquet":
-                    frame.to_parquet(path, index=False)
-                else:
-                    frame.to_json(path, orient="split", index=False, date_format="iso")
+                table = {"columns": list(columns), "data": [[r[k] for k in columns] for r in rows]}
+                path.write_text(json.dumps(table))
                 self.client.log_artifact(run_id, str(path), folder)
 
         self._attempt(log, "log table", self.retry)
