@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.services.deploy import local_prefect_server  # noqa: E402
+from flows.services.prefect_server import local_prefect_server  # noqa: E402
 from tests.conftest import stop_process_group  # noqa: E402
 from tests.e2e.test_swarm import swarm_file  # noqa: E402
 from tests.tiny_models import build_tiny_model  # noqa: E402

@@ -103,7 +103,9 @@ def deploy(
         serve_deployments(cfg, cron, interval, rounds_per_run, api)
         return
     # Schedules need a server: Prefect's ephemeral mode creates no scheduled runs.
-    with deploying.local_prefect_server(cfg.workdir / "prefect" / "server") as api:
+    from flows.services.prefect_server import local_prefect_server
+
+    with local_prefect_server(deploying.local_server_home(cfg)) as api:
         os.environ["PREFECT_API_URL"] = api  # before Prefect is imported
         print(f"started a Prefect server for these schedules at {api.removesuffix('/api')}")
         serve_deployments(cfg, cron, interval, rounds_per_run, api)

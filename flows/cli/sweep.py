@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,6 +24,9 @@ from flows.cli.common import (
     print_frame,
     require,
 )
+
+if TYPE_CHECKING:
+    from flows.experiments.sweep import ExperimentConfig
 
 
 def experiment(
@@ -104,24 +109,52 @@ def experiment(
         # Nothing at all when no ledger here holds a run and the sweep has no J = 0 baseline.
         print(f"report: {made['html']}" if made["html"] else "no report: nothing to report")
         return
-    if not os.environ.get("PREFECT_API_URL"):
-        # The sweep's own ephemeral Prefect; each node process gets its own
-        # (flows/swarm/launcher.py).
-        home = exp.workdir_path() / "prefect" / "experiment"
-        home.mkdir(parents=True, exist_ok=True)
-        os.environ["PREFECT_HOME"] = str(home)
-    from flows.experiments.flow import experiment_flow
+    with _sweep_prefect(exp):
+        from prefect.exceptions import CancelledRun
 
-    result = experiment_flow(
-        str(config.resolve()),
-        exp.experiment,
-        overrides or [],
-        str(report_dir.resolve()) if report_dir else None,
-        str(records.resolve()) if records else None,
-    )
+        from flows.experiments.flow import experiment_flow, stopped_runs
+
+        try:
+            result = experiment_flow(
+                str(config.resolve()),
+                exp.experiment,
+                overrides or [],
+                str(report_dir.resolve()) if report_dir else None,
+                str(records.resolve()) if records else None,
+            )
+        except CancelledRun:
+            result = None
+        if not isinstance(result, dict):  # stopped: one line a node, as `sapo swarm` says it
+            raise stopped_runs(exp)
     print(f"report: {result['report']}")
     if result["failed"]:
         raise fail(f"{result['failed']} node(s) failed")
+
+
+@contextmanager
+def _sweep_prefect(exp: ExperimentConfig) -> Iterator[None]:
+    """The Prefect server of the sweep's flow: PREFECT_API_URL's, else one of its own under
+    the working directory, which a Ctrl-C does not stop before the flow has said that it
+    stopped (flows/services/prefect_server.py). Node processes keep their own (each an
+    ephemeral one, flows/swarm/launcher.py): this one is not in their environment."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from flows.services.prefect_server import can_detach, local_prefect_server
+
+    home = exp.workdir_path() / "prefect" / "experiment"
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["PREFECT_HOME"] = str(home)  # the flow's result storage too
+    if not can_detach():  # Prefect's ephemeral server, in this process's group
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        local_prefect_server(home, detached=True) as api,
+        temporary_settings({PREFECT_API_URL: api}),
+    ):
+        yield
 
 
 def report(

@@ -14,11 +14,13 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
+from prefect.states import Cancelled, State
 
-from flows.experiments.progress import record_progress
+from flows.experiments.progress import read_progress, record_progress
 from flows.experiments.sweep import ExperimentConfig, load_experiment
 from flows.node.lifecycle import is_complete
 from flows.swarm.launcher import run_swarm, write_resolved
+from flows.swarm.stopping import SwarmStopped, stopped_lines
 
 
 @task(name="run-configuration", cache_policy=NONE)
@@ -28,7 +30,7 @@ def run_configuration(
     index: int,
     parent_run_id: str | None,
     records_dir: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | State:
     from analysis.record_folders import recorded
     from flows.experiments.records import record_covers
 
@@ -50,7 +52,13 @@ def run_configuration(
         return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
     print(f"{swarm.swarm_id}: {conf.label} with {conf.policy_kind(exp.swarm)} sampling")
     record_progress(exp, swarm.swarm_id, "started")
-    failed = run_swarm(swarm, write_resolved(swarm), parent_run_id=parent_run_id)
+    try:
+        failed = run_swarm(swarm, write_resolved(swarm), parent_run_id=parent_run_id)
+    except SwarmStopped as stopped:
+        # A stop is no failure: the task and the flow end Cancelled, with no traceback, and
+        # `sapo experiment` says how far the run got (`stopped_runs`).
+        record_progress(exp, swarm.swarm_id, "stopped", signal=stopped.signal_name)
+        return Cancelled(message=f"{swarm.swarm_id}: {stopped}")
     record_progress(exp, swarm.swarm_id, "finished" if failed == 0 else "failed", failed=failed)
     if failed == 0 and records_dir is not None:
         from flows.experiments.records import record_runs
@@ -138,18 +146,23 @@ def experiment_flow(
     overrides: list[str] | None = None,
     report_dir: str | None = None,
     records_dir: str | None = None,
-) -> dict[str, Any]:
-    """Run every configuration of a sweep, then write and attach its report. With
+) -> dict[str, Any] | State:
+    """Run every configuration of a sweep, then write and attach its report; Cancelled
+    (the caller gets prefect's CancelledRun) when a stop signal ends a run. With
     ``records_dir``, each finished run's record is written there (analysis/record_folders.py), a
     run already recorded there is skipped, and the report counts recorded runs too."""
     overrides = overrides or []
     exp = load_experiment(experiment_file, overrides)
     opened = _experiment_run(exp)
     parent = opened[1] if opened else None
-    results = [
-        run_configuration(experiment_file, overrides, i, parent, records_dir)
-        for i in range(len(exp.runs()))
-    ]
+    results = []
+    for i in range(len(exp.runs())):
+        result = run_configuration(experiment_file, overrides, i, parent, records_dir)
+        if isinstance(result, State):  # stopped: the runs after it wait for a rerun
+            if opened is not None:
+                opened[0].finish(opened[1], "KILLED")
+            return Cancelled(message=result.message)
+        results.append(result)
     failed = sum(r["failed"] for r in results)
     out_dir = report_dir or str(exp.report_path())
     report = report_task(experiment_file, overrides, out_dir, records_dir)
@@ -163,3 +176,19 @@ def experiment_flow(
         tracker.log_artifacts(run_id, out_dir, "report")
         tracker.finish(run_id, "FINISHED" if failed == 0 else "FAILED")
     return {"configurations": results, "report": report["html"], "failed": failed}
+
+
+def stopped_runs(exp: ExperimentConfig) -> SwarmStopped:
+    """What a stop left, from the progress file: per run it stopped, where each node
+    resumes; as the SwarmStopped that `sapo` prints (and exits 130 for)."""
+    runs = read_progress(exp).get("runs") or {}
+    lines, signal_name = [], "a signal"
+    for conf, seed in exp.runs():
+        swarm = exp.swarm_config(conf, seed)
+        entry = runs.get(swarm.swarm_id)
+        if not isinstance(entry, dict) or entry.get("state") != "stopped":
+            continue
+        lines.append(f"{swarm.swarm_id}: stopped")
+        lines += stopped_lines(swarm.workdir, [n.node_id for n in swarm.nodes])
+        signal_name = str(entry["events"][-1].get("signal", signal_name))
+    return SwarmStopped(signal_name, lines)

@@ -24,6 +24,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
+from prefect.exceptions import TerminationSignal
 from prefect.utilities.annotations import quote
 
 from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
@@ -173,7 +174,9 @@ def node_flow(
             return {"node_id": node_id, "rounds": list(rounds), "metrics": history}
         except BaseException as stopped:
             if node.run is not None:  # its MLflow run says how it ended, never "running"
-                interrupted = isinstance(stopped, KeyboardInterrupt)
+                # Ctrl-C, or the SIGTERM of a stopping launcher (Prefect raises it as
+                # TerminationSignal): stopped, not failed.
+                interrupted = isinstance(stopped, (KeyboardInterrupt, TerminationSignal))
                 node.run.tracker.finish(node.run.run_id, "KILLED" if interrupted else "FAILED")
             raise
         finally:

@@ -10,7 +10,7 @@ Two ways to run them:
 - serve (one machine): `sapo deploy -c FILE --serve` registers the same deployments and
   runs their schedules in this process until stopped. Schedules need a Prefect server (the
   ephemeral mode creates no scheduled runs); without PREFECT_API_URL it starts one on
-  127.0.0.1 for as long as it serves (`local_prefect_server`).
+  127.0.0.1 for as long as it serves (flows/services/prefect_server.py).
 
 Each scheduled run runs `rounds_per_run` rounds past the node's checkpoint, up to the
 swarm's rounds, so a schedule advances the node step by step and a missed run loses nothing;
@@ -27,16 +27,14 @@ runs Prefect had scheduled ahead. Deploying again (with more rounds) resumes it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from flows.config import SwarmConfig, swarm_yaml
+from flows.services.prefect_server import SERVED_API
+from flows.services.prefect_server import local_prefect_server as local_prefect_server  # moved
 
 
 def deployment_parameters(config: SwarmConfig, node_id: str, rounds_per_run: int) -> dict[str, Any]:
@@ -201,11 +199,6 @@ def ensure_crash_detection(client: Any) -> None:
     )
 
 
-SERVER_START_S = 180.0
-SERVED_API = "api_url"
-"""The file, in the local server's folder, that names its API while it runs."""
-
-
 def local_server_home(config: SwarmConfig) -> Path:
     """Where `sapo deploy --serve` keeps the Prefect server it starts for a swarm."""
     return config.workdir / "prefect" / "server"
@@ -215,39 +208,6 @@ def served_api(config: SwarmConfig) -> str | None:
     """The API of the Prefect server that `sapo deploy --serve` runs for this swarm now."""
     path = local_server_home(config) / SERVED_API
     return path.read_text().strip() if path.is_file() else None
-
-
-@contextmanager
-def local_prefect_server(home: Path) -> Iterator[str]:
-    """A Prefect server on 127.0.0.1 (a free port, its database under ``home``), for as
-    long as the block runs; yields its API URL. It stays in this process's group, so a
-    Ctrl-C or a stop of the group stops it with the deployments it serves."""
-    from flows.services.stack import free_port, wait_for_http
-
-    home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api}
-    cmd = [sys.executable, "-P", "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-    with open(home / "server.log", "ab") as log:
-        server = subprocess.Popen(
-            [*cmd, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        if not wait_for_http(f"{api}/health", lambda: server.poll() is None, SERVER_START_S):
-            raise RuntimeError(
-                f"the local Prefect server did not start (see {home / 'server.log'})"
-            )
-        (home / SERVED_API).write_text(api)
-        yield api
-    finally:
-        (home / SERVED_API).unlink(missing_ok=True)
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 # -- how far a deployed swarm is ------------------------------------------------------------

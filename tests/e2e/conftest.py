@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.services.deploy import local_prefect_server
+from flows.services.prefect_server import local_prefect_server
 
 
 @pytest.fixture

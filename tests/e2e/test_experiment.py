@@ -17,6 +17,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.e2e.interrupting import interrupted, processes_mentioning
 from tests.e2e.test_swarm import sapo
 from tests.tiny_models import build_tiny_model
 
@@ -66,7 +67,7 @@ def experiment_file(tmp_path: Path, model: Path, prefect_api: str | None = None)
     }
     if prefect_api:
         # The node processes' runs go to one server (the `prefect_api` fixture); the sweep's
-        # own flow keeps its ephemeral server (checked below).
+        # own flow keeps the server it starts under its working directory (checked below).
         data["swarm"]["prefect"] = {"api_url": prefect_api}
     path = tmp_path / "mini.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -128,7 +129,20 @@ def test_miniature_sweep_and_report(tmp_path: Path, prefect_api: str) -> None:
     path = experiment_file(tmp_path, model, prefect_api)
     work = tmp_path / "work"
     records = tmp_path / "records"
-    out = sapo("experiment", "-c", str(path), "--records", str(records), timeout=1200)
+    # Ctrl-C in the first run: the sweep says how far it got, as `sapo swarm` does, leaves no
+    # process (its Prefect server included), and the same command resumes it.
+    args = ["experiment", "-c", str(path), "--records", str(records)]
+    stopped, took = interrupted(args, "round 0: own_reward", 600)
+    assert took < 15, f"{took:.1f} s from Ctrl-C to exit"
+    for noise in ("Traceback", "Crash detected", "Error logging to API", "ConnectError"):
+        assert noise not in stopped, stopped[-3000:]
+    tail = stopped.strip().splitlines()[-4:]  # a checkpoint in flight may not have landed
+    assert tail[0] == "mini-2x0-s0: stopped", tail
+    assert tail[1].startswith("node-0: stopped") and tail[2].startswith("node-1: stopped")
+    assert tail[3] == "stopped by SIGINT: rerun the same command to resume"
+    assert "Cancelled('mini-2x0-s0: stopped by SIGINT')" in stopped  # Prefect's state
+    assert processes_mentioning(str(work)) == []  # the nodes, and every Prefect server
+    out = sapo(*args, timeout=1200)
     assert "mini-2x0-s0: 2/0" in out and "mini-1x1-reward-filtered-s1: 1/1" in out
 
     expected = direct_sql(work / "ledger")
@@ -204,15 +218,17 @@ def test_miniature_sweep_and_report(tmp_path: Path, prefect_api: str) -> None:
     # The progress file says where the sweep stands: every run started, finished, skipped.
     progress = json.loads((work / "progress.json").read_text())
     assert progress["summary"].startswith("4 of 4 runs done")
-    events = [[e["event"] for e in r["events"]] for r in progress["runs"].values()]
-    assert events == [["started", "finished", "skipped"]] * 4
+    events = {run: [e["event"] for e in r["events"]] for run, r in progress["runs"].items()}
+    assert events.pop("mini-2x0-s0") == ["started", "stopped", "started", "finished", "skipped"]
+    assert list(events.values()) == [["started", "finished", "skipped"]] * 3
 
     # Each run was recorded as it finished; on a replaced machine (nothing of the working
     # directory left) the sweep skips every recorded run and reports the same statistics.
     assert sorted(p.name for p in records.iterdir()) == sorted(expected)
     meta = json.loads((records / "mini-2x0-s0" / "record.json").read_text())
     assert meta["experiment"] == "mini" and len(meta["code"]) == 40
-    assert meta["wall"]["attempts"] == 1 and meta["wall"]["seconds"] > 0  # kept off-machine
+    assert meta["wall"]["attempts"] == 2 and meta["wall"]["interrupted"] == 1  # the stop
+    assert meta["wall"]["seconds"] > 0  # the attempt that finished, kept off-machine
     assert meta["version"] == 3 and len(meta["machines"]) == 1  # where its attempt ran
     shared = pl.read_csv(records / "mini-1x1-reward-filtered-s0" / "drift.csv")
     assert set(shared["origin"]) == {"local", "external"}  # peers' drift kept off-machine

@@ -1,11 +1,14 @@
 """A stopped node's MLflow run says it was stopped (issue 47: after Ctrl-C the node runs
-stayed RUNNING in MLflow while nothing ran)."""
+stayed RUNNING in MLflow while nothing ran; a node the launcher stopped by SIGTERM marked its
+own run FAILED)."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+from prefect.exceptions import TerminationSignal
 
 from flows.tracking import open_tracker
 from tests.integration.test_round_steps import make_swarm
@@ -26,19 +29,27 @@ def test_a_stopped_swarm_marks_its_running_node_runs_killed(tmp_path: Path) -> N
     assert status == {parent: "KILLED", cut: "KILLED", done: "FINISHED"}
 
 
+@pytest.mark.parametrize(
+    "stop",
+    [
+        KeyboardInterrupt(),  # Ctrl-C in `sapo node`
+        TerminationSignal(signal.SIGTERM),  # a stopping launcher's SIGTERM, as Prefect raises it
+    ],
+    ids=["ctrl-c", "sigterm"],
+)
 def test_a_node_interrupted_mid_round_marks_its_run_killed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: BaseException
 ) -> None:
     import mlflow
 
     from flows.node import round as node_round
 
-    def ctrl_c(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt  # as Ctrl-C arrives in `sapo node`, mid-round
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise stop  # as it arrives mid-round
 
     swarm = make_swarm(tmp_path, rounds=1, tracking={"enabled": True})
-    monkeypatch.setattr(node_round, "round_flow", ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(node_round, "round_flow", stopped)
+    with pytest.raises(type(stop)):
         node_round.node_flow.fn("a", swarm=swarm)
     mlflow.set_tracking_uri(swarm.tracking_uri())
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
