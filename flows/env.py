@@ -39,6 +39,12 @@ CHECKED_ENV = "SAPO_RESUME_CHECKED"
 """Set by a launcher for each node process it starts: the checkpoint at which it checked
 that node's resume, models and ledger (flows/node/lifecycle.py `checked_marker`)."""
 
+LAUNCHED_ENV = "SAPO_LAUNCHED"
+"""Set (to 1) by a launcher for each node process it starts: the launcher stops the node's
+process group, Prefect's ephemeral server in it included, and hides what the node prints
+once it stops it. A node started by hand runs its flow on a server a Ctrl-C leaves up
+(flows/services/prefect_server.py `flows_outlive_ctrl_c`), and says where it resumes."""
+
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 

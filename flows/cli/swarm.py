@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -17,7 +18,7 @@ from flows.cli.common import (
     print_frame,
     require,
 )
-from flows.env import FORCE_ENV
+from flows.env import FORCE_ENV, LAUNCHED_ENV
 from flows.limits import CHECKPOINT_KEEP_HELP, DEFAULT_WORKDIR, MAX_NODES
 
 if TYPE_CHECKING:
@@ -262,15 +263,32 @@ def node(
     write_resolved(cfg, cfg.workdir / "nodes" / node_id / "swarm.yaml")
     from flows.node.round import node_flow
 
-    node_flow(
-        node_id,
-        swarm=cfg,
-        until_round=until_round,
-        more_rounds=more_rounds,
-        parent_run_id=parent_run_id,
-        force=force,
-        start=start,
-    )
+    def run() -> None:
+        node_flow(
+            node_id,
+            swarm=cfg,
+            until_round=until_round,
+            more_rounds=more_rounds,
+            parent_run_id=parent_run_id,
+            force=force,
+            start=start,
+        )
+
+    if os.environ.get(LAUNCHED_ENV):  # its launcher stops it, and says where it resumes
+        run()
+        return
+    from prefect.exceptions import TerminationSignal
+    from prefect.settings import PREFECT_HOME
+
+    from flows.services.prefect_server import flows_outlive_ctrl_c
+    from flows.swarm.stopping import SwarmStopped, stopped_lines
+
+    try:
+        with flows_outlive_ctrl_c(Path(os.environ.get("PREFECT_HOME") or PREFECT_HOME.value())):
+            run()
+    except (KeyboardInterrupt, TerminationSignal) as stop:
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signal).name
+        raise SwarmStopped(name, stopped_lines(cfg.workdir, [node_id])) from None
 
 
 def demo(

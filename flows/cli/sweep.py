@@ -137,23 +137,13 @@ def _sweep_prefect(exp: ExperimentConfig) -> Iterator[None]:
     the working directory, which a Ctrl-C does not stop before the flow has said that it
     stopped (flows/services/prefect_server.py). Node processes keep their own (each an
     ephemeral one, flows/swarm/launcher.py): this one is not in their environment."""
-    if os.environ.get("PREFECT_API_URL"):
-        yield
-        return
-    from flows.services.prefect_server import can_detach, local_prefect_server
+    from flows.services.prefect_server import flows_outlive_ctrl_c
 
     home = exp.workdir_path() / "prefect" / "experiment"
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["PREFECT_HOME"] = str(home)  # the flow's result storage too
-    if not can_detach():  # Prefect's ephemeral server, in this process's group
-        yield
-        return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with (
-        local_prefect_server(home, detached=True) as api,
-        temporary_settings({PREFECT_API_URL: api}),
-    ):
+    if not os.environ.get("PREFECT_API_URL"):
+        home.mkdir(parents=True, exist_ok=True)
+        os.environ["PREFECT_HOME"] = str(home)  # the flow's result storage too
+    with flows_outlive_ctrl_c(home):
         yield
 
 

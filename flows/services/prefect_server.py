@@ -96,10 +96,29 @@ def local_prefect_server(home: Path, *, detached: bool = False) -> Iterator[str]
             server.wait()
 
 
+@contextmanager
+def flows_outlive_ctrl_c(home: Path) -> Iterator[None]:
+    """Where a command runs its flows in the foreground: on PREFECT_API_URL's server, else on
+    a detached local one (database under ``home``, as Prefect's ephemeral mode keeps it), so
+    the flow can still record how a stop ended it. Where no server can be detached, Prefect's
+    ephemeral one, as before."""
+    if os.environ.get("PREFECT_API_URL") or not can_detach():
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        local_prefect_server(home, detached=True) as api,
+        temporary_settings({PREFECT_API_URL: api}),
+    ):
+        yield
+
+
 __all__ = [
     "SERVED_API",
     "SERVER_START_S",
     "can_detach",
     "drain_prefect_clients",
+    "flows_outlive_ctrl_c",
     "local_prefect_server",
 ]

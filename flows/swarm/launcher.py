@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from flows.config import SwarmConfig, swarm_yaml
-from flows.env import CHECKED_ENV, apply_offline_defaults
+from flows.env import CHECKED_ENV, LAUNCHED_ENV, apply_offline_defaults
 from flows.node.checkpoint import Checkpoint
 from flows.node.files import write_atomically
 from flows.node.lifecycle import checked_marker
@@ -77,6 +77,7 @@ def node_env(
     checked its nodes' resume, models and ledger (the process need not check again)."""
     env = dict(os.environ)
     env.pop(CHECKED_ENV, None)  # a launcher's own, never inherited by its nodes
+    env[LAUNCHED_ENV] = "1"
     if checked is not None and node_id in checked:
         env[CHECKED_ENV] = checked_marker(checked[node_id])
     apply_offline_defaults(env)  # quiet, offline nodes, whoever started the launcher
