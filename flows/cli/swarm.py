@@ -284,7 +284,7 @@ def node(
     from flows.swarm.stopping import SwarmStopped, stopped_lines
 
     try:
-        with flows_outlive_ctrl_c(Path(os.environ.get("PREFECT_HOME") or PREFECT_HOME.value())):
+        with flows_outlive_ctrl_c(PREFECT_HOME.value()):  # $PREFECT_HOME, or ~/.prefect
             run()
     except (KeyboardInterrupt, TerminationSignal) as stop:
         name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signal).name

@@ -18,6 +18,15 @@ from tests.conftest import stop_process_group
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of the running processes whose command line or environment mention
     ``text`` (a node names its swarm file; its Prefect server has PREFECT_HOME)."""
+    return [cmdline for _, cmdline in _mentioning(text)]
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """The process ids of `processes_mentioning`."""
+    return [pid for pid, _ in _mentioning(text)]
+
+
+def _mentioning(text: str) -> list[tuple[int, str]]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -28,7 +37,7 @@ def processes_mentioning(text: str) -> list[str]:
         except OSError:
             continue
         if text in cmdline or text in environ:
-            found.append(cmdline)
+            found.append((int(entry.name), cmdline))
     return found
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from flows.services.prefect_server import can_detach
 from tests.conftest import stop_process_group
-from tests.e2e.interrupting import interrupted, processes_mentioning
+from tests.e2e.interrupting import interrupted, pids_mentioning, processes_mentioning
 from tests.tiny_models import build_tiny_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -30,19 +30,6 @@ with local_prefect_server(Path(sys.argv[1]), detached=True) as api:
     print(api, flush=True)
     sys.stdin.read()  # until the test kills it
 """
-
-
-def _server_pids(home: Path) -> list[int]:
-    """The processes whose environment names ``home`` (the server has it as PREFECT_HOME)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if str(home) in (entry / "environ").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.skipif(not can_detach(), reason="a detached server needs Linux's PR_SET_PDEATHSIG")
@@ -60,7 +47,7 @@ def test_a_detached_server_leaves_the_group_and_dies_with_its_command(tmp_path: 
         assert command.stdout is not None
         api = command.stdout.readline().strip()
         assert api.startswith("http://127.0.0.1:"), api
-        (server,) = [p for p in _server_pids(home) if p != command.pid]
+        (server,) = [p for p in pids_mentioning(str(home)) if p != command.pid]  # PREFECT_HOME
         # Another session: the Ctrl-C a terminal sends the command's group misses it.
         assert os.getsid(server) != os.getsid(command.pid)
         command.send_signal(signal.SIGKILL)  # no `finally` runs: the kernel must stop it
