@@ -76,7 +76,7 @@ def main() -> None:
     naming the exception, unless --debug asks for the traceback."""
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-    from flows.swarm.stopping import EXIT_STATUS, SwarmStopped
+    from flows.swarm.stopping import EXIT_STATUS, SwarmStopped, stop_of
 
     try:
         apply_offline_defaults()  # inside: a bad SAPO_MMAP_THRESHOLD is one line too
@@ -102,6 +102,9 @@ def main() -> None:
         typer.echo(f"{stopped}: rerun the same command to resume", err=True)
         sys.exit(EXIT_STATUS)
     except Exception as exc:  # what no command anticipated
+        if stop_of(exc) is not None:  # Ctrl-C mid-query: DuckDB's RuntimeError, raised from it
+            typer.echo("aborted", err=True)
+            sys.exit(EXIT_STATUS)
         if os.environ.get(DEBUG_ENV):
             raise
         lines = str(exc).strip().splitlines()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -277,18 +276,18 @@ def node(
     if os.environ.get(LAUNCHED_ENV):  # its launcher stops it, and says where it resumes
         run()
         return
-    from prefect.exceptions import TerminationSignal
     from prefect.settings import PREFECT_HOME
 
     from flows.services.prefect_server import flows_outlive_ctrl_c
-    from flows.swarm.stopping import SwarmStopped, stopped_lines
+    from flows.swarm.stopping import SwarmStopped, signal_name, stop_of, stopped_lines
 
     try:
         with flows_outlive_ctrl_c(PREFECT_HOME.value()):  # $PREFECT_HOME, or ~/.prefect
             run()
-    except (KeyboardInterrupt, TerminationSignal) as stop:
-        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signal).name
-        raise SwarmStopped(name, stopped_lines(cfg.workdir, [node_id])) from None
+    except BaseException as exc:  # a Ctrl-C mid-query comes as DuckDB's RuntimeError
+        if (stop := stop_of(exc)) is None:
+            raise
+        raise SwarmStopped(signal_name(stop), stopped_lines(cfg.workdir, [node_id])) from None
 
 
 def demo(

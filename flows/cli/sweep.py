@@ -122,9 +122,9 @@ def experiment(
                 str(report_dir.resolve()) if report_dir else None,
                 str(records.resolve()) if records else None,
             )
-        except CancelledRun:
-            result = None
-        if not isinstance(result, dict):  # stopped: one line a node, as `sapo swarm` says it
+        except CancelledRun as cancelled:  # stopped: one line a node, as `sapo swarm` says it
+            raise stopped_runs(exp, str(cancelled)) from None
+        if not isinstance(result, dict):
             raise stopped_runs(exp)
     print(f"report: {result['report']}")
     if result["failed"]:

@@ -8,8 +8,9 @@ summary table becomes a Prefect markdown artifact of this flow run.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
@@ -20,7 +21,10 @@ from flows.experiments.progress import read_progress, record_progress
 from flows.experiments.sweep import ExperimentConfig, load_experiment
 from flows.node.lifecycle import is_complete
 from flows.swarm.launcher import run_swarm, write_resolved
-from flows.swarm.stopping import SwarmStopped, stopped_lines
+from flows.swarm.stopping import SwarmStopped, signal_name, stop_of, stopped_lines
+
+if TYPE_CHECKING:
+    from flows.config import SwarmConfig
 
 
 @task(name="run-configuration", cache_policy=NONE)
@@ -31,42 +35,69 @@ def run_configuration(
     parent_run_id: str | None,
     records_dir: str | None = None,
 ) -> dict[str, Any] | State:
-    from analysis.record_folders import recorded
-    from flows.experiments.records import record_covers
-
     exp = load_experiment(experiment_file, overrides)
     conf, seed = exp.runs()[index]
     swarm = exp.swarm_config(conf, seed)
-    if records_dir is not None and recorded(Path(records_dir), swarm.swarm_id):
-        if record_covers(exp, Path(records_dir), swarm.swarm_id):
-            print(f"{swarm.swarm_id}: recorded in {records_dir} (done, here or elsewhere); skipped")
+    try:
+        return _run_or_skip(exp, swarm, conf.label, conf.policy_kind(exp.swarm), parent_run_id,
+                            None if records_dir is None else Path(records_dir))  # fmt: skip
+    except SwarmStopped as stopped:
+        name = stopped.signal_name
+    except BaseException as exc:  # outside the swarm's nodes: its models, MLflow run, record
+        if (stop := stop_of(exc)) is None:
+            raise
+        name = signal_name(stop)
+    # A stop is no failure: the task and the flow end Cancelled, with no traceback, and
+    # `sapo experiment` says how far the run got (`stopped_runs`). A run that finished
+    # stays finished (its record, if the stop cut it short, is written when it is skipped).
+    if read_progress(exp).get("runs", {}).get(swarm.swarm_id, {}).get("state") == "started":
+        record_progress(exp, swarm.swarm_id, "stopped", signal=name)
+    return Cancelled(message=f"{swarm.swarm_id}: stopped by {name}")
+
+
+def _run_or_skip(
+    exp: ExperimentConfig,
+    swarm: SwarmConfig,
+    label: str,
+    policy: str,
+    parent_run_id: str | None,
+    records: Path | None,
+) -> dict[str, Any]:
+    from analysis.record_folders import recorded
+    from flows.experiments.records import record_covers
+
+    if records is not None and recorded(records, swarm.swarm_id):
+        if record_covers(exp, records, swarm.swarm_id):
+            print(f"{swarm.swarm_id}: recorded in {records} (done, here or elsewhere); skipped")
             record_progress(exp, swarm.swarm_id, "skipped", recorded=True)
             return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
         print(
-            f"{swarm.swarm_id}: its record in {records_dir} does not cover {swarm.rounds} rounds "
+            f"{swarm.swarm_id}: its record in {records} does not cover {swarm.rounds} rounds "
             f"of {len(swarm.nodes)} nodes (other settings); running it"
         )
     if is_complete(swarm):
         print(f"{swarm.swarm_id}: every node finished {swarm.rounds} rounds; skipped")
+        _record(exp, swarm.swarm_id, records)  # a stop may have come before its record
         record_progress(exp, swarm.swarm_id, "skipped")
         return {"swarm_id": swarm.swarm_id, "skipped": True, "failed": 0}
-    print(f"{swarm.swarm_id}: {conf.label} with {conf.policy_kind(exp.swarm)} sampling")
+    print(f"{swarm.swarm_id}: {label} with {policy} sampling")
     record_progress(exp, swarm.swarm_id, "started")
-    try:
-        failed = run_swarm(swarm, write_resolved(swarm), parent_run_id=parent_run_id)
-    except SwarmStopped as stopped:
-        # A stop is no failure: the task and the flow end Cancelled, with no traceback, and
-        # `sapo experiment` says how far the run got (`stopped_runs`).
-        record_progress(exp, swarm.swarm_id, "stopped", signal=stopped.signal_name)
-        return Cancelled(message=f"{swarm.swarm_id}: {stopped}")
+    failed = run_swarm(swarm, write_resolved(swarm), parent_run_id=parent_run_id)
     record_progress(exp, swarm.swarm_id, "finished" if failed == 0 else "failed", failed=failed)
-    if failed == 0 and records_dir is not None:
-        from flows.experiments.records import record_runs
-
+    if failed == 0:
         # The run's few kilobytes of statistics, at once: the machine may not see the end.
-        for done in record_runs(exp, Path(records_dir), [swarm.swarm_id]):
-            print(f"{done}: recorded in {records_dir}")
+        _record(exp, swarm.swarm_id, records)
     return {"swarm_id": swarm.swarm_id, "skipped": False, "failed": failed}
+
+
+def _record(exp: ExperimentConfig, swarm_id: str, records: Path | None) -> None:
+    """Write the run's record into ``records`` (if given) unless it already says as much."""
+    if records is None:
+        return
+    from flows.experiments.records import record_runs
+
+    for done in record_runs(exp, records, [swarm_id]):
+        print(f"{done}: recorded in {records}")
 
 
 def experiment_report(
@@ -118,8 +149,14 @@ def experiment_report(
 @task(name="report", cache_policy=NONE)
 def report_task(
     experiment_file: str, overrides: list[str], out_dir: str, records_dir: str | None = None
-) -> dict[str, Any]:
-    return experiment_report(experiment_file, overrides, out_dir, records_dir)
+) -> dict[str, Any] | State:
+    print(f"writing the report under {out_dir}", flush=True)
+    try:
+        return experiment_report(experiment_file, overrides, out_dir, records_dir)
+    except BaseException as exc:  # every run is done: a rerun skips them and writes it
+        if (stop := stop_of(exc)) is None:
+            raise
+        return Cancelled(message=f"stopped by {signal_name(stop)} in the report, every run done")
 
 
 def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
@@ -154,18 +191,39 @@ def experiment_flow(
     overrides = overrides or []
     exp = load_experiment(experiment_file, overrides)
     opened = _experiment_run(exp)
+    try:
+        outcome = _runs_then_report(
+            exp, experiment_file, overrides, opened, report_dir, records_dir
+        )
+    except BaseException as exc:  # between two tasks: in Prefect's code, or MLflow's
+        if (stop := stop_of(exc)) is None:
+            raise
+        outcome = Cancelled(message=f"{exp.experiment}: stopped by {signal_name(stop)}")
+    if isinstance(outcome, State) and opened is not None:
+        opened[0].finish(opened[1], "KILLED")  # the runs after the stop wait for a rerun
+    return outcome
+
+
+def _runs_then_report(
+    exp: ExperimentConfig,
+    experiment_file: str,
+    overrides: list[str],
+    opened: tuple[Any, str] | None,
+    report_dir: str | None,
+    records_dir: str | None,
+) -> dict[str, Any] | State:
     parent = opened[1] if opened else None
     results = []
     for i in range(len(exp.runs())):
         result = run_configuration(experiment_file, overrides, i, parent, records_dir)
-        if isinstance(result, State):  # stopped: the runs after it wait for a rerun
-            if opened is not None:
-                opened[0].finish(opened[1], "KILLED")
+        if isinstance(result, State):  # stopped
             return Cancelled(message=result.message)
         results.append(result)
     failed = sum(r["failed"] for r in results)
     out_dir = report_dir or str(exp.report_path())
     report = report_task(experiment_file, overrides, out_dir, records_dir)
+    if isinstance(report, State):
+        return Cancelled(message=f"{exp.experiment}: {report.message}")
     create_markdown_artifact(
         report["markdown"],
         key=f"{exp.experiment.lower().replace('_', '-').replace('.', '-')}-summary",
@@ -178,11 +236,13 @@ def experiment_flow(
     return {"configurations": results, "report": report["html"], "failed": failed}
 
 
-def stopped_runs(exp: ExperimentConfig) -> SwarmStopped:
+def stopped_runs(exp: ExperimentConfig, message: str = "") -> SwarmStopped:
     """What a stop left, from the progress file: per run it stopped, where each node
-    resumes; as the SwarmStopped that `sapo` prints (and exits 130 for)."""
+    resumes; as the SwarmStopped that `sapo` prints (and exits 130 for). ``message``: the
+    cancelled flow's (``<what>: stopped by <signal>...``), the one line where the stop came
+    outside a run (between two, or in the report)."""
     runs = read_progress(exp).get("runs") or {}
-    lines, signal_name = [], "a signal"
+    lines, name = [], "a signal"
     for conf, seed in exp.runs():
         swarm = exp.swarm_config(conf, seed)
         entry = runs.get(swarm.swarm_id)
@@ -190,5 +250,9 @@ def stopped_runs(exp: ExperimentConfig) -> SwarmStopped:
             continue
         lines.append(f"{swarm.swarm_id}: stopped")
         lines += stopped_lines(swarm.workdir, [n.node_id for n in swarm.nodes])
-        signal_name = str(entry["events"][-1].get("signal", signal_name))
-    return SwarmStopped(signal_name, lines)
+        name = str(entry["events"][-1].get("signal", name))
+    if not lines and message:
+        lines.append(message)
+        found = re.search(r"stopped by (SIG[A-Z]+)", message)
+        name = found.group(1) if found else name
+    return SwarmStopped(name, lines)

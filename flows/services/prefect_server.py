@@ -12,6 +12,7 @@ group stops it.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -96,22 +97,46 @@ def local_prefect_server(home: Path, *, detached: bool = False) -> Iterator[str]
             server.wait()
 
 
+STOP_CRASHES = (
+    "Crash detected! Execution was aborted by an interrupt signal.",
+    "Crash detected! Execution was aborted by a termination signal.",
+)
+"""What Prefect logs at ERROR for each run a Ctrl-C or SIGTERM cuts short (prefect 3.x)."""
+
+
+class _NoStopCrashes(logging.Filter):
+    """Drops Prefect's crash report of a run that a stop signal ended: the command says what
+    the stop left and how to resume, and a stop is no crash. The run's state (Crashed, or
+    Cancelled where sapo catches the stop) still says it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(STOP_CRASHES)
+
+
 @contextmanager
 def flows_outlive_ctrl_c(home: Path) -> Iterator[None]:
     """Where a command runs its flows in the foreground: on PREFECT_API_URL's server, else on
     a detached local one (database under ``home``, as Prefect's ephemeral mode keeps it), so
     the flow can still record how a stop ended it. Where no server can be detached, Prefect's
-    ephemeral one, as before."""
-    if os.environ.get("PREFECT_API_URL") or not can_detach():
-        yield
-        return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    ephemeral one, as before. Prefect's "Crash detected!" for a stopped run is not shown."""
+    quiet = _NoStopCrashes()
+    runs = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in runs:
+        logger.addFilter(quiet)
+    try:
+        if os.environ.get("PREFECT_API_URL") or not can_detach():
+            yield
+            return
+        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with (
-        local_prefect_server(home, detached=True) as api,
-        temporary_settings({PREFECT_API_URL: api}),
-    ):
-        yield
+        with (
+            local_prefect_server(home, detached=True) as api,
+            temporary_settings({PREFECT_API_URL: api}),
+        ):
+            yield
+    finally:
+        for logger in runs:
+            logger.removeFilter(quiet)
 
 
 __all__ = [

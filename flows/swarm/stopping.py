@@ -87,6 +87,33 @@ class NodeStopper:
                 signal.signal(sig, handler)
 
 
+def stop_of(exc: BaseException) -> BaseException | None:
+    """The stop behind ``exc``: the KeyboardInterrupt (Ctrl-C) or Prefect TerminationSignal
+    (SIGTERM) that it is, or that it was raised from or while handling; None when a stop
+    signal had no part in it. DuckDB, for one, answers a Ctrl-C mid-query with
+    ``RuntimeError('Query interrupted')`` raised from the KeyboardInterrupt."""
+    kinds: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
+    with suppress(ImportError):  # `sapo ledger` needs no Prefect (the flows extra)
+        from prefect.exceptions import TerminationSignal
+
+        kinds += (TerminationSignal,)
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, kinds):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return None
+
+
+def signal_name(stop: BaseException) -> str:
+    """The signal behind a stop as Python raises it in the main thread: KeyboardInterrupt
+    for Ctrl-C, Prefect's TerminationSignal (which carries the number) for SIGTERM."""
+    number = getattr(stop, "signal", None)  # prefect.exceptions.TerminationSignal
+    return signal.Signals(number).name if isinstance(number, int) else "SIGINT"
+
+
 def stopped_lines(workdir: Path, node_ids: Sequence[str]) -> list[str]:
     """Per node, what a stop left: the rounds its newest checkpoint holds."""
     lines = []

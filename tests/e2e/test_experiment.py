@@ -212,15 +212,31 @@ def test_miniature_sweep_and_report(tmp_path: Path, prefect_api: str) -> None:
     kept = sorted(p.name for p in (work / "swarms").glob("*/nodes/*/checkpoints/*/*"))
     assert kept == ["state.json"] * 8  # runs x nodes
 
-    # Running it again resumes: both configurations are complete, so nothing trains.
-    again = sapo("experiment", "-c", str(path), timeout=600)
+    # Running it again resumes: both configurations are complete, so nothing trains. A run
+    # whose record a stop cut short (deleted here) is recorded as it is skipped; a Ctrl-C in
+    # the report stops as cleanly as one in a run, and the experiment's MLflow run says so.
+    shutil.rmtree(records / "mini-1x1-reward-filtered-s1")
+    again, took = interrupted(args, "writing the report under", 600)
+    assert took < 15, f"{took:.1f} s from Ctrl-C to exit"
     assert again.count("skipped") == 4 and "round 0:" not in again
+    assert f"mini-1x1-reward-filtered-s1: recorded in {records}" in again
+    for noise in ("Traceback", "Crash detected", "Error logging to API", "ConnectError"):
+        assert noise not in again, again[-3000:]
+    assert again.strip().splitlines()[-2:] == [
+        "mini: stopped by SIGINT in the report, every run done",
+        "stopped by SIGINT: rerun the same command to resume",
+    ]
+    assert client.get_run(top.info.run_id).info.status == "KILLED"
+    assert processes_mentioning(str(work)) == []
+    assert "writing the report under" in sapo(*args, timeout=600)
+    assert client.get_run(top.info.run_id).info.status == "FINISHED"
     # The progress file says where the sweep stands: every run started, finished, skipped.
     progress = json.loads((work / "progress.json").read_text())
     assert progress["summary"].startswith("4 of 4 runs done")
     events = {run: [e["event"] for e in r["events"]] for run, r in progress["runs"].items()}
-    assert events.pop("mini-2x0-s0") == ["started", "stopped", "started", "finished", "skipped"]
-    assert list(events.values()) == [["started", "finished", "skipped"]] * 3
+    skipped = ["skipped", "skipped"]  # once in the stopped report's attempt, once after it
+    assert events.pop("mini-2x0-s0") == ["started", "stopped", "started", "finished", *skipped]
+    assert list(events.values()) == [["started", "finished", *skipped]] * 3
 
     # Each run was recorded as it finished; on a replaced machine (nothing of the working
     # directory left) the sweep skips every recorded run and reports the same statistics.

@@ -89,7 +89,7 @@ def test_a_node_started_by_hand_stops_as_a_swarm_does(
     path.write_text(yaml.safe_dump(swarm))
     out, took = interrupted(["node", "-c", str(path), "--node-id", "a"], "a round 1: own_reward")
     assert took < 15, f"{took:.1f} s from Ctrl-C to exit"
-    for noise in ("Traceback", "Error logging to API", "ConnectError"):
+    for noise in ("Traceback", "Error logging to API", "ConnectError", "Crash detected"):
         assert noise not in out, out[-3000:]
     tail = out.strip().splitlines()[-2:]
     assert tail[0].startswith("a: stopped; rounds 0-"), tail  # round 1's checkpoint may lag
