@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -93,10 +94,9 @@ def stop_of(exc: BaseException) -> BaseException | None:
     signal had no part in it. DuckDB, for one, answers a Ctrl-C mid-query with
     ``RuntimeError('Query interrupted')`` raised from the KeyboardInterrupt."""
     kinds: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
-    with suppress(ImportError):  # `sapo ledger` needs no Prefect (the flows extra)
-        from prefect.exceptions import TerminationSignal
-
-        kinds += (TerminationSignal,)
+    # Only a loaded Prefect raises its TerminationSignal: no import (seconds) to find out.
+    if (prefect_exceptions := sys.modules.get("prefect.exceptions")) is not None:
+        kinds += (prefect_exceptions.TerminationSignal,)
     seen: set[int] = set()
     found: BaseException | None = exc
     while found is not None and id(found) not in seen:
