@@ -76,7 +76,8 @@ def main() -> None:
     naming the exception, unless --debug asks for the traceback."""
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-    from flows.swarm.stopping import EXIT_STATUS, SwarmStopped, stop_of
+    from flows.stops import stop_of
+    from flows.swarm.stopping import EXIT_STATUS, SwarmStopped
 
     try:
         apply_offline_defaults()  # inside: a bad SAPO_MMAP_THRESHOLD is one line too

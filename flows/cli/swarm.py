@@ -279,7 +279,8 @@ def node(
     from prefect.settings import PREFECT_HOME
 
     from flows.services.prefect_server import flows_outlive_ctrl_c
-    from flows.swarm.stopping import SwarmStopped, signal_name, stop_of, stopped_lines
+    from flows.stops import signal_name, stop_of
+    from flows.swarm.stopping import SwarmStopped, stopped_lines
 
     try:
         with flows_outlive_ctrl_c(PREFECT_HOME.value()):  # $PREFECT_HOME, or ~/.prefect

@@ -20,8 +20,9 @@ from prefect.states import Cancelled, State
 from flows.experiments.progress import read_progress, record_progress
 from flows.experiments.sweep import ExperimentConfig, load_experiment
 from flows.node.lifecycle import is_complete
+from flows.stops import signal_name, stop_of
 from flows.swarm.launcher import run_swarm, write_resolved
-from flows.swarm.stopping import SwarmStopped, signal_name, stop_of, stopped_lines
+from flows.swarm.stopping import SwarmStopped, stopped_lines
 
 if TYPE_CHECKING:
     from flows.config import SwarmConfig

@@ -24,7 +24,6 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
-from prefect.exceptions import TerminationSignal
 from prefect.utilities.annotations import quote
 
 from flows.config import WORKDIR_ENV, SwarmConfig, load_swarm
@@ -37,6 +36,7 @@ from flows.node.schedule import pause_own_deployment
 from flows.node.state import RoundState
 from flows.node.watchdog import watching
 from flows.progress import NodeProgress
+from flows.stops import stop_of
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,9 @@ def node_flow(
         except BaseException as stopped:
             if node.run is not None:  # its MLflow run says how it ended, never "running"
                 # Ctrl-C, or the SIGTERM of a stopping launcher (Prefect raises it as
-                # TerminationSignal): stopped, not failed.
-                interrupted = isinstance(stopped, (KeyboardInterrupt, TerminationSignal))
+                # TerminationSignal), also mid-query (DuckDB's RuntimeError, raised from
+                # it): stopped, not failed.
+                interrupted = stop_of(stopped) is not None
                 node.run.tracker.finish(node.run.run_id, "KILLED" if interrupted else "FAILED")
             raise
         finally:

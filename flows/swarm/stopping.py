@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -88,32 +87,6 @@ class NodeStopper:
                 signal.signal(sig, handler)
 
 
-def stop_of(exc: BaseException) -> BaseException | None:
-    """The stop behind ``exc``: the KeyboardInterrupt (Ctrl-C) or Prefect TerminationSignal
-    (SIGTERM) that it is, or that it was raised from or while handling; None when a stop
-    signal had no part in it. DuckDB, for one, answers a Ctrl-C mid-query with
-    ``RuntimeError('Query interrupted')`` raised from the KeyboardInterrupt."""
-    kinds: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
-    # Only a loaded Prefect raises its TerminationSignal: no import (seconds) to find out.
-    if (prefect_exceptions := sys.modules.get("prefect.exceptions")) is not None:
-        kinds += (prefect_exceptions.TerminationSignal,)
-    seen: set[int] = set()
-    found: BaseException | None = exc
-    while found is not None and id(found) not in seen:
-        if isinstance(found, kinds):
-            return found
-        seen.add(id(found))
-        found = found.__cause__ or found.__context__
-    return None
-
-
-def signal_name(stop: BaseException) -> str:
-    """The signal behind a stop as Python raises it in the main thread: KeyboardInterrupt
-    for Ctrl-C, Prefect's TerminationSignal (which carries the number) for SIGTERM."""
-    number = getattr(stop, "signal", None)  # prefect.exceptions.TerminationSignal
-    return signal.Signals(number).name if isinstance(number, int) else "SIGINT"
-
-
 def stopped_lines(workdir: Path, node_ids: Sequence[str]) -> list[str]:
     """Per node, what a stop left: the rounds its newest checkpoint holds."""
     lines = []
@@ -122,8 +95,8 @@ def stopped_lines(workdir: Path, node_ids: Sequence[str]) -> list[str]:
         if saved is None or saved.next_round == 0:
             lines.append(f"{node_id}: stopped before its first checkpoint")
         else:
+            held = "round 0 is" if saved.next_round == 1 else f"rounds 0-{saved.next_round - 1} are"
             lines.append(
-                f"{node_id}: stopped; rounds 0-{saved.next_round - 1} are checkpointed, "
-                f"it resumes at round {saved.next_round}"
+                f"{node_id}: stopped; {held} checkpointed, it resumes at round {saved.next_round}"
             )
     return lines

@@ -80,7 +80,7 @@ def check_clean_stop(output: str, took: float, work: Path, nodes: list[str]) -> 
     for noise in ("Traceback", "Crash detected", "Error logging to API"):
         assert noise not in output, output[-3000:]  # what dying nodes print is not shown
     tail = output.strip().splitlines()[-len(nodes) - 1 :]
-    assert tail[0].startswith(f"{nodes[0]}: stopped; rounds 0-"), tail
+    assert tail[0].startswith(f"{nodes[0]}: stopped; round"), tail
     for line, node in zip(tail[1:-1], nodes[1:], strict=True):
         assert line.startswith(f"{node}: stopped"), tail
     assert tail[-1] == "stopped by SIGINT: rerun the same command to resume"

@@ -92,7 +92,7 @@ def test_a_node_started_by_hand_stops_as_a_swarm_does(
     for noise in ("Traceback", "Error logging to API", "ConnectError", "Crash detected"):
         assert noise not in out, out[-3000:]
     tail = out.strip().splitlines()[-2:]
-    assert tail[0].startswith("a: stopped; rounds 0-"), tail  # round 1's checkpoint may lag
+    assert tail[0].startswith("a: stopped; round"), tail  # round 1's checkpoint may lag
     assert tail[1] == "stopped by SIGINT: rerun the same command to resume"
     assert (home / "prefect.db").exists()  # its server kept Prefect's database where it was
     assert processes_mentioning(str(tmp_path)) == []

@@ -29,13 +29,21 @@ def test_a_stopped_swarm_marks_its_running_node_runs_killed(tmp_path: Path) -> N
     assert status == {parent: "KILLED", cut: "KILLED", done: "FINISHED"}
 
 
+def mid_query() -> RuntimeError:
+    """What DuckDB 1.5 raises for a Ctrl-C mid-query (tests/unit/test_stop_of.py)."""
+    error = RuntimeError("Query interrupted")
+    error.__cause__ = KeyboardInterrupt()
+    return error
+
+
 @pytest.mark.parametrize(
     "stop",
     [
         KeyboardInterrupt(),  # Ctrl-C in `sapo node`
         TerminationSignal(signal.SIGTERM),  # a stopping launcher's SIGTERM, as Prefect raises it
+        mid_query(),  # Ctrl-C in a DuckDB query: its RuntimeError, raised from the interrupt
     ],
-    ids=["ctrl-c", "sigterm"],
+    ids=["ctrl-c", "sigterm", "ctrl-c-mid-query"],
 )
 def test_a_node_interrupted_mid_round_marks_its_run_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: BaseException

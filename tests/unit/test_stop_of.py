@@ -1,4 +1,4 @@
-"""Which failures are a stop signal in disguise (flows/swarm/stopping.stop_of): a Ctrl-C that
+"""Which failures are a stop signal in disguise (flows/stops.stop_of): a Ctrl-C that
 lands in a DuckDB query comes out as DuckDB's RuntimeError, and must still read as a stop
 (`sapo experiment`, `sapo node`, `sapo ledger query`: exit 130, where to resume), not as an
 error."""
@@ -12,11 +12,11 @@ import time
 
 from prefect.exceptions import TerminationSignal
 
-from flows.swarm.stopping import signal_name, stop_of
+from flows.stops import signal_name, stop_of
 
 LONG_QUERY = """
 import duckdb
-from flows.swarm.stopping import stop_of, signal_name
+from flows.stops import stop_of, signal_name
 print("querying", flush=True)
 try:
     duckdb.sql("SELECT count(*) FROM range(100000000000) t(i) WHERE i % 7 = 3").fetchall()
