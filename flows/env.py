@@ -18,6 +18,7 @@ OFFLINE_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # quiet library chatter in node logs: progress bars and advisory warnings
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # three bars a resumed node's round
     "TRANSFORMERS_VERBOSITY": "error",
     # and MLflow's and Prefect's INFO lines ("Creating initial MLflow database tables...",
     # a temporary server stopping) among sapo's own: warnings and errors still show

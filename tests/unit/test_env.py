@@ -54,15 +54,27 @@ def test_a_threshold_that_is_no_number_is_a_clear_error() -> None:
 
 def test_mlflow_and_prefect_info_lines_stay_out_of_normal_output(tmp_path) -> None:
     """Issue 47: MLflow's "Creating initial MLflow database tables..." and Prefect's INFO
-    lines appeared among sapo's own. A new store made under the defaults says nothing."""
+    lines appeared among sapo's own. A new store made under the defaults says nothing, nor
+    does an artifact read back from it (a resumed node's round drew three "Downloading
+    artifacts" bars among its lines)."""
     code = (
         "import sys\n"
+        "from pathlib import Path\n"
         "from flows.env import apply_offline_defaults\n"
         "apply_offline_defaults()\n"
         "from flows.tracking import open_tracker\n"
-        "open_tracker(sys.argv[1], 'quiet', sys.argv[2])\n"
+        "tracker = open_tracker(sys.argv[1], 'quiet', sys.argv[2])\n"
+        "run = tracker.run('a run', {})\n"
+        "Path(sys.argv[2]).mkdir(exist_ok=True)\n"
+        "Path(sys.argv[2], 'table.json').write_text('{}')\n"
+        "tracker.client.log_artifact(run, str(Path(sys.argv[2], 'table.json')))\n"
+        "tracker.client.download_artifacts(run, 'table.json', sys.argv[2])\n"
     )
-    env = {k: v for k, v in os.environ.items() if "LOGGING_LEVEL" not in k}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if "LOGGING_LEVEL" not in k and k != "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    }
     done = subprocess.run(
         [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "a")],
         capture_output=True,
@@ -72,3 +84,4 @@ def test_mlflow_and_prefect_info_lines_stay_out_of_normal_output(tmp_path) -> No
     )
     assert (tmp_path / "mlflow.db").exists()
     assert " INFO " not in done.stdout + done.stderr, done.stderr
+    assert "Downloading artifacts" not in done.stderr, done.stderr
