@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from prefect.states import Cancelled, State
 
-from flows.experiments.progress import read_progress, record_progress
+from flows.experiments.progress import read_progress, record_progress, run_state
 from flows.experiments.sweep import ExperimentConfig, load_experiment
 from flows.node.lifecycle import is_complete
 from flows.stops import signal_name, stop_of
@@ -51,7 +51,7 @@ def run_configuration(
     # A stop is no failure: the task and the flow end Cancelled, with no traceback, and
     # `sapo experiment` says how far the run got (`stopped_runs`). A run that finished
     # stays finished (its record, if the stop cut it short, is written when it is skipped).
-    if read_progress(exp).get("runs", {}).get(swarm.swarm_id, {}).get("state") == "started":
+    if run_state(exp, swarm.swarm_id) == "started":
         record_progress(exp, swarm.swarm_id, "stopped", signal=name)
     return Cancelled(message=f"{swarm.swarm_id}: stopped by {name}")
 

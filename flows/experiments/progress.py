@@ -82,6 +82,15 @@ def read_progress(exp: ExperimentConfig) -> dict[str, Any]:
     return progress if isinstance(progress, dict) else {}
 
 
+def run_state(exp: ExperimentConfig, swarm_id: str) -> str | None:
+    """The last event of a run in the progress file (``started``, ``finished``, ...), or None
+    where the file has no such run (or is torn, or hand-edited out of shape)."""
+    runs = read_progress(exp).get("runs")
+    entry = runs.get(swarm_id) if isinstance(runs, dict) else None
+    state = entry.get("state") if isinstance(entry, dict) else None
+    return state if isinstance(state, str) else None
+
+
 @functools.cache
 def machine() -> str:
     """What a run's numbers depend on beyond its code and seed: the processor (and GPU), and

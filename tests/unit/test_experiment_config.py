@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.experiments.plan import format_plan, plan
-from flows.experiments.progress import record_progress, wall_label, wall_times
+from flows.experiments.progress import record_progress, run_state, wall_label, wall_times
 from flows.experiments.sweep import ExperimentConfig, load_experiment
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -153,8 +153,12 @@ def test_progress_file_says_where_a_sweep_stands(tmp_path: Path) -> None:
     assert (run["configuration"], run["seed"], run["state"]) == ("4/0", 0, "finished")
     assert [e["event"] for e in run["events"]] == ["started", "finished"]
     assert progress["runs"][second]["state"] == "started"
-    for torn in ("{not json", '{"runs": {"x": 1}}', "[]"):  # started over, not a crash
+    assert (run_state(exp, first), run_state(exp, second), run_state(exp, "x")) == (
+        "finished", "started", None
+    )  # fmt: skip
+    for torn in ("{not json", '{"runs": {"x": 1}}', "[]", '{"runs": []}'):  # not a crash
         path.write_text(torn)
+        assert run_state(exp, first) is None and run_state(exp, "x") is None
         summary = json.loads(record_progress(exp, first, "skipped").read_text())["summary"]
         assert summary.startswith("1 of 6")
     # Another experiment in the same working directory keeps a file of its own.
