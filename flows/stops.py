@@ -9,10 +9,11 @@ import signal
 import sys
 
 
-def stop_of(exc: BaseException) -> BaseException | None:
-    """The stop behind ``exc``: the KeyboardInterrupt (Ctrl-C) or Prefect TerminationSignal
-    (SIGTERM) that it is, or that it was raised from or while handling; None when a stop
-    signal had no part in it. DuckDB, for one, answers a Ctrl-C mid-query with
+def stop_signal(exc: BaseException) -> str | None:
+    """The name of the stop signal behind ``exc`` (``SIGINT``, ``SIGTERM``), or None when a
+    stop signal had no part in it. A stop is the KeyboardInterrupt (Ctrl-C) or Prefect
+    TerminationSignal (SIGTERM, which carries the number) that ``exc`` is, or that it was
+    raised from or while handling: DuckDB, for one, answers a Ctrl-C mid-query with
     ``RuntimeError('Query interrupted')`` raised from the KeyboardInterrupt."""
     kinds: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
     # Only a loaded Prefect raises its TerminationSignal: no import (seconds) to find out.
@@ -22,17 +23,11 @@ def stop_of(exc: BaseException) -> BaseException | None:
     found: BaseException | None = exc
     while found is not None and id(found) not in seen:
         if isinstance(found, kinds):
-            return found
+            number = getattr(found, "signal", None)  # TerminationSignal's
+            return signal.Signals(number).name if isinstance(number, int) else "SIGINT"
         seen.add(id(found))
         found = found.__cause__ or found.__context__
     return None
 
 
-def signal_name(stop: BaseException) -> str:
-    """The signal behind a stop as Python raises it in the main thread: KeyboardInterrupt
-    for Ctrl-C, Prefect's TerminationSignal (which carries the number) for SIGTERM."""
-    number = getattr(stop, "signal", None)  # prefect.exceptions.TerminationSignal
-    return signal.Signals(number).name if isinstance(number, int) else "SIGINT"
-
-
-__all__ = ["signal_name", "stop_of"]
+__all__ = ["stop_signal"]

@@ -76,7 +76,7 @@ def main() -> None:
     naming the exception, unless --debug asks for the traceback."""
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-    from flows.stops import stop_of
+    from flows.stops import stop_signal
     from flows.swarm.stopping import EXIT_STATUS, SwarmStopped
 
     try:
@@ -103,7 +103,7 @@ def main() -> None:
         typer.echo(f"{stopped}: rerun the same command to resume", err=True)
         sys.exit(EXIT_STATUS)
     except Exception as exc:  # what no command anticipated
-        if stop_of(exc) is not None:  # Ctrl-C mid-query: DuckDB's RuntimeError, raised from it
+        if stop_signal(exc) is not None:  # Ctrl-C mid-query: DuckDB's RuntimeError, raised from it
             typer.echo("aborted", err=True)
             sys.exit(EXIT_STATUS)
         if os.environ.get(DEBUG_ENV):

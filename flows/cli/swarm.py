@@ -279,16 +279,16 @@ def node(
     from prefect.settings import PREFECT_HOME
 
     from flows.services.prefect_server import flows_outlive_ctrl_c
-    from flows.stops import signal_name, stop_of
+    from flows.stops import stop_signal
     from flows.swarm.stopping import SwarmStopped, stopped_lines
 
     try:
         with flows_outlive_ctrl_c(PREFECT_HOME.value()):  # $PREFECT_HOME, or ~/.prefect
             run()
     except BaseException as exc:  # a Ctrl-C mid-query comes as DuckDB's RuntimeError
-        if (stop := stop_of(exc)) is None:
+        if (name := stop_signal(exc)) is None:
             raise
-        raise SwarmStopped(signal_name(stop), stopped_lines(cfg.workdir, [node_id])) from None
+        raise SwarmStopped(name, stopped_lines(cfg.workdir, [node_id])) from None
 
 
 def demo(

@@ -20,7 +20,7 @@ from prefect.states import Cancelled, State
 from flows.experiments.progress import read_progress, record_progress, run_state
 from flows.experiments.sweep import ExperimentConfig, load_experiment
 from flows.node.lifecycle import is_complete
-from flows.stops import signal_name, stop_of
+from flows.stops import stop_signal
 from flows.swarm.launcher import run_swarm, write_resolved
 from flows.swarm.stopping import SwarmStopped, stopped_lines
 
@@ -43,11 +43,10 @@ def run_configuration(
         return _run_or_skip(exp, swarm, conf.label, conf.policy_kind(exp.swarm), parent_run_id,
                             None if records_dir is None else Path(records_dir))  # fmt: skip
     except SwarmStopped as stopped:
-        name = stopped.signal_name
+        name: str | None = stopped.signal_name
     except BaseException as exc:  # outside the swarm's nodes: its models, MLflow run, record
-        if (stop := stop_of(exc)) is None:
+        if (name := stop_signal(exc)) is None:
             raise
-        name = signal_name(stop)
     # A stop is no failure: the task and the flow end Cancelled, with no traceback, and
     # `sapo experiment` says how far the run got (`stopped_runs`). A run that finished
     # stays finished (its record, if the stop cut it short, is written when it is skipped).
@@ -155,9 +154,9 @@ def report_task(
     try:
         return experiment_report(experiment_file, overrides, out_dir, records_dir)
     except BaseException as exc:  # every run is done: a rerun skips them and writes it
-        if (stop := stop_of(exc)) is None:
+        if (name := stop_signal(exc)) is None:
             raise
-        return Cancelled(message=f"stopped by {signal_name(stop)} in the report, every run done")
+        return Cancelled(message=f"stopped by {name} in the report, every run done")
 
 
 def _experiment_run(exp: ExperimentConfig) -> tuple[Any, str] | None:
@@ -197,9 +196,9 @@ def experiment_flow(
             exp, experiment_file, overrides, opened, report_dir, records_dir
         )
     except BaseException as exc:  # between two tasks: in Prefect's code, or MLflow's
-        if (stop := stop_of(exc)) is None:
+        if (name := stop_signal(exc)) is None:
             raise
-        outcome = Cancelled(message=f"{exp.experiment}: stopped by {signal_name(stop)}")
+        outcome = Cancelled(message=f"{exp.experiment}: stopped by {name}")
     if isinstance(outcome, State) and opened is not None:
         opened[0].finish(opened[1], "KILLED")  # the runs after the stop wait for a rerun
     return outcome

@@ -36,7 +36,7 @@ from flows.node.schedule import pause_own_deployment
 from flows.node.state import RoundState
 from flows.node.watchdog import watching
 from flows.progress import NodeProgress
-from flows.stops import stop_of
+from flows.stops import stop_signal
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def node_flow(
                 # Ctrl-C, or the SIGTERM of a stopping launcher (Prefect raises it as
                 # TerminationSignal), also mid-query (DuckDB's RuntimeError, raised from
                 # it): stopped, not failed.
-                interrupted = stop_of(stopped) is not None
+                interrupted = stop_signal(stopped) is not None
                 node.run.tracker.finish(node.run.run_id, "KILLED" if interrupted else "FAILED")
             raise
         finally:

@@ -30,7 +30,7 @@ def test_a_stopped_swarm_marks_its_running_node_runs_killed(tmp_path: Path) -> N
 
 
 def mid_query() -> RuntimeError:
-    """What DuckDB 1.5 raises for a Ctrl-C mid-query (tests/unit/test_stop_of.py)."""
+    """What DuckDB 1.5 raises for a Ctrl-C mid-query (tests/unit/test_stop_signal.py)."""
     error = RuntimeError("Query interrupted")
     error.__cause__ = KeyboardInterrupt()
     return error
