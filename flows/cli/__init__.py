@@ -94,7 +94,7 @@ def main() -> None:
         message = exc.format_message().replace("Value error, ", "")
         typer.secho(f"error: {message} (see `{where} --help`)", fg=typer.colors.RED, err=True)
         sys.exit(2)
-    except typer.Abort:  # Ctrl-C outside a swarm (a swarm handles its own)
+    except typer.Abort:  # Ctrl-C outside a swarm, as click (and older typer) raise it
         typer.echo("aborted", err=True)
         sys.exit(EXIT_STATUS)
     except SwarmStopped as stopped:
@@ -116,6 +116,10 @@ def main() -> None:
             err=True,
         )
         sys.exit(2)
+    if status == EXIT_STATUS:
+        # Ctrl-C outside a swarm (a swarm handles its own), as today's typer has it: the
+        # KeyboardInterrupt becomes Exit(130), which a non-standalone app returns silently.
+        typer.echo("aborted", err=True)
     sys.exit(status if isinstance(status, int) else 0)
 
 

@@ -22,6 +22,7 @@ from flows.cli.common import (
     UrlArg,
     fail,
     guarded,
+    interruptible,
     key_values,
     open_ledger,
     print_frame,
@@ -104,7 +105,9 @@ def query(
             except OSError as exc:
                 raise fail(f"cannot read the query file {text[1:]}: {exc.strerror or exc}") from exc
         params = query_params(param)
-        print_frame(guarded(lambda: led.query(text, params or None)), fmt, cell_width)
+        with interruptible(led.con):  # a user's SQL may run for minutes
+            frame = guarded(lambda: led.query(text, params or None))
+        print_frame(frame, fmt, cell_width)
 
 
 def query_params(pairs: list[str] | None) -> dict[str, Any]:

@@ -568,3 +568,47 @@ def test_a_folder_that_is_not_a_ledger_is_refused_saying_where_the_ledger_is(tmp
         ],
     )
     assert out.exit_code == 0 and json.loads(out.output) == [{"n": 2}]
+
+
+@pytest.mark.parametrize("where", ["python", "duckdb"])
+def test_ctrl_c_outside_a_swarm_is_one_line_and_status_130(tmp_path, where):
+    """Ctrl-C in Python code (here: reading the query from a pipe) reached `sapo` as typer's
+    silent Exit(130), and one in a query DuckDB runs as a single long task waited for its end
+    (this one: 52 s of CPU). Both end at once in "aborted", status 130."""
+    import errno
+    import os
+    import signal
+
+    ledger_dir = tmp_path / "ledger"
+    ledger_dir.mkdir()
+    fifo = tmp_path / "query.sql"
+    os.mkfifo(fifo)
+    command = ["ledger", "query", str(ledger_dir), f"@{fifo}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from flows.cli import main; main()", *command],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the reader has the pipe open once a non-blocking writer may open it
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO and time.monotonic() < deadline
+                assert proc.poll() is None
+                time.sleep(0.05)
+        if where == "duckdb":  # minutes of work for DuckDB, interrupted while it runs
+            os.write(writer, b"SELECT sum(hash(range)) FROM range(3000000000)")
+            os.close(writer)
+            time.sleep(3)
+        else:  # sapo blocks in read() while the write end stays open with nothing written
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        if where == "python":
+            os.close(writer)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (130, "aborted\n")
