@@ -1,5 +1,5 @@
 """The published experiment reports are what their committed records give: each report's
-statistics.md and CSVs (where docs/ and the README take their tables from) come back byte
+statistics.md and every CSV (where docs/ and the README take their tables from) come back byte
 for byte from `--report-only` with today's code, so a change to the statistics cannot
 silently leave them stale. (Figures the docs mark *post hoc* are in no report.) Bytes hold
 with the versions CI installs (constraints.txt); another polars or SciPy may print a float
@@ -88,7 +88,11 @@ def test_a_published_report_is_what_its_records_give(name: str, tmp_path: Path) 
         write_records=False,
     )
     assert not (tmp_path / "no-sweep-here").exists()
-    for file in ("statistics.md", "runs.csv", "node_rounds.csv", "discoveries.csv"):
+    committed_dir = ROOT / published.report
+    tables = sorted(p.name for p in committed_dir.glob("*.csv"))
+    # every table the report writes is committed (drift_rounds.csv where runs logged drift)
+    assert sorted(p.name for p in out.glob("*.csv")) == tables, regenerate(published)
+    for file in ("statistics.md", *tables):
         fresh = (out / file).read_bytes()
         committed = (ROOT / published.report / file).read_bytes()
         assert fresh == committed, f"{published.report}/{file} is stale: {regenerate(published)}"
