@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -95,32 +95,36 @@ def main() -> None:
         typer.secho(f"error: {message} (see `{where} --help`)", fg=typer.colors.RED, err=True)
         sys.exit(2)
     except typer.Abort:  # Ctrl-C outside a swarm, as click (and older typer) raise it
-        typer.echo("aborted", err=True)
-        sys.exit(EXIT_STATUS)
+        status = EXIT_STATUS
     except SwarmStopped as stopped:
         for line in stopped.lines:
             typer.echo(line, err=True)
         typer.echo(f"{stopped}: rerun the same command to resume", err=True)
         sys.exit(EXIT_STATUS)
     except Exception as exc:  # what no command anticipated
-        if stop_signal(exc) is not None:  # Ctrl-C mid-query: DuckDB's RuntimeError, raised from it
-            typer.echo("aborted", err=True)
-            sys.exit(EXIT_STATUS)
-        if os.environ.get(DEBUG_ENV):
-            raise
-        lines = str(exc).strip().splitlines()
-        detail = f"{type(exc).__name__}: {inert_text(lines[0])}" if lines else type(exc).__name__
-        typer.secho(
-            f"error: {detail} (rerun as `sapo --debug ...` for the traceback)",
-            fg=typer.colors.RED,
-            err=True,
-        )
-        sys.exit(2)
+        if stop_signal(exc) is None:  # else Ctrl-C mid-query: DuckDB's RuntimeError from it
+            if os.environ.get(DEBUG_ENV):
+                raise
+            _unanticipated(exc)
+        status = EXIT_STATUS
     if status == EXIT_STATUS:
-        # Ctrl-C outside a swarm (a swarm handles its own), as today's typer has it: the
-        # KeyboardInterrupt becomes Exit(130), which a non-standalone app returns silently.
+        # Ctrl-C outside a swarm (a swarm handles its own), however it came: today's typer
+        # turns the KeyboardInterrupt into Exit(130), which a non-standalone app returns
+        # silently; click raises Abort; DuckDB mid-query a RuntimeError.
         typer.echo("aborted", err=True)
     sys.exit(status if isinstance(status, int) else 0)
+
+
+def _unanticipated(exc: Exception) -> NoReturn:
+    """One line naming the exception, exit status 2."""
+    lines = str(exc).strip().splitlines()
+    detail = f"{type(exc).__name__}: {inert_text(lines[0])}" if lines else type(exc).__name__
+    typer.secho(
+        f"error: {detail} (rerun as `sapo --debug ...` for the traceback)",
+        fg=typer.colors.RED,
+        err=True,
+    )
+    sys.exit(2)
 
 
 __all__ = ["app", "main", "parse_storage_options"]

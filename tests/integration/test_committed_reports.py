@@ -94,7 +94,7 @@ def test_a_published_report_is_what_its_records_give(name: str, tmp_path: Path) 
     assert sorted(p.name for p in out.glob("*.csv")) == tables, regenerate(published)
     for file in ("statistics.md", *tables):
         fresh = (out / file).read_bytes()
-        committed = (ROOT / published.report / file).read_bytes()
+        committed = (committed_dir / file).read_bytes()
         assert fresh == committed, f"{published.report}/{file} is stale: {regenerate(published)}"
 
 
